@@ -1,0 +1,45 @@
+# Every external dependency of proplab, found once here.
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(HDF5 REQUIRED COMPONENTS C)
+find_package(tomlplusplus REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(Threads REQUIRED)
+if(PROPLAB_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(PROPLAB_BENCH)
+  find_package(benchmark QUIET)
+endif()
+
+# OpenBLAS's own header (cblas.h + openblas_set_num_threads).
+find_path(PROPLAB_OPENBLAS_INCLUDE cblas.h
+  HINTS /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /usr/include
+  REQUIRED)
+
+add_library(proplab_hdf5 INTERFACE)
+target_include_directories(proplab_hdf5 INTERFACE ${HDF5_INCLUDE_DIRS})
+target_link_libraries(proplab_hdf5 INTERFACE ${HDF5_C_LIBRARIES})
+target_compile_definitions(proplab_hdf5 INTERFACE ${HDF5_DEFINITIONS})
+
+# CUDA: AUTO builds kernels/ whenever nvcc is found; ON requires it; OFF never looks.
+set(PROPLAB_HAVE_CUDA OFF)
+if(NOT PROPLAB_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(PROPLAB_HAVE_CUDA ON)
+  elseif(PROPLAB_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "PROPLAB_CUDA=ON but no CUDA compiler (nvcc) was found; install the CUDA toolkit or use -DPROPLAB_CUDA=OFF")
+  endif()
+endif()
+message(STATUS "proplab: CUDA backend ${PROPLAB_HAVE_CUDA}")

@@ -1,0 +1,2 @@
+// proplab command line (being built up).
+int main() { return 0; }

@@ -1,0 +1,116 @@
+// ops: proplab's operations, one entry point per op, each dispatching on its tensors' device to the CPU
+// implementation (the reference, in this folder) or to kernels/ (CUDA). A missing device implementation is a
+// UserError naming the op.
+//
+// Conventions for every op here:
+// - Tensors are contiguous f32 unless stated (token ids and labels are i32). Shapes are checked.
+// - Outputs are preallocated by the caller and overwritten.
+// - Backward: activation gradients (d_x) OVERWRITE; parameter gradients (d_weight, d_bias, d_gamma, d_lambda...)
+//   ACCUMULATE (+=), so micro-batches and shared parameters add up without extra buffers.
+// - Every reduction is chunked independently of the thread count, so results are bitwise identical for any
+//   number of threads.
+// - rows = batch * tokens; features last.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace proplab::ops {
+
+// ---- elementwise helpers ----------------------------------------------------------------------------------
+// y += alpha * x
+void axpy(float alpha, const Tensor& x, Tensor& y);
+// x *= alpha
+void scale(Tensor& x, float alpha);
+// x = 0
+void zero(Tensor& x);
+// Σ x_i·y_i in double, deterministic.
+double dot(const Tensor& x, const Tensor& y);
+// Σ x_i² in double, deterministic.
+double sum_squares(const Tensor& x);
+
+// ---- linear: y = x W^T (+ b); x [rows, in], W [out, in], b [out], y [rows, out] ------------------------------
+void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y);
+// d_x (overwrite, skipped when null), d_weight (+=), d_bias (+=, skipped when null).
+void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, Tensor* d_x, Tensor& d_weight,
+                     Tensor* d_bias);
+
+// ---- embedding: y[b,t] = token_table[tokens[b,t]] (+ pos_table[t]) -------------------------------------------
+// tokens i32 [B, T] with values in [0, V); token_table [V, D]; pos_table [T_max >= T, D]; y [B, T, D].
+void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Tensor* pos_table, Tensor& y);
+// d_token_table (+=), d_pos_table (+=, skipped when null). Deterministic (no scatter races).
+void embedding_backward(const Tensor& tokens, const Tensor& d_y, Tensor& d_token_table, Tensor* d_pos_table);
+
+// ---- normalisation over the last dimension; x [rows, D] -------------------------------------------------------
+// LayerNorm: y = (x - mean) * rstd (* gamma + beta). Saves mean [rows], rstd [rows] for backward.
+void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y,
+                       Tensor& mean, Tensor& rstd);
+void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& d_y, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
+// RMSNorm: y = x * rstd (* gamma), rstd = 1/sqrt(mean(x²) + eps). Saves rstd [rows].
+void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, const Tensor& d_y, Tensor& d_x,
+                      Tensor* d_gamma);
+
+// ---- pointwise activations ------------------------------------------------------------------------------------
+enum class Activation { identity, relu, tanh, gelu_tanh, gelu_erf };
+void activation_forward(Activation kind, const Tensor& x, Tensor& y);
+// d_x = d_y * φ'(x) (overwrite). d_x may alias d_y.
+void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x);
+
+// ---- causal multi-head self-attention ---------------------------------------------------------------------------
+// qkv [B, T, 3D] holds q, k, v side by side (each [B, T, D], head h at features h*Dh..(h+1)*Dh), D = heads*Dh.
+// probs [B, H, T, T] (saved; entries above the diagonal are 0); out [B, T, D]. logits = q·k * logit_scale
+// (1/sqrt(Dh) by default, 1/Dh under muP).
+void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out);
+// d_qkv (overwrite) [B, T, 3D].
+void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_out, int heads, float logit_scale,
+                        Tensor& d_qkv);
+
+// ---- residual combine: y = lambda * x + beta * f ------------------------------------------------------------------
+void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y);
+// d_x = lambda*d_y, d_f = beta*d_y (overwrite; each skipped when null; d_x may alias d_y);
+// d_lambda += Σ d_y·x, d_beta += Σ d_y·f (each skipped when null; learnable scalars).
+void residual_backward(const Tensor& x, const Tensor& f, const Tensor& d_y, float lambda, float beta, Tensor* d_x,
+                       Tensor* d_f, double* d_lambda, double* d_beta);
+
+// ---- dropout with a counter-based mask ----------------------------------------------------------------------------
+// Element i is dropped when CounterRng(seed, stream).uniform(i) < p; kept ones are scaled by 1/(1-p).
+// The mask is recomputed in backward, never stored. p = 0 copies.
+void dropout_forward(const Tensor& x, float p, std::uint64_t seed, std::uint64_t stream, Tensor& y);
+void dropout_backward(const Tensor& d_y, float p, std::uint64_t seed, std::uint64_t stream, Tensor& d_x);
+
+// ---- losses ----------------------------------------------------------------------------------------------------------
+// Softmax cross-entropy over the last dim of logits [rows, V] against targets i32 [rows]. Returns the mean loss
+// over rows (double). When d_logits is given it is overwritten with grad_scale * (softmax - onehot) / rows.
+double softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* d_logits, float grad_scale = 1.0f);
+// Mean squared error 0.5*mean((pred - target)²) over all elements; d_pred = grad_scale*(pred - target)/numel.
+double mse_loss(const Tensor& pred, const Tensor& target, Tensor* d_pred, float grad_scale = 1.0f);
+
+// ---- optimizers (in place on one parameter tensor) --------------------------------------------------------------------
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
+  std::int64_t step = 1;      // 1-based, for bias correction
+};
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper);
+
+struct SgdHyper {
+  float lr = 1e-2f;
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;  // coupled (added to the gradient), as in classic SGD
+  bool nesterov = false;
+};
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper);
+
+// ---- global gradient-norm clipping -------------------------------------------------------------------------------------
+// Returns the global L2 norm over all grads (double, deterministic order); when max_norm > 0 and the norm
+// exceeds it, scales every grad by max_norm / norm.
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm);
+
+}  // namespace proplab::ops

@@ -1,0 +1,117 @@
+// scaling/rule: a scaling rule decides every residual weight (lambda, beta) and every initial distribution.
+//
+// Layers never hard-code an init std or a residual weight: models ask the rule, passing a ParamInfo that says
+// what the parameter is (its role), its fan-in/fan-out and its block. Each rule lives in one file in this folder
+// and registers itself with PROPLAB_REGISTER_RULE; the registry lists every rule with its parameters, which
+// the study validator uses to check [scaling] keys.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+#include "scaling/config.h"
+
+namespace proplab {
+
+enum class ParamRole {
+  token_embedding,
+  position_embedding,
+  attn_qkv,
+  attn_out,     // attention output projection (a residual branch's last matrix)
+  ffn_in,
+  ffn_out,      // FFN output projection (a residual branch's last matrix)
+  readout,      // untied LM head or MLP readout
+  mlp_input,    // MLP first layer (input_dim -> width)
+  mlp_hidden,   // MLP hidden layers
+  bias,         // every bias vector
+  norm_gain,
+  norm_bias,
+  residual_scale,  // learnable lambda / beta scalars
+};
+const char* param_role_name(ParamRole role);
+
+enum class Branch { attention, ffn, mlp };
+
+struct ParamInfo {
+  ParamRole role;
+  std::int64_t fan_in = 0;
+  std::int64_t fan_out = 0;
+  int block = -1;  // -1 outside blocks
+  std::string name;
+};
+
+struct InitSpec {
+  enum class Kind { normal, constant } kind = Kind::normal;
+  double std = 0.0;    // normal: N(0, std^2)
+  double value = 0.0;  // constant
+  static InitSpec normal_std(double s) { return {Kind::normal, s, 0.0}; }
+  static InitSpec constant(double v) { return {Kind::constant, 0.0, v}; }
+};
+
+struct ResidualSpec {
+  double lambda = 1.0;  // weight of the skip path
+  double beta = 1.0;    // weight of the branch
+  bool learnable_lambda = false;
+  bool learnable_beta = false;
+};
+
+// What a rule may look at: the model as configured.
+struct ModelShape {
+  std::string type;  // transformer | mlp
+  TransformerConfig transformer;
+  MlpConfig mlp;
+  int residual_adds() const;  // number of residual combines in the model
+};
+
+class ScalingRule {
+ public:
+  virtual ~ScalingRule() = default;
+  virtual std::string name() const = 0;
+  virtual InitSpec init(const ParamInfo& param) const = 0;
+  virtual ResidualSpec residual(int block, Branch branch) const = 0;
+  // Attention logit scale for head dimension d_head (1/sqrt(d_head) unless a rule says otherwise).
+  virtual double logit_scale(int d_head) const;
+  // Multiplier on the learning rate of this parameter (1 unless a rule says otherwise).
+  virtual double lr_multiplier(const ParamInfo& param) const;
+  // Multiplier on the model's output logits (1 unless a rule says otherwise).
+  virtual double output_multiplier() const;
+};
+
+struct RuleParamDoc {
+  std::string key;
+  double default_value;
+  double min_value;
+  double max_value;
+  std::string doc;
+};
+
+struct RuleInfo {
+  std::string name;
+  std::string summary;
+  std::vector<RuleParamDoc> params;
+  // Builds the rule; parameters are already range-checked against `params`. May throw UserError for a
+  // combination the rule rejects (e.g. a norm placement it fixes).
+  std::unique_ptr<ScalingRule> (*make)(const ScalingConfig& config, const ModelShape& shape);
+};
+
+// All registered rules, sorted by name.
+std::vector<const RuleInfo*> all_rules();
+// nullptr when unknown.
+const RuleInfo* find_rule(const std::string& name);
+// Checks config.params against the rule's documented keys and ranges (UserError naming the key and what is
+// allowed), fills defaults, and builds the rule.
+std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelShape& shape);
+
+namespace detail {
+struct RuleRegistrar {
+  explicit RuleRegistrar(const RuleInfo* info);
+};
+}  // namespace detail
+
+}  // namespace proplab
+
+#define PROPLAB_REGISTER_RULE(info_variable) \
+  static ::proplab::detail::RuleRegistrar proplab_rule_registrar_##info_variable(&info_variable)

@@ -1,0 +1,42 @@
+// study: a study file (TOML) turned into a typed, validated Study.
+//
+// toml++ parses the file into a tree; each --set override (key.path=value, value in TOML syntax) edits the tree;
+// one validator walks the tree and reports EVERY problem at once (unknown key, wrong type, out-of-range value,
+// impossible combination, missing data file) with the file, line, key path and what is allowed, as a UserError.
+// Nothing is written and no work starts before validation succeeds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/config.h"
+#include "models/config.h"
+#include "scaling/config.h"
+#include "train/config.h"
+
+namespace proplab {
+
+struct Study {
+  std::string name;
+  std::uint64_t seed = 0;
+  ModelConfig model;
+  ScalingConfig scaling;
+  TrainConfig train;
+  DataConfig data;
+  RecordConfig record;
+  ParallelConfig parallel;
+  DeviceConfig device;
+  bool has_sweep = false;      // a [sweep] table is present (proplab run refuses it)
+  std::string source_path;     // the study file as given
+  std::string resolved_toml;   // the whole study, defaults filled in, as TOML text (stored in run files)
+};
+
+// Loads, applies overrides ("model.layers=8", "train.lr=1e-3", "scaling.rule=\"xavier\""), validates.
+// Throws UserError listing every problem found.
+Study load_study(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from TOML text (source_name is used in messages; relative data paths resolve against base_dir).
+Study parse_study(const std::string& toml_text, const std::string& source_name, const std::string& base_dir,
+                  const std::vector<std::string>& overrides = {});
+
+}  // namespace proplab

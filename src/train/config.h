@@ -1,0 +1,56 @@
+// train/config: training, device, parallel layout and recording settings a study resolves to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace proplab {
+
+enum class OptimizerKind { adamw, sgd };
+enum class ScheduleKind { constant, cosine };
+
+struct TrainConfig {
+  std::int64_t steps = 200;
+  int batch = 8;                   // sequences (or samples) per optimizer step, before accumulation split
+  int grad_accum = 1;              // micro-batches per step; batch must be divisible by it
+  double lr = 1e-3;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.9;           // sgd
+  bool nesterov = false;           // sgd
+  ScheduleKind schedule = ScheduleKind::constant;
+  std::int64_t warmup = 0;         // linear warmup steps
+  double min_lr_ratio = 0.1;       // cosine: final lr = lr * min_lr_ratio
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;          // global norm; 0 disables
+  std::int64_t eval_every = 100;   // 0 disables periodic eval (the final eval still runs)
+  int eval_batches = 4;
+  std::int64_t checkpoint_every = 0;  // 0: only at the end
+};
+
+struct DeviceConfig {
+  std::string type = "auto";  // auto | cpu | cuda
+  int threads = 0;            // 0: all cores
+};
+
+struct ParallelConfig {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int microbatches = 1;
+};
+
+// What to record (used by the recording module): schedule and statistic selection.
+struct RecordConfig {
+  std::int64_t every = 10;
+  bool log_spaced = false;
+  std::vector<std::string> forward;   // empty: all
+  std::vector<std::string> backward;  // empty: all
+  std::vector<std::string> params;    // empty: all
+  std::string on_nonfinite = "stop";  // stop | continue
+};
+
+}  // namespace proplab
