@@ -1,6 +1,6 @@
 # proplab_module(NAME DEPS ...): a static library from src/NAME/*.cpp, one per module folder.
 function(proplab_module name)
-  cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "WHOLE_ARCHIVE" "" "DEPS" ${ARGN})
   file(GLOB sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${name}/*.cpp)
   if(NOT sources)
     # A header-only module (so far).
@@ -17,7 +17,14 @@ function(proplab_module name)
   if(PROPLAB_NATIVE)
     target_compile_options(proplab_${name} PRIVATE -march=native)
   endif()
-  add_library(proplab::${name} ALIAS proplab_${name})
+  if(ARG_WHOLE_ARCHIVE)
+    # Objects that only self-register (static registrars) must all be linked, referenced or not.
+    add_library(proplab_${name}_whole INTERFACE)
+    target_link_libraries(proplab_${name}_whole INTERFACE "$<LINK_LIBRARY:WHOLE_ARCHIVE,proplab_${name}>")
+    add_library(proplab::${name} ALIAS proplab_${name}_whole)
+  else()
+    add_library(proplab::${name} ALIAS proplab_${name})
+  endif()
 endfunction()
 
 # add_proplab_test(MODULE LIBS ...): one GoogleTest binary per tests/MODULE folder.

@@ -1,2 +1,95 @@
-// proplab command line (being built up).
-int main() { return 0; }
+// proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file.
+//
+// Exit status: 0 completed; 1 internal error; 2 bad input (study, data, command line; nothing was written);
+// 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with --resume.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <iostream>
+
+#include "study/run_spec.h"
+#include "study/study.h"
+#include "train/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
+
+constexpr const char* kVersion = "0.1.0";
+
+constexpr const char* kDescription =
+    "proplab: a lab for signal propagation in very deep networks.\n"
+    "Trains deep transformers and MLPs described by a study file (TOML, see docs/studies.md) and records\n"
+    "what happens to the signal in a run file (HDF5, see docs/run-format.md).\n\n"
+    "Exit status: 0 completed, 1 internal error, 2 bad input (nothing written), 3 diverged,\n"
+    "4 stopped early (interrupted or --stop-after; continue with --resume).";
+
+int run_command(const std::string& study_path, const std::vector<std::string>& overrides, const std::string& out,
+                bool resume, bool force, std::int64_t stop_after) {
+  proplab::Study study = proplab::load_study(study_path, overrides);
+  if (study.has_sweep)
+    throw proplab::UserError(study_path + ": this study has a [sweep] table; run it with `proplab sweep " +
+                             study_path + "` (or remove [sweep] to run a single point)");
+  proplab::RunOptions options;
+  options.out_dir = out.empty() ? std::filesystem::path("runs") / study.name : std::filesystem::path(out);
+  options.resume = resume;
+  options.force = force;
+  options.stop_after = stop_after;
+  options.log = &std::cout;
+  options.terminal = isatty(STDOUT_FILENO) != 0;
+  options.interrupt = &g_interrupted;
+  options.proplab_version = kVersion;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  proplab::RunSummary summary = proplab::run_training(proplab::to_run_spec(study), options);
+  switch (summary.status) {
+    case proplab::RunStatus::completed: return 0;
+    case proplab::RunStatus::diverged: return 3;
+    default: return 4;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription, "proplab"};
+  app.set_version_flag("--version", kVersion);
+  app.require_subcommand(1);
+
+  std::string study_path, out_dir;
+  std::vector<std::string> overrides;
+  bool resume = false, force = false;
+  std::int64_t stop_after = -1;
+  CLI::App* run = app.add_subcommand("run", "Train one study and write its run file (DIR/<name>.h5).");
+  run->add_option("study", study_path, "The study file (TOML; see docs/studies.md)")->required();
+  run->add_option("--set", overrides,
+                  "Override a study key, e.g. --set model.layers=48 --set scaling.rule=xavier (value in TOML "
+                  "syntax; bare words are strings). Repeatable.");
+  run->add_option("--out", out_dir, "Directory for the run file and checkpoint (default: runs/<name>/)");
+  run->add_flag("--resume", resume, "Continue from the checkpoint in the output directory, bit for bit");
+  run->add_flag("--force", force, "Overwrite an existing run file");
+  run->add_option("--stop-after", stop_after,
+                  "Stop cleanly after this many steps, with a checkpoint (continue later with --resume)")
+      ->check(CLI::NonNegativeNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    if (*run) return run_command(study_path, overrides, out_dir, resume, force, stop_after);
+  } catch (const proplab::UserError& e) {
+    std::cerr << "proplab: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "proplab: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -25,7 +25,7 @@ double chunked_sum(std::int64_t n, const std::function<double(std::int64_t, std:
                    std::int64_t chunk) {
   std::int64_t chunks = (n + chunk - 1) / chunk;
   std::vector<double> partial(static_cast<std::size_t>(std::max<std::int64_t>(chunks, 0)));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (chunks > 1)
   for (std::int64_t c = 0; c < chunks; ++c) {
     std::int64_t begin = c * chunk;
     partial[c] = chunk_sum(begin, std::min(n, begin + chunk));

@@ -105,6 +105,9 @@ const RuleInfo* find_rule(const std::string& name);
 // allowed), fills defaults, and builds the rule.
 std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelShape& shape);
 
+// The MLP's mean-field initialisation from [model]: weights N(0, sigma_w2/fan_in), biases N(0, sigma_b2).
+InitSpec mlp_mean_field_init(const ParamInfo& param, const MlpConfig& mlp);
+
 namespace detail {
 struct RuleRegistrar {
   explicit RuleRegistrar(const RuleInfo* info);

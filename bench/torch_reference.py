@@ -1,0 +1,412 @@
+#!/usr/bin/python3
+"""bench/torch_reference: the proplab reference model trained in PyTorch on the CPU, as a speed yardstick.
+
+The model is the default TransformerConfig of src/models/config.h: a decoder-only GPT-2-style transformer with
+4 layers, width 256, 4 heads, FFN 4x (1024) with tanh-approximated GELU, learned position embeddings, biases
+everywhere, Pre-LN affine LayerNorm (eps 1e-5), a final LayerNorm and tied embeddings (logits = x E^T, no
+bias); vocab 256, seq 128, batch 8, fp32, no dropout. Training: AdamW (lr 1e-3, betas (0.9, 0.95), eps 1e-8,
+weight decay 0), gradient-norm clip 1.0, one batch of uniform random tokens (inputs and next-token targets,
+fixed seed) reused every step, so runs repeat and the loss falls from ln 256 as the batch is memorised. Init is GPT-2's:
+every weight N(0, 0.02^2), the two residual output projections N(0, (0.02 / sqrt(2 * layers))^2), biases 0,
+LayerNorm gain 1 and shift 0. Attention is written out (q k^T / sqrt(dh), causal mask, softmax, @ v) because
+torch 1.13 has no scaled_dot_product_attention.
+
+A timed step is zero_grad + forward + loss + backward + clip + AdamW step; ms/step is the median of --steps
+timed steps after --warmup untimed ones.
+
+Threads: torch's intra-op pool (OpenMP) and OpenBLAS's own pthread pool both default to the core count, and on
+2 cores they oversubscribe. OpenBLAS reads OPENBLAS_NUM_THREADS only when it is loaded, i.e. before torch is
+imported, so each thread setup runs in a fresh subprocess of this script (`--setup intra,blas`, which prints
+one JSON line). The parent tries every setup and keeps the fastest.
+
+Run it with Debian's interpreter, which has python3-torch: /usr/bin/python3 bench/torch_reference.py [--json].
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+LAYERS = 4
+WIDTH = 256
+HEADS = 4
+FFN_MULT = 4
+VOCAB = 256
+SEQ_LEN = 128
+BATCH = 8
+LN_EPS = 1e-5
+INIT_STD = 0.02
+
+# (torch intra-op threads, OpenBLAS threads) tried by the parent, after one run with both libraries left at
+# their defaults (shown for reference, not eligible as "best").
+THREAD_SETUPS = [(1, 1), (1, 2), (2, 1), (2, 2)]
+
+
+def step_flops(layers=LAYERS, width=WIDTH, ffn_mult=FFN_MULT, vocab=VOCAB, seq_len=SEQ_LEN, batch=BATCH):
+    """Matmul FLOPs of one training step (forward + backward), counting a multiply-add as 2 FLOPs.
+
+    With R = batch * seq_len rows, D = width, F = ffn_mult * D, per layer the forward matmuls are
+      qkv projection   2 R D (3D)
+      attention out    2 R D D
+      FFN up (fc)      2 R D F
+      FFN down (proj)  2 R F D
+      q k^T            2 batch T T D   (all heads together: heads * dh = D; the full T x T square is computed,
+      p v              2 batch T T D    the causal mask does not skip work)
+    and once per step the tied LM head 2 R D vocab. Backward runs two matmuls of the same size per forward
+    matmul (d_input and d_weight, or d_q/d_k and d_p/d_v for attention), so a step is 3x the forward.
+    Elementwise work (LayerNorm, GELU, softmax, AdamW) is left out; it is O(R D), not O(R D^2).
+    For the reference model: forward 7.11 GFLOP, step 21.34 GFLOP.
+    """
+    rows = batch * seq_len
+    ffn = ffn_mult * width
+    per_layer = (2 * rows * width * 3 * width + 2 * rows * width * width + 2 * rows * width * ffn +
+                 2 * rows * ffn * width + 2 * 2 * batch * seq_len * seq_len * width)
+    forward = layers * per_layer + 2 * rows * width * vocab
+    return 3 * forward
+
+
+def parameter_count():
+    per_layer = (2 * 2 * WIDTH +                        # two LayerNorms (gain, shift)
+                 WIDTH * 3 * WIDTH + 3 * WIDTH +        # qkv
+                 WIDTH * WIDTH + WIDTH +                # attention out
+                 WIDTH * FFN_MULT * WIDTH + FFN_MULT * WIDTH +  # fc
+                 FFN_MULT * WIDTH * WIDTH + WIDTH)      # proj
+    return VOCAB * WIDTH + SEQ_LEN * WIDTH + LAYERS * per_layer + 2 * WIDTH
+
+
+def build_model(torch):
+    nn = torch.nn
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+            self.out = nn.Linear(WIDTH, WIDTH)
+            mask = torch.tril(torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool))
+            self.register_buffer("causal_mask", mask.view(1, 1, SEQ_LEN, SEQ_LEN))
+
+        def forward(self, x):
+            batch, tokens, width = x.shape
+            head_dim = width // HEADS
+            q, k, v = self.qkv(x).split(width, dim=2)
+            q = q.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
+            k = k.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
+            v = v.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+            scores = scores.masked_fill(~self.causal_mask[:, :, :tokens, :tokens], float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            y = (probs @ v).transpose(1, 2).contiguous().view(batch, tokens, width)
+            return self.out(y)
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(WIDTH, FFN_MULT * WIDTH)
+            self.act = nn.GELU(approximate="tanh")
+            self.proj = nn.Linear(FFN_MULT * WIDTH, WIDTH)
+
+        def forward(self, x):
+            return self.proj(self.act(self.fc(x)))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_attn = nn.LayerNorm(WIDTH, eps=LN_EPS)
+            self.attn = CausalSelfAttention()
+            self.ln_mlp = nn.LayerNorm(WIDTH, eps=LN_EPS)
+            self.mlp = Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_attn(x))
+            return x + self.mlp(self.ln_mlp(x))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_embedding = nn.Embedding(VOCAB, WIDTH)
+            self.position_embedding = nn.Embedding(SEQ_LEN, WIDTH)
+            self.blocks = nn.ModuleList([Block() for _ in range(LAYERS)])
+            self.ln_final = nn.LayerNorm(WIDTH, eps=LN_EPS)
+            self.register_buffer("positions", torch.arange(SEQ_LEN))
+            self._init_gpt2()
+
+        def _init_gpt2(self):
+            residual_std = INIT_STD / math.sqrt(2 * LAYERS)
+            for name, module in self.named_modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    std = residual_std if name.endswith("attn.out") or name.endswith("mlp.proj") else INIT_STD
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+                    if getattr(module, "bias", None) is not None:
+                        nn.init.zeros_(module.bias)
+                elif isinstance(module, nn.LayerNorm):
+                    nn.init.ones_(module.weight)
+                    nn.init.zeros_(module.bias)
+
+        def forward(self, tokens):
+            x = self.token_embedding(tokens) + self.position_embedding(self.positions[:tokens.shape[1]])
+            for block in self.blocks:
+                x = block(x)
+            x = self.ln_final(x)
+            return x @ self.token_embedding.weight.t()  # tied LM head, no bias
+
+    return Gpt()
+
+
+def attach_stat_hooks(torch, model, sink):
+    """Forward + backward hooks on every Linear/LayerNorm/Embedding: mean, var and max of the output and of the
+    gradient w.r.t. the output, read back as Python floats (what per-layer logging in PyTorch looks like)."""
+    nn = torch.nn
+    handles = []
+
+    def record(name, kind, tensor):
+        with torch.no_grad():
+            t = tensor.detach()
+            sink.append((name, kind, t.mean().item(), t.var().item(), t.max().item()))
+
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.LayerNorm, nn.Embedding)):
+            handles.append(module.register_forward_hook(
+                lambda mod, inputs, output, name=name: record(name, "out", output)))
+            handles.append(module.register_full_backward_hook(
+                lambda mod, grad_input, grad_output, name=name: record(name, "d_out", grad_output[0])))
+    return handles
+
+
+def time_training(torch, model, optimizer, tokens, steps, warmup, step_hook=None, give_up_ms=None):
+    """Median ms/step over `steps` timed steps after `warmup`, and every step's loss. With give_up_ms, stops
+    after 3 timed steps whose median is already slower than that (a hopeless setup need not run to the end)."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    loss_fn = torch.nn.functional.cross_entropy
+    times = []
+    losses = []
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(inputs)
+        loss = loss_fn(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if step_hook is not None:
+            step_hook()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+            if give_up_ms is not None and len(times) >= 3 and statistics.median(times) * 1e3 > give_up_ms:
+                break
+    return statistics.median(times) * 1e3, losses
+
+
+class OtherLoad:
+    """Average number of cores busy with other processes over a span: all busy CPU time (/proc/stat) minus this
+    process's own (getrusage, all threads), divided by wall time. On a shared machine a span with other load
+    well above 0 gave a slow, noisy timing. None where /proc/stat is missing."""
+
+    def __enter__(self):
+        self.start = (self._busy_seconds(), self._own_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc):
+        busy, own, wall = self._busy_seconds(), self._own_seconds(), time.perf_counter()
+        if busy is None or self.start[0] is None:
+            self.cores = None
+        else:
+            self.cores = max(0.0, ((busy - self.start[0]) - (own - self.start[1])) / (wall - self.start[2]))
+        return False
+
+    @staticmethod
+    def _busy_seconds():
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(v) for v in stat.readline().split()[1:]]
+        except OSError:
+            return None
+        idle = fields[3] + fields[4]  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_seconds():
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+
+def openblas_threads():
+    """OpenBLAS's thread count as the library itself reports it (None when torch is not on OpenBLAS)."""
+    import ctypes
+    try:
+        return ctypes.CDLL("libopenblas.so.0").openblas_get_num_threads()
+    except (OSError, AttributeError):
+        return None
+
+
+def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None):
+    """Child process: OPENBLAS_NUM_THREADS was set by the parent before this interpreter imported torch."""
+    import torch
+    if intra is not None:
+        torch.set_num_threads(intra)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(0)
+    model = build_model(torch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN + 1), generator=torch.Generator().manual_seed(1))
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params != parameter_count():
+        raise AssertionError(f"parameter count {n_params} != formula {parameter_count()}")
+    with OtherLoad() as other_load:
+        ms, losses = time_training(torch, model, optimizer, tokens, steps, warmup, give_up_ms=give_up_ms)
+    result = {
+        "intra_threads": torch.get_num_threads(),
+        "blas_threads": openblas_threads(),
+        "ms_per_step": ms,
+        "tokens_per_s": BATCH * SEQ_LEN / (ms / 1e3),
+        "timed_steps": len(losses) - warmup,
+        "other_load_cores": other_load.cores,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "params": n_params,
+        "torch_version": torch.__version__,
+    }
+    if hooks:
+        sink = []
+        handles = attach_stat_hooks(torch, model, sink)
+        records = []
+        with OtherLoad() as hooks_load:
+            ms_hooks, _ = time_training(torch, model, optimizer, tokens, steps, warmup,
+                                        step_hook=lambda: (records.append(len(sink)), sink.clear()))
+        for handle in handles:
+            handle.remove()
+        # The plain run is timed again after the hooked one and the two plain medians averaged, so slow drift
+        # of a shared machine weighs on both sides of the comparison.
+        with OtherLoad() as again_load:
+            ms_again, _ = time_training(torch, model, optimizer, tokens, steps, warmup)
+        result["ms_per_step_plain_pair"] = [ms, ms_again]
+        result["other_load_cores_hooks"] = [other_load.cores, hooks_load.cores, again_load.cores]
+        result["ms_per_step_hooks"] = ms_hooks
+        result["hook_records_per_step"] = records[-1]
+    return result
+
+
+def spawn_setup(intra, blas, args, hooks, give_up_ms=None):
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    if blas is None:
+        env.pop("OPENBLAS_NUM_THREADS", None)
+    else:
+        env["OPENBLAS_NUM_THREADS"] = str(blas)
+    command = [sys.executable, os.path.abspath(__file__), "--setup",
+               f"{'default' if intra is None else intra},{'default' if blas is None else blas}",
+               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if hooks:
+        command.append("--hooks")
+    if give_up_ms is not None:
+        command += ["--give-up-ms", f"{give_up_ms:.3f}"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"setup intra={intra} blas={blas} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_setup(text):
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"--setup takes 'intra,blas' (e.g. 1,2), got '{text}'")
+    try:
+        return tuple(None if p == "default" else int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--setup takes two integers or 'default', got '{text}'")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per setup (median is reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    parser.add_argument("--hooks", action="store_true",
+                        help="also time the best setup with mean/var/max hooks on every Linear/LayerNorm/Embedding")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times to cycle through all setups; each setup keeps its fastest round")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--setup", type=parse_setup, help=argparse.SUPPRESS)  # child mode: one setup, JSON out
+    parser.add_argument("--give-up-ms", type=float, help=argparse.SUPPRESS)  # child mode: stop a hopeless setup
+    args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error("--steps and --rounds must be >= 1 and --warmup >= 0")
+
+    if args.setup is not None:
+        intra, blas = args.setup
+        print(json.dumps(run_setup(intra, blas, args.steps, args.warmup, args.hooks, args.give_up_ms)))
+        return
+
+    if importlib.util.find_spec("torch") is None:
+        sys.exit(f"torch_reference: this interpreter ({sys.executable}) has no torch; run it with /usr/bin/python3 "
+                 "(Debian's python3-torch)")
+    flops = step_flops()
+    best_ms = None
+    by_setup = {}
+    round_ms = {}
+    for round_index in range(args.rounds):
+        for intra, blas in [(None, None)] + THREAD_SETUPS:
+            # A setup 5x slower than the best so far (oversubscribed pools spin) is cut short after 3 timed steps.
+            row = spawn_setup(intra, blas, args, hooks=False, give_up_ms=None if best_ms is None else 5 * best_ms)
+            best_ms = row["ms_per_step"] if best_ms is None else min(best_ms, row["ms_per_step"])
+            row["setup"] = f"{'default' if intra is None else intra},{'default' if blas is None else blas}"
+            row["gflops_per_s"] = flops / (row["ms_per_step"] / 1e3) / 1e9
+            round_ms.setdefault(row["setup"], []).append(row["ms_per_step"])
+            # Across rounds a setup keeps its fastest median: on a shared machine slower rounds met other load.
+            if row["setup"] not in by_setup or row["ms_per_step"] < by_setup[row["setup"]]["ms_per_step"]:
+                by_setup[row["setup"]] = row
+            if not args.json:
+                print(f"round {round_index + 1} setup intra={row['setup'].split(',')[0]:>7} "
+                      f"blas={row['setup'].split(',')[1]:>7}: {row['ms_per_step']:8.2f} ms/step  "
+                      f"{row['tokens_per_s']:8.0f} tokens/s  {row['gflops_per_s']:6.2f} GFLOP/s  "
+                      f"({row['timed_steps']} timed steps, other load {row['other_load_cores']:.2f} cores)",
+                      flush=True)
+    table = [dict(row, round_ms_per_step=round_ms[setup]) for setup, row in by_setup.items()]
+    # Only explicit setups compete; the default row shows what an untuned run gets.
+    best = min((r for r in table if r["setup"] != "default,default"), key=lambda r: r["ms_per_step"])
+    report = {
+        "model": {"layers": LAYERS, "width": WIDTH, "heads": HEADS, "ffn": FFN_MULT * WIDTH, "vocab": VOCAB,
+                  "seq_len": SEQ_LEN, "batch": BATCH, "params": best["params"]},
+        "torch_version": best["torch_version"],
+        "flops_per_step": flops,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "best_setup": best["setup"],
+        "ms_per_step": best["ms_per_step"],
+        "tokens_per_s": best["tokens_per_s"],
+        "gflops_per_s": best["gflops_per_s"],
+        "setups": table,
+    }
+    if args.hooks:
+        intra, blas = (int(p) for p in best["setup"].split(","))
+        hooked = spawn_setup(intra, blas, args, hooks=True)
+        report["hooks"] = {
+            "setup": best["setup"],
+            "ms_per_step_plain": statistics.mean(hooked["ms_per_step_plain_pair"]),
+            "ms_per_step_hooks": hooked["ms_per_step_hooks"],
+            "overhead_percent": 100.0 * (hooked["ms_per_step_hooks"] /
+                                         statistics.mean(hooked["ms_per_step_plain_pair"]) - 1.0),
+            "stat_records_per_step": hooked["hook_records_per_step"],
+            "other_load_cores": hooked["other_load_cores_hooks"],  # plain, hooked, plain again
+        }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"model: {best['params']} params, {flops / 1e9:.2f} GFLOP/step (matmuls, fwd+bwd)")
+    print(f"loss: first {best['first_loss']:.4f} (ln {VOCAB} = {math.log(VOCAB):.4f}), last {best['last_loss']:.4f}")
+    print(f"best setup intra,blas = {best['setup']}: {best['ms_per_step']:.2f} ms/step, "
+          f"{best['tokens_per_s']:.0f} tokens/s, {best['gflops_per_s']:.2f} GFLOP/s")
+    if args.hooks:
+        h = report["hooks"]
+        print(f"stat hooks ({h['stat_records_per_step']} records/step): {h['ms_per_step_plain']:.2f} -> "
+              f"{h['ms_per_step_hooks']:.2f} ms/step, overhead {h['overhead_percent']:+.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what proplab needs to build and test on Debian 12 / Ubuntu 22.04+ (uses sudo when not root).
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-h5py python3-numpy
+)
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then as_root=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "proplab: dependencies installed"

@@ -1,0 +1,474 @@
+#include "io/run_file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <ctime>
+#include <system_error>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "io/hdf5_util.h"
+
+namespace proplab {
+
+using io_detail::ErrorKind;
+using io_detail::h5_check;
+using io_detail::H5Handle;
+using io_detail::H5Quiet;
+
+const char* run_status_name(RunStatus status) {
+  switch (status) {
+    case RunStatus::running: return "running";
+    case RunStatus::completed: return "completed";
+    case RunStatus::diverged: return "diverged";
+    case RunStatus::failed: return "failed";
+  }
+  return "unknown";
+}
+
+RunStatus parse_run_status(const std::string& text) {
+  for (RunStatus status : {RunStatus::running, RunStatus::completed, RunStatus::diverged, RunStatus::failed}) {
+    if (text == run_status_name(status)) return status;
+  }
+  throw UserError(detail::concat("unknown run status '", text, "' (valid: running, completed, diverged, failed)"));
+}
+
+std::string iso8601_utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::array<char, 32> text{};
+  const std::size_t length = std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  PROPLAB_CHECK(length > 0, "strftime fits an ISO 8601 time in 32 bytes");
+  return std::string(text.data(), length);
+}
+
+std::string this_host_name() {
+  std::array<char, 256> name{};
+  if (gethostname(name.data(), name.size() - 1) != 0 || name[0] == '\0') return "unknown";
+  return std::string(name.data());
+}
+
+std::filesystem::path run_file_path(const std::filesystem::path& directory, const std::string& name) {
+  return directory / (name + ".h5");
+}
+
+namespace {
+
+constexpr const char* train_columns[] = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "wall_time"};
+constexpr const char* eval_columns[] = {"step", "loss"};
+constexpr const char* statistics_groups[] = {"/probes", "/params", "/forward", "/backward", "/theory"};
+constexpr int deflate_level = 4;
+constexpr hsize_t chunk_bytes_2d = 64 * 1024;
+constexpr hsize_t chunk_rows_1d = 1024;
+
+// Cuts `text` to at most `size` bytes, ending in "..." when cut, without splitting a UTF-8 sequence.
+std::string fit_to(const std::string& text, std::size_t size) {
+  if (text.size() <= size) return text;
+  std::size_t length = size - 3;
+  while (length > 0 && (static_cast<unsigned char>(text[length]) & 0xC0) == 0x80) --length;
+  return text.substr(0, length) + "...";
+}
+
+// One extendible dataset: int64 [n] or float64 [n] / [n, columns], with its rows not yet written.
+struct Series {
+  std::string path;
+  H5Handle dataset;
+  int rank = 1;
+  std::int64_t columns = 1;
+  bool is_int = false;
+  std::int64_t rows_written = 0;
+  std::vector<double> pending_doubles;  // row-major, `columns` per row
+  std::vector<std::int64_t> pending_ints;
+
+  std::int64_t pending_rows() const {
+    return is_int ? static_cast<std::int64_t>(pending_ints.size())
+                  : static_cast<std::int64_t>(pending_doubles.size()) / columns;
+  }
+};
+
+}  // namespace
+
+struct RunWriter::Impl {
+  std::filesystem::path path;
+  std::string file_name;  // path as a string, for messages
+  RunWriterOptions options;
+  H5Handle file;
+  H5Handle link_properties;  // creates intermediate groups
+  std::vector<Series> series;
+  std::unordered_map<std::string, std::size_t> series_by_path;
+  std::size_t train_first = 0;  // index of /train/step; the other train columns follow in train_columns order
+  std::size_t eval_first = 0;
+  std::int64_t train_rows = 0;
+  std::int64_t eval_rows = 0;
+  std::int64_t most_pending = 0;  // largest pending_rows() over all series since the last write
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  bool started = false;
+  bool finished = false;
+
+  void require_layout_phase(const char* what) const {
+    PROPLAB_CHECK(!finished, what, " on run file '", file_name, "' after finish()");
+    PROPLAB_CHECK(!started, what, " on run file '", file_name, "' after start(): in SWMR mode only appends are ",
+                  "possible, so create every dataset and attribute before start()");
+  }
+
+  void require_open(const char* what) const {
+    PROPLAB_CHECK(!finished, what, " on run file '", file_name, "' after finish()");
+  }
+
+  void require_new_path(const std::string& path_in_file) const {
+    PROPLAB_CHECK(!path_in_file.empty() && path_in_file[0] == '/' && path_in_file.back() != '/',
+                  "dataset path '", path_in_file, "' is absolute and names an object");
+    PROPLAB_CHECK(!io_detail::h5_path_exists(file.get(), path_in_file, file_name), "dataset '", path_in_file,
+                  "' does not exist yet in '", file_name, "'");
+  }
+
+  std::size_t add_series(const std::string& path_in_file, int rank, std::int64_t columns, bool is_int) {
+    require_new_path(path_in_file);
+    PROPLAB_CHECK(rank == 1 || columns >= 1, "series '", path_in_file, "' has at least one column, not ",
+                  columns);
+    const hsize_t dims[2] = {0, static_cast<hsize_t>(columns)};
+    const hsize_t max_dims[2] = {H5S_UNLIMITED, static_cast<hsize_t>(columns)};
+    hsize_t chunk[2] = {chunk_rows_1d, static_cast<hsize_t>(columns)};
+    if (rank == 2) chunk[0] = std::clamp<hsize_t>(chunk_bytes_2d / (8 * chunk[1]), 1, chunk_rows_1d);
+    H5Handle space(h5_check(H5Screate_simple(rank, dims, max_dims), "H5Screate_simple", file_name, path_in_file));
+    H5Handle create_properties(h5_check(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate", file_name, path_in_file));
+    h5_check(H5Pset_chunk(create_properties.get(), rank, chunk), "H5Pset_chunk", file_name, path_in_file);
+    h5_check(H5Pset_shuffle(create_properties.get()), "H5Pset_shuffle", file_name, path_in_file);
+    h5_check(H5Pset_deflate(create_properties.get(), deflate_level), "H5Pset_deflate", file_name, path_in_file);
+    const hid_t file_type = is_int ? H5T_STD_I64LE : H5T_IEEE_F64LE;
+    Series entry;
+    entry.path = path_in_file;
+    entry.rank = rank;
+    entry.columns = rank == 1 ? 1 : columns;
+    entry.is_int = is_int;
+    entry.dataset = H5Handle(h5_check(H5Dcreate2(file.get(), path_in_file.c_str(), file_type, space.get(),
+                                                 link_properties.get(), create_properties.get(), H5P_DEFAULT),
+                                      "H5Dcreate2", file_name, path_in_file));
+    series.push_back(std::move(entry));
+    series_by_path.emplace(path_in_file, series.size() - 1);
+    return series.size() - 1;
+  }
+
+  // Writes a fixed (non-extendible) 1-D dataset of `count` elements of `file_type` from `data`.
+  void write_fixed(const std::string& path_in_file, hid_t file_type, hid_t memory_type, hsize_t count,
+                   const void* data) {
+    require_new_path(path_in_file);
+    H5Handle space(h5_check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple", file_name, path_in_file));
+    H5Handle dataset(h5_check(H5Dcreate2(file.get(), path_in_file.c_str(), file_type, space.get(),
+                                         link_properties.get(), H5P_DEFAULT, H5P_DEFAULT),
+                              "H5Dcreate2", file_name, path_in_file));
+    if (count > 0) {
+      h5_check(H5Dwrite(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dwrite", file_name,
+               path_in_file);
+    }
+    dataset.close(file_name);
+  }
+
+  void write_series(Series& entry) {
+    const std::int64_t rows = entry.pending_rows();
+    if (rows == 0) return;
+    const hsize_t extent[2] = {static_cast<hsize_t>(entry.rows_written + rows), static_cast<hsize_t>(entry.columns)};
+    h5_check(H5Dset_extent(entry.dataset.get(), extent), "H5Dset_extent", file_name, entry.path);
+    H5Handle file_space(h5_check(H5Dget_space(entry.dataset.get()), "H5Dget_space", file_name, entry.path));
+    const hsize_t start[2] = {static_cast<hsize_t>(entry.rows_written), 0};
+    const hsize_t count[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(entry.columns)};
+    h5_check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
+             "H5Sselect_hyperslab", file_name, entry.path);
+    H5Handle memory_space(h5_check(H5Screate_simple(entry.rank, count, nullptr), "H5Screate_simple", file_name,
+                                   entry.path));
+    const void* data = entry.is_int ? static_cast<const void*>(entry.pending_ints.data())
+                                    : static_cast<const void*>(entry.pending_doubles.data());
+    h5_check(H5Dwrite(entry.dataset.get(), entry.is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, memory_space.get(),
+                      file_space.get(), H5P_DEFAULT, data),
+             "H5Dwrite", file_name, entry.path);
+    entry.rows_written += rows;
+    entry.pending_ints.clear();
+    entry.pending_doubles.clear();
+  }
+
+  void write_all() {
+    H5Quiet quiet;
+    for (Series& entry : series) write_series(entry);
+    // In SWMR mode H5Fflush pushes raw data and metadata in the order a concurrent reader relies on.
+    h5_check(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "H5Fflush", file_name);
+    most_pending = 0;
+    last_write = std::chrono::steady_clock::now();
+  }
+
+  void note_append(const Series& entry) {
+    most_pending = std::max(most_pending, entry.pending_rows());
+    if (most_pending >= options.flush_every) {
+      write_all();
+      return;
+    }
+    const std::chrono::duration<double> since = std::chrono::steady_clock::now() - last_write;
+    if (since.count() >= options.flush_interval_s) write_all();
+  }
+
+  Series& series_at(SeriesId id) {
+    PROPLAB_CHECK(id.index < series.size(), "series id ", id.index, " belongs to run file '", file_name, "'");
+    return series[id.index];
+  }
+
+  void close_all() {
+    for (Series& entry : series) entry.dataset.close(file_name);
+    link_properties.close(file_name);
+    file.close(file_name);
+  }
+};
+
+RunWriter::RunWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RunWriter::RunWriter(RunWriter&& other) noexcept = default;
+
+RunWriter& RunWriter::operator=(RunWriter&& other) noexcept {
+  if (this != &other) {
+    RunWriter previous(std::move(*this));  // finished (as failed) when it goes out of scope, if still open
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+RunWriter::~RunWriter() {
+  if (!impl_ || impl_->finished) return;
+  try {
+    finish(RunStatus::failed, "the run's writer was destroyed before finish() (the program stopped early)");
+  } catch (...) {
+    // Unwinding already; the handles below close what is still open.
+  }
+}
+
+RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& header, bool overwrite,
+                            RunWriterOptions options) {
+  const std::string file_name = path.string();
+  // Validate everything before touching the file system.
+  if (path.empty() || !path.has_filename()) throw UserError("run file path is empty or names a directory");
+  if (header.proplab_version.empty()) throw InternalError("RunHeader.proplab_version must be set");
+  if (header.threads < 0) throw InternalError(detail::concat("RunHeader.threads is ", header.threads, " (< 0)"));
+  if (options.flush_every < 1 || !(options.flush_interval_s >= 0.0)) {
+    throw InternalError(detail::concat("RunWriterOptions: flush_every (", options.flush_every,
+                                       ") must be >= 1 and flush_interval_s (", options.flush_interval_s,
+                                       ") >= 0"));
+  }
+  std::error_code error;
+  const bool exists = std::filesystem::exists(path, error);
+  if (exists && std::filesystem::is_directory(path, error)) {
+    throw UserError(detail::concat("run file '", file_name, "' is a directory"));
+  }
+  if (exists && !overwrite) {
+    throw UserError(detail::concat("run file '", file_name,
+                                   "' already exists; pass --force to overwrite it, or choose another run name"));
+  }
+
+  if (path.has_parent_path()) {
+    std::filesystem::create_directories(path.parent_path(), error);
+    if (error) {
+      throw UserError(detail::concat("cannot create directory '", path.parent_path().string(), "' for run file: ",
+                                     error.message()));
+    }
+  }
+
+  H5Quiet quiet;
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->file_name = file_name;
+  impl->options = options;
+  {
+    H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
+    h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
+             file_name);
+    impl->file = H5Handle(h5_check(H5Fcreate(file_name.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,
+                                             H5P_DEFAULT, access.get()),
+                                   "H5Fcreate", file_name, "", ErrorKind::user));
+  }
+  try {
+    impl->link_properties =
+        H5Handle(h5_check(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", file_name));
+    h5_check(H5Pset_create_intermediate_group(impl->link_properties.get(), 1), "H5Pset_create_intermediate_group",
+             file_name);
+    const hid_t root = impl->file.get();
+    const std::string host = header.host.empty() ? this_host_name() : header.host;
+    const std::string start_time = header.start_time.empty() ? iso8601_utc_now() : header.start_time;
+    auto fixed = [&](const char* name, const std::string& value) {
+      io_detail::h5_write_string_attribute(root, name, value, value.size(), file_name);
+    };
+    fixed("format", run_format_name);
+    io_detail::h5_write_int_attribute(root, "format_version", run_format_version, file_name);
+    fixed("proplab_version", header.proplab_version);
+    fixed("config", header.config);
+    io_detail::h5_write_string_attribute(root, "status", run_status_name(RunStatus::running), run_status_size,
+                                         file_name);
+    io_detail::h5_write_string_attribute(root, "status_detail", "", run_status_detail_size, file_name);
+    io_detail::h5_write_string_attribute(root, "start_time", fit_to(start_time, run_time_size), run_time_size,
+                                         file_name);
+    io_detail::h5_write_string_attribute(root, "end_time", "", run_time_size, file_name);
+    fixed("host", host);
+    fixed("device", header.device);
+    io_detail::h5_write_int_attribute(root, "threads", header.threads, file_name);
+    fixed("layout", header.layout);
+
+    for (const char* group_path : statistics_groups) {
+      H5Handle group(h5_check(H5Gcreate2(root, group_path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2",
+                              file_name, group_path));
+      group.close(file_name);
+    }
+    impl->train_first = impl->series.size();
+    for (const char* column : train_columns) {
+      const std::string column_path = std::string("/train/") + column;
+      impl->add_series(column_path, 1, 1, column_path == "/train/step");
+    }
+    impl->eval_first = impl->series.size();
+    for (const char* column : eval_columns) {
+      const std::string column_path = std::string("/eval/") + column;
+      impl->add_series(column_path, 1, 1, column_path == "/eval/step");
+    }
+    h5_check(H5Fflush(root, H5F_SCOPE_LOCAL), "H5Fflush", file_name);
+  } catch (...) {
+    impl->series.clear();
+    impl->link_properties.close_quietly();
+    impl->file.close_quietly();
+    std::filesystem::remove(path, error);
+    throw;
+  }
+  return RunWriter(std::move(impl));
+}
+
+SeriesId RunWriter::create_series_2d(const std::string& path, std::int64_t columns) {
+  impl_->require_layout_phase("create_series_2d");
+  H5Quiet quiet;
+  return SeriesId{impl_->add_series(path, 2, columns, false)};
+}
+
+SeriesId RunWriter::create_series_1d_int(const std::string& path) {
+  impl_->require_layout_phase("create_series_1d_int");
+  H5Quiet quiet;
+  return SeriesId{impl_->add_series(path, 1, 1, true)};
+}
+
+void RunWriter::write_strings(const std::string& path, const std::vector<std::string>& values) {
+  impl_->require_layout_phase("write_strings");
+  H5Quiet quiet;
+  std::size_t size = 1;
+  for (const std::string& value : values) size = std::max(size, value.size());
+  std::vector<char> buffer(size * values.size(), '\0');
+  for (std::size_t i = 0; i < values.size(); ++i) std::copy(values[i].begin(), values[i].end(), &buffer[i * size]);
+  H5Handle type = io_detail::h5_string_type(size, impl_->file_name);
+  impl_->write_fixed(path, type.get(), type.get(), values.size(), buffer.data());
+}
+
+void RunWriter::write_ints(const std::string& path, const std::vector<std::int64_t>& values) {
+  impl_->require_layout_phase("write_ints");
+  H5Quiet quiet;
+  impl_->write_fixed(path, H5T_STD_I64LE, H5T_NATIVE_INT64, values.size(), values.data());
+}
+
+void RunWriter::write_doubles(const std::string& path, const std::vector<double>& values) {
+  impl_->require_layout_phase("write_doubles");
+  H5Quiet quiet;
+  impl_->write_fixed(path, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, values.size(), values.data());
+}
+
+void RunWriter::write_attribute(const std::string& object_path, const std::string& name, const std::string& value) {
+  impl_->require_layout_phase("write_attribute");
+  H5Quiet quiet;
+  const std::string& file_name = impl_->file_name;
+  H5Handle object(h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name,
+                           object_path));
+  io_detail::h5_write_string_attribute(object.get(), name, value, value.size(), file_name);
+  object.close(file_name);
+}
+
+void RunWriter::start() {
+  impl_->require_layout_phase("start");
+  H5Quiet quiet;
+  impl_->write_all();
+  h5_check(H5Fstart_swmr_write(impl_->file.get()), "H5Fstart_swmr_write", impl_->file_name);
+  impl_->started = true;
+}
+
+bool RunWriter::started() const { return impl_->started; }
+bool RunWriter::finished() const { return impl_->finished; }
+const std::filesystem::path& RunWriter::path() const { return impl_->path; }
+std::int64_t RunWriter::train_rows() const { return impl_->train_rows; }
+std::int64_t RunWriter::eval_rows() const { return impl_->eval_rows; }
+
+void RunWriter::append_train(const TrainRow& row) {
+  impl_->require_open("append_train");
+  Series* columns = &impl_->series[impl_->train_first];
+  columns[0].pending_ints.push_back(row.step);
+  columns[1].pending_doubles.push_back(row.loss);
+  columns[2].pending_doubles.push_back(row.lr);
+  columns[3].pending_doubles.push_back(row.grad_norm);
+  columns[4].pending_doubles.push_back(row.tokens_per_s);
+  columns[5].pending_doubles.push_back(row.wall_time);
+  ++impl_->train_rows;
+  impl_->note_append(columns[0]);
+}
+
+void RunWriter::append_eval(const EvalRow& row) {
+  impl_->require_open("append_eval");
+  Series* columns = &impl_->series[impl_->eval_first];
+  columns[0].pending_ints.push_back(row.step);
+  columns[1].pending_doubles.push_back(row.loss);
+  ++impl_->eval_rows;
+  impl_->note_append(columns[0]);
+}
+
+void RunWriter::append_row(SeriesId series, const double* values) {
+  impl_->require_open("append_row");
+  Series& entry = impl_->series_at(series);
+  PROPLAB_CHECK(!entry.is_int, "append_row on the int64 series '", entry.path, "' (use append_int)");
+  entry.pending_doubles.insert(entry.pending_doubles.end(), values, values + entry.columns);
+  impl_->note_append(entry);
+}
+
+void RunWriter::append_row(const std::string& path, const double* values) {
+  const auto found = impl_->series_by_path.find(path);
+  PROPLAB_CHECK(found != impl_->series_by_path.end(), "series '", path, "' was created in run file '",
+                impl_->file_name, "'");
+  append_row(SeriesId{found->second}, values);
+}
+
+void RunWriter::append_int(SeriesId series, std::int64_t value) {
+  impl_->require_open("append_int");
+  Series& entry = impl_->series_at(series);
+  PROPLAB_CHECK(entry.is_int, "append_int on the float64 series '", entry.path, "' (use append_row)");
+  entry.pending_ints.push_back(value);
+  impl_->note_append(entry);
+}
+
+void RunWriter::flush() {
+  impl_->require_open("flush");
+  H5Quiet quiet;
+  impl_->write_all();
+}
+
+void RunWriter::finish(RunStatus status, const std::string& detail) {
+  impl_->require_open("finish");
+  PROPLAB_CHECK(status != RunStatus::running, "finish() records a final status, not running");
+  H5Quiet quiet;
+  const std::string& file_name = impl_->file_name;
+  // Marked first: whatever happens below, the writer does not try again from its destructor.
+  impl_->finished = true;
+  impl_->write_all();
+  impl_->close_all();
+  H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
+  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
+           file_name);
+  // SWMR readers (a GUI, h5py with swmr=True) hold a shared lock for as long as they have the file open, which
+  // would make this read-write open fail. This process is the run's only writer, and a SWMR reader retries
+  // metadata whose checksum does not match, so it sees either the old or the new attribute values.
+  h5_check(H5Pset_file_locking(access.get(), false, true), "H5Pset_file_locking", file_name);
+  H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen", file_name, "",
+                         ErrorKind::user));
+  io_detail::h5_overwrite_string_attribute(file.get(), "status", run_status_name(status), file_name);
+  io_detail::h5_overwrite_string_attribute(file.get(), "status_detail", fit_to(detail, run_status_detail_size),
+                                           file_name);
+  io_detail::h5_overwrite_string_attribute(file.get(), "end_time", iso8601_utc_now(), file_name);
+  file.close(file_name);
+}
+
+}  // namespace proplab

@@ -1,0 +1,20 @@
+#include "models/mlp.h"
+#include "models/transformer.h"
+
+namespace proplab {
+
+ModelShape model_shape(const ModelConfig& config) {
+  ModelShape shape;
+  shape.type = config.type;
+  shape.transformer = config.transformer;
+  shape.mlp = config.mlp;
+  return shape;
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed) {
+  if (config.type == "transformer") return std::make_unique<Transformer>(config.transformer, scaling, seed);
+  if (config.type == "mlp") return std::make_unique<Mlp>(config.mlp, scaling, seed);
+  throw UserError("model.type: unknown model \"" + config.type + "\"; allowed: transformer, mlp");
+}
+
+}  // namespace proplab

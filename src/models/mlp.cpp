@@ -1,0 +1,91 @@
+#include "models/mlp.h"
+
+namespace proplab {
+
+Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed) : config_(config) {
+  ModelShape shape;
+  shape.type = "mlp";
+  shape.mlp = config;
+  std::unique_ptr<ScalingRule> rule = make_rule(scaling, shape);
+  for (int l = 0; l < config.layers; ++l) {
+    const std::int64_t in = l == 0 ? config.input_dim : config.width;
+    layers_.push_back(nn::Linear::create(params_, "layers." + std::to_string(l), in, config.width,
+                                         l == 0 ? ParamRole::mlp_input : ParamRole::mlp_hidden, true, l));
+    if (config.residual && l > 0)
+      residuals_.push_back(ResidualSite::create(params_, "layers." + std::to_string(l), rule->residual(l, Branch::mlp), l));
+  }
+  readout_ = nn::Linear::create(params_, "readout", config.width, config.outputs, ParamRole::readout, true, -1);
+  params_.init(*rule, seed);
+  for (const ResidualSite& site : residuals_) site.init_values();
+  output_multiplier_ = static_cast<float>(rule->output_multiplier());
+}
+
+void Mlp::ensure_buffers(std::int64_t rows) {
+  if (rows == rows_) return;
+  rows_ = rows;
+  const std::int64_t w = config_.width;
+  pre_.assign(config_.layers, Tensor());
+  post_.assign(config_.layers, Tensor());
+  hidden_.assign(config_.layers, Tensor());
+  for (int l = 0; l < config_.layers; ++l) {
+    pre_[l] = Tensor::empty({rows, w});
+    post_[l] = Tensor::empty({rows, w});
+    hidden_[l] = config_.residual && l > 0 ? Tensor::empty({rows, w}) : post_[l];
+  }
+  output_ = Tensor::empty({rows, config_.outputs});
+  d_output_ = Tensor::empty({rows, config_.outputs});
+  d_hidden_ = Tensor::empty({rows, w});
+  d_post_ = Tensor::empty({rows, w});
+  d_pre_ = Tensor::empty({rows, w});
+}
+
+double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepContext&) {
+  const Tensor& x = batch.inputs;
+  PROPLAB_CHECK(x.ndim() == 2 && x.dim(1) == config_.input_dim, "mlp input shape ", shape_string(x.shape()));
+  ensure_buffers(x.dim(0));
+  const int layers = config_.layers;
+  for (int l = 0; l < layers; ++l) {
+    layers_[l].forward(l == 0 ? x : hidden_[l - 1], pre_[l]);
+    ops::activation_forward(config_.activation, pre_[l], post_[l]);
+    if (config_.residual && l > 0) residuals_[l - 1].forward(hidden_[l - 1], post_[l], hidden_[l]);
+  }
+  readout_.forward(hidden_[layers - 1], output_);
+  if (output_multiplier_ != 1.0f) ops::scale(output_, output_multiplier_);
+  const bool backward = grad_scale != 0.0f;
+  Tensor* d_output = backward ? &d_output_ : nullptr;
+  const double loss = config_.head == MlpHead::regression
+                          ? ops::mse_loss(output_, batch.targets, d_output, grad_scale)
+                          : ops::softmax_cross_entropy(output_, batch.targets.reshape({x.dim(0)}), d_output, grad_scale);
+  if (!backward) return loss;
+
+  if (output_multiplier_ != 1.0f) ops::scale(d_output_, output_multiplier_);
+  readout_.backward(hidden_[layers - 1], d_output_, &d_hidden_);
+  for (int l = layers - 1; l >= 0; --l) {
+    // d_hidden_ holds dL/dh_l.
+    const Tensor* d_post = &d_hidden_;
+    if (config_.residual && l > 0) {
+      residuals_[l - 1].backward(hidden_[l - 1], post_[l], d_hidden_, d_hidden_, d_post_);
+      d_post = &d_post_;
+    }
+    ops::activation_backward(config_.activation, pre_[l], *d_post, d_pre_);
+    if (l == 0) {
+      layers_[0].backward(x, d_pre_, nullptr);
+    } else if (config_.residual) {
+      layers_[l].backward(hidden_[l - 1], d_pre_, &d_post_);
+      ops::axpy(1.0f, d_post_, d_hidden_);
+    } else {
+      layers_[l].backward(hidden_[l - 1], d_pre_, &d_hidden_);
+    }
+  }
+  return loss;
+}
+
+double Mlp::evaluate(const Batch& batch) { return forward_backward(batch, 0.0f, StepContext{}); }
+
+double Mlp::train_flops(std::int64_t samples) const {
+  const double w = config_.width;
+  const double forward = 2.0 * (config_.input_dim * w + (config_.layers - 1) * w * w + w * config_.outputs);
+  return 3.0 * forward * static_cast<double>(samples);
+}
+
+}  // namespace proplab

@@ -1,0 +1,55 @@
+// models: the trainable models, each with an explicit forward and backward (no autograd tape).
+//
+// A Model owns its parameters (ParameterStore) and the activation buffers it saves between forward and backward,
+// allocated once per micro-batch shape and reused every step. forward_backward() runs forward, the loss and
+// backward, ACCUMULATING parameter gradients scaled by grad_scale (so micro-batches add up); evaluate() runs
+// forward and the loss only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "models/config.h"
+#include "nn/parameter.h"
+#include "scaling/config.h"
+#include "scaling/rule.h"
+
+namespace proplab {
+
+// One micro-batch. Language models: inputs and targets i32 [B, T]. MLP: inputs f32 [B, input_dim]; targets
+// f32 [B, outputs] (regression) or i32 [B] (classification).
+struct Batch {
+  Tensor inputs;
+  Tensor targets;
+};
+
+struct StepContext {
+  std::uint64_t seed = 0;
+  std::uint64_t micro_step = 0;  // global micro-batch counter: keys the dropout masks
+  bool training = true;          // dropout on
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual ParameterStore& params() = 0;
+  // Forward + mean loss + backward; parameter gradients += grad_scale * d(mean loss)/d(param).
+  virtual double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) = 0;
+  // Forward + mean loss, no dropout, no gradients.
+  virtual double evaluate(const Batch& batch) = 0;
+  // Multiply-add FLOPs of one training step (forward + backward) on `samples` samples, counting every matrix
+  // product (2 FLOPs per multiply-add); used for achieved GFLOP/s.
+  virtual double train_flops(std::int64_t samples) const = 0;
+  // Tokens (LM) or samples (MLP) per sample: tokens/s = samples/s * this.
+  virtual std::int64_t tokens_per_sample() const = 0;
+  // Copies learnable residual scalars etc. from parameters after a checkpoint load (nothing to do by default).
+  virtual void after_parameter_load() {}
+};
+
+// Builds the model described by `config` with parameters initialised by the scaling rule from `seed`.
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+
+// The shape a scaling rule sees for this model config.
+ModelShape model_shape(const ModelConfig& config);
+
+}  // namespace proplab

@@ -1,0 +1,29 @@
+// models/residual_site: one residual combine x ← λ·x + β·f, with λ and β fixed or learnable scalars.
+#pragma once
+
+#include <string>
+
+#include "nn/parameter.h"
+#include "ops/ops.h"
+
+namespace proplab {
+
+struct ResidualSite {
+  double lambda = 1.0;
+  double beta = 1.0;
+  Parameter* lambda_param = nullptr;  // set when λ is learnable (a [1] tensor)
+  Parameter* beta_param = nullptr;    // set when β is learnable
+
+  // Creates the site from the rule's spec, adding learnable scalars to the store as `<name>.lambda`/`.beta`.
+  static ResidualSite create(ParameterStore& store, const std::string& name, const ResidualSpec& spec, int block);
+  // Writes the spec's initial values into the learnable scalars (after ParameterStore::init).
+  void init_values() const;
+  float current_lambda() const { return lambda_param ? lambda_param->value.f32()[0] : static_cast<float>(lambda); }
+  float current_beta() const { return beta_param ? beta_param->value.f32()[0] : static_cast<float>(beta); }
+
+  void forward(const Tensor& x, const Tensor& f, Tensor& y) const;
+  // d_x (may alias d_y) and d_f overwrite; learnable scalars' gradients accumulate.
+  void backward(const Tensor& x, const Tensor& f, const Tensor& d_y, Tensor& d_x, Tensor& d_f) const;
+};
+
+}  // namespace proplab

@@ -1,0 +1,231 @@
+#include "models/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/rng.h"
+
+namespace proplab {
+
+namespace {
+
+// A view of the first numel(shape) elements of a flat scratch tensor, with the given shape.
+Tensor view_of(const Tensor& flat, const Shape& shape) {
+  return flat.slice(0, 0, shape_numel(shape)).reshape(shape);
+}
+
+}  // namespace
+
+Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed)
+    : config_(config), seed_(seed) {
+  const std::int64_t d = config.width, v = config.vocab, t = config.seq_len;
+  const std::int64_t f = static_cast<std::int64_t>(config.ffn_mult) * d;
+  PROPLAB_CHECK(d % config.heads == 0, "width ", d, " not divisible by heads ", config.heads);
+  ModelShape shape;
+  shape.type = "transformer";
+  shape.transformer = config;
+  std::unique_ptr<ScalingRule> rule = make_rule(scaling, shape);
+
+  token_embedding_ = &params_.add("embed.token.weight", {v, d}, ParamRole::token_embedding, v, d);
+  position_embedding_ = &params_.add("embed.position.weight", {t, d}, ParamRole::position_embedding, t, d);
+  const bool normed = config.norm != NormPlacement::none;
+  for (int l = 0; l < config.layers; ++l) {
+    for (int which = 0; which < 2; ++which) {
+      Sublayer s;
+      s.is_attention = which == 0;
+      const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
+      if (normed)
+        s.norm = nn::Norm::create(params_, prefix + ".norm", d, config.norm_kind, config.norm_affine, config.norm_eps, l);
+      if (s.is_attention) {
+        // Q, K and V are each a D→D projection packed side by side: fan-out per projection is D.
+        s.in_proj = nn::Linear::create(params_, prefix + ".qkv", d, 3 * d, ParamRole::attn_qkv, config.bias, l);
+        s.in_proj.weight->info.fan_out = d;
+        s.out_proj = nn::Linear::create(params_, prefix + ".out", d, d, ParamRole::attn_out, config.bias, l);
+      } else {
+        s.in_proj = nn::Linear::create(params_, prefix + ".fc", d, f, ParamRole::ffn_in, config.bias, l);
+        s.out_proj = nn::Linear::create(params_, prefix + ".proj", f, d, ParamRole::ffn_out, config.bias, l);
+      }
+      s.residual = ResidualSite::create(params_, prefix, rule->residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
+      sublayers_.push_back(std::move(s));
+    }
+  }
+  has_final_norm_ = config.norm == NormPlacement::pre;
+  if (has_final_norm_)
+    final_norm_ = nn::Norm::create(params_, "final_norm", d, config.norm_kind, config.norm_affine, config.norm_eps, -1);
+  if (!config.tie_embeddings) readout_ = nn::Linear::create(params_, "head", d, v, ParamRole::readout, false, -1);
+
+  params_.init(*rule, seed);
+  for (const Sublayer& s : sublayers_) s.residual.init_values();
+  logit_scale_ = static_cast<float>(rule->logit_scale(static_cast<int>(d / config.heads)));
+  output_multiplier_ = static_cast<float>(rule->output_multiplier());
+}
+
+std::uint64_t Transformer::dropout_stream(const StepContext& context, int site) const {
+  return stream_id("dropout", context.micro_step, static_cast<std::uint64_t>(site + 1));
+}
+
+void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
+  if (batch == batch_ && tokens == tokens_) return;
+  batch_ = batch;
+  tokens_ = tokens;
+  const std::int64_t r = batch * tokens, d = config_.width, v = config_.vocab, h = config_.heads;
+  const std::int64_t f = static_cast<std::int64_t>(config_.ffn_mult) * d;
+  const bool pre = config_.norm == NormPlacement::pre, post = config_.norm == NormPlacement::post;
+  stream_.assign(sublayers_.size() + 1, Tensor());
+  for (Tensor& x : stream_) x = Tensor::empty({r, d});
+  for (Sublayer& s : sublayers_) {
+    const std::int64_t hidden = s.is_attention ? 3 * d : f;
+    s.normed = pre ? Tensor::empty({r, d}) : Tensor();
+    s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r) : nn::Norm::Saved{};
+    s.hidden = Tensor::empty({r, hidden});
+    s.probs = s.is_attention ? Tensor::empty({batch, h, tokens, tokens}) : Tensor();
+    s.mixed = Tensor::empty({r, s.is_attention ? d : f});
+    s.branch = Tensor::empty({r, d});
+    s.combined = post ? Tensor::empty({r, d}) : Tensor();
+  }
+  embedded_ = config_.dropout > 0 ? Tensor::empty({r, d}) : Tensor();
+  final_ = has_final_norm_ ? Tensor::empty({r, d}) : Tensor();
+  final_saved_ = has_final_norm_ ? final_norm_.make_saved(r) : nn::Norm::Saved{};
+  logits_ = Tensor::empty({r, v});
+  d_logits_ = Tensor::empty({r, v});
+  d_stream_ = Tensor::empty({r, d});
+  d_branch_ = Tensor::empty({r, d});
+  d_dropped_ = Tensor::empty({r, d});
+  d_mixed_ = Tensor::empty({r * std::max(d, f)});
+  d_hidden_ = Tensor::empty({r * std::max(3 * d, f)});
+  d_normed_ = Tensor::empty({r, d});
+  d_tmp_ = Tensor::empty({r, d});
+}
+
+void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context,
+                                   int site) {
+  const std::int64_t d = config_.width;
+  const Tensor* branch_in = &x_in;
+  if (config_.norm == NormPlacement::pre) {
+    s.norm.forward(x_in, s.normed, s.norm_saved);
+    branch_in = &s.normed;
+  }
+  s.in_proj.forward(*branch_in, s.hidden);
+  if (s.is_attention) {
+    Tensor mixed = s.mixed.reshape({batch_, tokens_, d});
+    ops::attention_forward(s.hidden.reshape({batch_, tokens_, 3 * d}), config_.heads, logit_scale_, s.probs, mixed);
+  } else {
+    ops::activation_forward(config_.activation, s.hidden, s.mixed);
+  }
+  if (dropout_active(context)) {
+    Tensor projected = d_tmp_;  // free during forward
+    s.out_proj.forward(s.mixed, projected);
+    ops::dropout_forward(projected, config_.dropout, context.seed, dropout_stream(context, site), s.branch);
+  } else {
+    s.out_proj.forward(s.mixed, s.branch);
+  }
+  if (config_.norm == NormPlacement::post) {
+    s.residual.forward(x_in, s.branch, s.combined);
+    s.norm.forward(s.combined, x_out, s.norm_saved);
+  } else {
+    s.residual.forward(x_in, s.branch, x_out);
+  }
+}
+
+void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
+                                    const StepContext& context, int site) {
+  const std::int64_t r = x_in.dim(0), d = config_.width;
+  const std::int64_t f = static_cast<std::int64_t>(config_.ffn_mult) * d;
+  const Tensor* d_combined = &d_out;
+  if (config_.norm == NormPlacement::post) {
+    s.norm.backward(s.combined, s.norm_saved, d_out, d_tmp_);
+    d_combined = &d_tmp_;
+  }
+  s.residual.backward(x_in, s.branch, *d_combined, d_in, d_branch_);
+  const Tensor* d_projected = &d_branch_;
+  if (dropout_active(context)) {
+    ops::dropout_backward(d_branch_, config_.dropout, context.seed, dropout_stream(context, site), d_dropped_);
+    d_projected = &d_dropped_;
+  }
+  Tensor d_mixed = view_of(d_mixed_, {r, s.is_attention ? d : f});
+  Tensor d_hidden = view_of(d_hidden_, {r, s.is_attention ? 3 * d : f});
+  s.out_proj.backward(s.mixed, *d_projected, &d_mixed);
+  if (s.is_attention) {
+    Tensor d_qkv = d_hidden.reshape({batch_, tokens_, 3 * d});
+    ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
+                            config_.heads, logit_scale_, d_qkv);
+  } else {
+    ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden);
+  }
+  if (config_.norm == NormPlacement::pre) {
+    s.in_proj.backward(s.normed, d_hidden, &d_normed_);
+    s.norm.backward(x_in, s.norm_saved, d_normed_, d_tmp_);
+    ops::axpy(1.0f, d_tmp_, d_in);
+  } else {
+    s.in_proj.backward(x_in, d_hidden, &d_normed_);
+    ops::axpy(1.0f, d_normed_, d_in);
+  }
+}
+
+double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
+  const Tensor& tokens = batch.inputs;
+  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) <= config_.seq_len, "transformer input shape ",
+                shape_string(tokens.shape()));
+  ensure_buffers(tokens.dim(0), tokens.dim(1));
+  const std::int64_t r = batch_ * tokens_, d = config_.width;
+  const bool drop = dropout_active(context);
+
+  // Forward.
+  Tensor& x0 = stream_[0];
+  {
+    Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
+    ops::embedding_forward(tokens, token_embedding_->value, &position_embedding_->value, target);
+    if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
+  }
+  for (std::size_t i = 0; i < sublayers_.size(); ++i)
+    sublayer_forward(sublayers_[i], stream_[i], stream_[i + 1], context, static_cast<int>(i));
+  const Tensor* head_in = &stream_.back();
+  if (has_final_norm_) {
+    final_norm_.forward(stream_.back(), final_, final_saved_);
+    head_in = &final_;
+  }
+  const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
+  ops::linear_forward(*head_in, head_weight, nullptr, logits_);
+  if (output_multiplier_ != 1.0f) ops::scale(logits_, output_multiplier_);
+  const Tensor targets = batch.targets.reshape({r});
+  const bool backward = grad_scale != 0.0f;
+  const double loss = ops::softmax_cross_entropy(logits_, targets, backward ? &d_logits_ : nullptr, grad_scale);
+  if (!backward) return loss;
+
+  // Backward.
+  if (output_multiplier_ != 1.0f) ops::scale(d_logits_, output_multiplier_);
+  Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
+  if (has_final_norm_) {
+    ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
+    final_norm_.backward(stream_.back(), final_saved_, d_tmp_, d_stream_);
+  } else {
+    ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
+  }
+  for (std::size_t i = sublayers_.size(); i-- > 0;)
+    sublayer_backward(sublayers_[i], stream_[i], d_stream_, d_stream_, context, static_cast<int>(i));
+  const Tensor* d_embedded = &d_stream_;
+  if (drop) {
+    ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
+    d_embedded = &d_tmp_;
+  }
+  ops::embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), token_embedding_->grad,
+                          &position_embedding_->grad);
+  return loss;
+}
+
+double Transformer::evaluate(const Batch& batch) {
+  StepContext context;
+  context.training = false;
+  return forward_backward(batch, 0.0f, context);
+}
+
+double Transformer::train_flops(std::int64_t samples) const {
+  const double d = config_.width, f = static_cast<double>(config_.ffn_mult) * d, t = config_.seq_len, v = config_.vocab;
+  // Forward multiply-adds per token: QKV, output projection, FFN in/out, attention scores and mixing (full T per
+  // query, the usual convention), and the head; backward costs twice the forward.
+  const double per_layer = 3 * d * d + d * d + 2 * d * f + 2 * t * d;
+  const double forward_per_token = 2.0 * (config_.layers * per_layer + d * v);
+  return 3.0 * forward_per_token * t * static_cast<double>(samples);
+}
+
+}  // namespace proplab

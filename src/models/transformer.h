@@ -1,0 +1,82 @@
+// models/transformer: decoder-only transformer language model with explicit forward and backward.
+//
+// Graph (per block l, for norm placement pre | post | none; λ, β from the scaling rule per residual add):
+//   pre:  x ← λ·x + β·Drop(Attn(Norm1(x)));  x ← λ·x + β·Drop(FFN(Norm2(x)));  final Norm before the head
+//   post: x ← Norm1(λ·x + β·Drop(Attn(x)));  x ← Norm2(λ·x + β·Drop(FFN(x)));   no final Norm
+//   none: x ← λ·x + β·Drop(Attn(x));         x ← λ·x + β·Drop(FFN(x));         no final Norm
+// Attn = causal multi-head self-attention with packed QKV projection and an output projection; FFN = Linear(D→F),
+// activation, Linear(F→D). Embeddings: token + learned position (then dropout). Head: logits = x·E^T with the
+// token embedding E when tied, else a separate readout matrix; times the rule's output multiplier.
+// Activations are [rows, features] with rows = batch·tokens.
+#pragma once
+
+#include <vector>
+
+#include "models/model.h"
+#include "models/residual_site.h"
+#include "nn/layers.h"
+
+namespace proplab {
+
+class Transformer final : public Model {
+ public:
+  Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+
+  ParameterStore& params() override { return params_; }
+  double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) override;
+  double evaluate(const Batch& batch) override;
+  double train_flops(std::int64_t samples) const override;
+  std::int64_t tokens_per_sample() const override { return config_.seq_len; }
+
+  const TransformerConfig& config() const { return config_; }
+
+ private:
+  // One residual sublayer (attention or FFN) with its saved activations.
+  struct Sublayer {
+    bool is_attention = false;
+    nn::Norm norm;  // used when placement != none
+    nn::Linear in_proj;   // qkv (D→3D) or fc (D→F)
+    nn::Linear out_proj;  // attention output (D→D) or FFN projection (F→D)
+    ResidualSite residual;
+    // Saved activations.
+    Tensor normed;    // pre: Norm(x_in) [R, D]
+    nn::Norm::Saved norm_saved;
+    Tensor hidden;    // qkv [R, 3D] or FFN pre-activation u [R, F]
+    Tensor probs;     // attention probabilities [B, H, T, T]
+    Tensor mixed;     // attention output before the projection [R, D], or FFN post-activation g [R, F]
+    Tensor branch;    // branch output after dropout [R, D]
+    Tensor combined;  // post: λ·x + β·f before the norm [R, D]
+  };
+
+  void sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context, int site);
+  void sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
+                         const StepContext& context, int site);
+  void ensure_buffers(std::int64_t batch, std::int64_t tokens);
+  bool dropout_active(const StepContext& context) const { return context.training && config_.dropout > 0; }
+  std::uint64_t dropout_stream(const StepContext& context, int site) const;
+
+  TransformerConfig config_;
+  ParameterStore params_;
+  Parameter* token_embedding_ = nullptr;
+  Parameter* position_embedding_ = nullptr;
+  std::vector<Sublayer> sublayers_;  // 2 per block: attention, FFN
+  nn::Norm final_norm_;
+  bool has_final_norm_ = false;
+  nn::Linear readout_;  // untied head only
+  float logit_scale_ = 1.0f;
+  float output_multiplier_ = 1.0f;
+  std::uint64_t seed_ = 0;
+
+  // Buffers for the current micro-batch shape.
+  std::int64_t batch_ = 0, tokens_ = 0;
+  Tensor embedded_;             // embeddings before dropout [R, D]
+  std::vector<Tensor> stream_;  // residual stream: stream_[i] is the input of sublayer i; back() the last output
+  Tensor final_;                // after the final norm [R, D]
+  nn::Norm::Saved final_saved_;
+  Tensor logits_, d_logits_;    // [R, V]
+  Tensor targets_flat_;
+  // Gradient scratch.
+  Tensor d_stream_, d_branch_, d_dropped_, d_mixed_, d_hidden_, d_normed_, d_tmp_;
+};
+
+}  // namespace proplab

@@ -1,0 +1,117 @@
+// ops/linear: y = x W^T + b on the CPU through OpenBLAS sgemm.
+//
+// x may carry any leading dimensions ([rows, in] or [B, T, in]); they are flattened into rows. OpenBLAS is only
+// ever called from the calling thread, never inside an OpenMP region (core/parallel.h).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+namespace proplab::ops {
+
+namespace {
+
+// Bias-gradient columns summed by one task: 64 doubles of accumulators stay in registers/L1.
+constexpr std::int64_t kBiasColumnBlock = 64;
+
+// x's shape with its last dimension replaced by `last`.
+Shape with_last_dim(const Shape& shape, std::int64_t last) {
+  Shape out = shape;
+  out.back() = last;
+  return out;
+}
+
+// d_bias[j] += Σ_r d_y[r, j]. Each column is summed over rows in row order in double, whatever the thread count.
+void add_column_sums(const float* d_y, std::int64_t rows, std::int64_t cols, float* d_bias) {
+  const std::int64_t blocks = (cols + kBiasColumnBlock - 1) / kBiasColumnBlock;
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 15))
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const std::int64_t begin = block * kBiasColumnBlock;
+    const std::int64_t width = std::min(kBiasColumnBlock, cols - begin);
+    double sums[kBiasColumnBlock] = {};
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = d_y + r * cols + begin;
+#pragma omp simd
+      for (std::int64_t j = 0; j < width; ++j) sums[j] += row[j];
+    }
+    for (std::int64_t j = 0; j < width; ++j) d_bias[begin + j] += static_cast<float>(sums[j]);
+  }
+}
+
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) {
+  constexpr const char* op = "linear_forward";
+  PROPLAB_CHECK(weight.ndim() == 2, "op '", op, "': weight must be [out, in], got ", shape_string(weight.shape()));
+  PROPLAB_CHECK(x.ndim() >= 2, "op '", op, "': x must be [rows, in], got ", shape_string(x.shape()));
+  const std::int64_t out_features = weight.dim(0);
+  const std::int64_t in_features = weight.dim(1);
+  expect_shape(op, "x", x, with_last_dim(x.shape(), in_features));
+  expect_shape(op, "weight", weight, weight.shape());
+  if (bias) expect_shape(op, "bias", *bias, {out_features});
+  expect_shape(op, "y", y, with_last_dim(x.shape(), out_features));
+  const Device device = common_device(op, {&x, &weight, bias, &y});
+  if (device == Device::cuda) missing_device_impl(op, device);
+
+  const std::int64_t rows = x.numel() / std::max<std::int64_t>(in_features, 1);
+  if (rows == 0 || out_features == 0) return;
+  float* y_data = y.f32();
+  float beta = 0.0f;
+  if (bias) {
+    // Seed y with the bias and let sgemm accumulate onto it (beta = 1): no second pass over y.
+    const float* b = bias->f32();
+#pragma omp parallel for schedule(static) if (rows * out_features > (1 << 15))
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::memcpy(y_data + r * out_features, b, sizeof(float) * static_cast<std::size_t>(out_features));
+    beta = 1.0f;
+  }
+  if (in_features == 0) {
+    if (!bias) std::fill(y_data, y_data + rows * out_features, 0.0f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(out_features),
+              static_cast<int>(in_features), 1.0f, x.f32(), static_cast<int>(in_features), weight.f32(),
+              static_cast<int>(in_features), beta, y_data, static_cast<int>(out_features));
+}
+
+void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, Tensor* d_x, Tensor& d_weight,
+                     Tensor* d_bias) {
+  constexpr const char* op = "linear_backward";
+  PROPLAB_CHECK(weight.ndim() == 2, "op '", op, "': weight must be [out, in], got ", shape_string(weight.shape()));
+  PROPLAB_CHECK(x.ndim() >= 2, "op '", op, "': x must be [rows, in], got ", shape_string(x.shape()));
+  const std::int64_t out_features = weight.dim(0);
+  const std::int64_t in_features = weight.dim(1);
+  expect_shape(op, "x", x, with_last_dim(x.shape(), in_features));
+  expect_shape(op, "weight", weight, weight.shape());
+  expect_shape(op, "d_y", d_y, with_last_dim(x.shape(), out_features));
+  if (d_x) expect_shape(op, "d_x", *d_x, x.shape());
+  expect_shape(op, "d_weight", d_weight, weight.shape());
+  if (d_bias) expect_shape(op, "d_bias", *d_bias, {out_features});
+  const Device device = common_device(op, {&x, &weight, &d_y, d_x, &d_weight, d_bias});
+  if (device == Device::cuda) missing_device_impl(op, device);
+
+  const std::int64_t rows = x.numel() / std::max<std::int64_t>(in_features, 1);
+  const int m = static_cast<int>(rows), n_out = static_cast<int>(out_features), n_in = static_cast<int>(in_features);
+  if (d_x && d_x->numel() > 0) {
+    if (out_features == 0) {
+      std::fill(d_x->f32(), d_x->f32() + d_x->numel(), 0.0f);
+    } else {
+      // d_x [rows, in] = d_y [rows, out] · W [out, in]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, d_y.f32(), n_out,
+                  weight.f32(), n_in, 0.0f, d_x->f32(), n_in);
+    }
+  }
+  if (rows == 0 || out_features == 0) return;
+  if (in_features > 0) {
+    // d_W [out, in] += d_y^T [out, rows] · x [rows, in]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, m, 1.0f, d_y.f32(), n_out, x.f32(), n_in,
+                1.0f, d_weight.f32(), n_in);
+  }
+  if (d_bias) add_column_sums(d_y.f32(), rows, out_features, d_bias->f32());
+}
+
+}  // namespace proplab::ops

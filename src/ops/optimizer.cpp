@@ -1,0 +1,111 @@
+// ops/optimizer (CPU reference): AdamW and SGD steps applied in place to one parameter tensor.
+//
+// Both are elementwise, so results are bitwise the same for any thread count. Hyper-parameters are combined in
+// double once per call; the per-element arithmetic is float.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+namespace proplab::ops {
+namespace {
+
+// Elements are processed in blocks of this size, the unit of work of the parallel loops: where the vector
+// body ends and the scalar remainder starts depends only on the block, never on the thread count.
+constexpr std::int64_t kBlock = 4096;
+// Below this many elements a parallel region costs more than the loop.
+constexpr std::int64_t kParallelMin = 1 << 15;
+
+// Calls body(begin, end) on consecutive kBlock-sized ranges of [0, n), in parallel when n is large.
+template <typename Body>
+void for_blocks(std::int64_t n, const Body& body) {
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (std::int64_t block = 0; block < blocks; ++block) body(block * kBlock, std::min(n, (block + 1) * kBlock));
+}
+
+// As torch.optim.AdamW: param *= 1 - lr*wd; m, v updated; param -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps).
+void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper) {
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), static_cast<double>(hyper.step));
+  const float step_size = static_cast<float>(hyper.lr / bias_correction1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  const float decay = static_cast<float>(1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay);
+  const float beta1 = hyper.beta1, beta2 = hyper.beta2, eps = hyper.eps;
+  const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+  float* p = param.f32();
+  const float* g = grad.f32();
+  float* m_data = m.f32();
+  float* v_data = v.f32();
+  for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float m_i = beta1 * m_data[i] + one_minus_beta1 * g[i];
+      const float v_i = beta2 * v_data[i] + one_minus_beta2 * g[i] * g[i];
+      m_data[i] = m_i;
+      v_data[i] = v_i;
+      p[i] = p[i] * decay - step_size * m_i / (std::sqrt(v_i) * inv_sqrt_bc2 + eps);
+    }
+  });
+}
+
+// As torch.optim.SGD (dampening 0): g = grad + wd*param; buf = momentum*buf + g; the step uses
+// g + momentum*buf (nesterov) or buf; with momentum 0 the step is g and the buffer is untouched.
+void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper) {
+  const float lr = hyper.lr, momentum = hyper.momentum, weight_decay = hyper.weight_decay;
+  float* p = param.f32();
+  const float* g = grad.f32();
+  if (momentum == 0.0f) {
+    for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+      for (std::int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
+    });
+    return;
+  }
+  float* buf = momentum_buffer.f32();
+  const bool nesterov = hyper.nesterov;
+  for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float g_i = g[i] + weight_decay * p[i];
+      const float buf_i = momentum * buf[i] + g_i;
+      buf[i] = buf_i;
+      p[i] -= lr * (nesterov ? g_i + momentum * buf_i : buf_i);
+    }
+  });
+}
+
+}  // namespace
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper) {
+  const char* op = "adamw_update";
+  PROPLAB_CHECK(param.defined(), "op '", op, "': param is undefined");
+  expect_shape(op, "param", param, param.shape());
+  expect_shape(op, "grad", grad, param.shape());
+  expect_shape(op, "m", m, param.shape());
+  expect_shape(op, "v", v, param.shape());
+  PROPLAB_CHECK(hyper.step >= 1, "op '", op, "': step is 1-based, got ", hyper.step);
+  PROPLAB_CHECK(hyper.beta1 >= 0.0f && hyper.beta1 < 1.0f && hyper.beta2 >= 0.0f && hyper.beta2 < 1.0f, "op '", op,
+                "': betas must lie in [0, 1), got ", hyper.beta1, ", ", hyper.beta2);
+  const Device device = common_device(op, {&param, &grad, &m, &v});
+  if (device == Device::cuda) missing_device_impl(op, device);
+  adamw_update_cpu(param, grad, m, v, hyper);
+}
+
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper) {
+  const char* op = "sgd_update";
+  PROPLAB_CHECK(param.defined(), "op '", op, "': param is undefined");
+  expect_shape(op, "param", param, param.shape());
+  expect_shape(op, "grad", grad, param.shape());
+  PROPLAB_CHECK(!hyper.nesterov || hyper.momentum > 0.0f, "op '", op, "': nesterov needs momentum > 0");
+  // Without momentum the buffer is unused and may be left undefined.
+  if (hyper.momentum != 0.0f || momentum_buffer.defined())
+    expect_shape(op, "momentum_buffer", momentum_buffer, param.shape());
+  const Device device = common_device(op, {&param, &grad, &momentum_buffer});
+  if (device == Device::cuda) missing_device_impl(op, device);
+  sgd_update_cpu(param, grad, momentum_buffer, hyper);
+}
+
+}  // namespace proplab::ops

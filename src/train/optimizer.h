@@ -1,0 +1,39 @@
+// train/optimizer: AdamW and SGD-with-momentum over a ParameterStore, and the learning-rate schedules.
+//
+// The optimizer keeps one state tensor set per parameter in parameter order; its state (and step count) is what
+// a checkpoint stores to resume bit for bit. Each parameter's lr is the scheduled lr times its rule-given
+// multiplier; weight decay applies to matrices and embeddings only (Parameter::weight_decay).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/parameter.h"
+#include "train/config.h"
+
+namespace proplab {
+
+// Learning rate at (0-based) step: linear warmup over `warmup` steps, then constant or cosine decay to
+// lr * min_lr_ratio at the last step.
+double scheduled_lr(const TrainConfig& config, std::int64_t step);
+
+class Optimizer {
+ public:
+  Optimizer(const TrainConfig& config, ParameterStore& params);
+  // One update with the given scheduled learning rate (uses the accumulated gradients).
+  void step(double lr);
+  std::int64_t steps_taken() const { return steps_taken_; }
+  void set_steps_taken(std::int64_t steps) { steps_taken_ = steps; }
+  // Named state tensors for checkpoints: "<param>.adam_m", "<param>.adam_v" or "<param>.momentum".
+  std::vector<std::pair<std::string, Tensor*>> state();
+
+ private:
+  TrainConfig config_;
+  ParameterStore& params_;
+  std::vector<Tensor> first_;   // AdamW m or SGD momentum buffer
+  std::vector<Tensor> second_;  // AdamW v
+  std::int64_t steps_taken_ = 0;
+};
+
+}  // namespace proplab

@@ -1,0 +1,232 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <ostream>
+#include <sstream>
+
+#include "core/parallel.h"
+#include "data/dataset.h"
+#include "io/checkpoint.h"
+#include "io/run_reader.h"
+#include "models/model.h"
+#include "ops/ops.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+
+namespace proplab {
+
+namespace {
+
+// The data side of a run: token data for the transformer, vectors for the MLP, behind one batch() call.
+class RunData {
+ public:
+  RunData(const RunSpec& spec, std::int64_t micro_batch) {
+    if (spec.model.type == "transformer") {
+      const TransformerConfig& m = spec.model.transformer;
+      tokens_ = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
+      if (tokens_->vocab() > m.vocab)
+        throw UserError("data: the data uses " + std::to_string(tokens_->vocab()) +
+                        " token ids but model.vocab is " + std::to_string(m.vocab) + "; allowed: model.vocab >= " +
+                        std::to_string(tokens_->vocab()));
+      batch_.inputs = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
+      batch_.targets = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
+    } else {
+      const MlpConfig& m = spec.model.mlp;
+      const bool classification = m.head == MlpHead::classification;
+      vectors_ = make_vector_dataset(spec.data, m.input_dim, m.outputs, classification, spec.seed);
+      batch_.inputs = Tensor::empty({micro_batch, m.input_dim});
+      batch_.targets = classification ? Tensor::empty({micro_batch}, DType::i32) : Tensor::empty({micro_batch, m.outputs});
+    }
+  }
+
+  const Batch& batch(Split split, std::int64_t index) {
+    if (tokens_)
+      tokens_->batch(split, index, batch_.inputs, batch_.targets);
+    else
+      vectors_->batch(split, index, batch_.inputs, batch_.targets);
+    return batch_;
+  }
+
+  std::optional<double> loss_floor() const { return tokens_ ? tokens_->entropy_rate() : vectors_->loss_floor(); }
+  std::string describe() const { return tokens_ ? tokens_->describe() : vectors_->describe(); }
+
+ private:
+  std::unique_ptr<TokenDataset> tokens_;
+  std::unique_ptr<VectorDataset> vectors_;
+  Batch batch_;
+};
+
+std::map<std::string, Tensor> checkpoint_tensors(ParameterStore& params, Optimizer& optimizer) {
+  std::map<std::string, Tensor> tensors;
+  for (auto& p : params.all()) tensors.emplace("param/" + p->name, p->value);
+  for (auto& [name, tensor] : optimizer.state()) tensors.emplace("optim/" + name, *tensor);
+  return tensors;
+}
+
+std::string layout_text(const ParallelConfig& p) {
+  std::ostringstream out;
+  out << "dp=" << p.dp << " tp=" << p.tp << " pp=" << p.pp;
+  return out.str();
+}
+
+}  // namespace
+
+std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name) {
+  return out_dir / (name + ".ckpt.h5");
+}
+
+RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
+  using clock = std::chrono::steady_clock;
+  std::ostream* log = options.log;
+  const TrainConfig& tc = spec.train;
+
+  // Everything that can fail on user input happens before the run file exists.
+  if (spec.device.type == "cuda")
+    throw UserError("device.type: training on CUDA is not available in this version (only the residual-combine "
+                    "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
+  if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp != 1 || spec.parallel.microbatches != 1)
+    throw UserError("parallel: distributed training is not available in this version; allowed: dp = tp = pp = "
+                    "microbatches = 1");
+  set_threads(spec.device.threads);
+  const std::int64_t micro = tc.batch / tc.grad_accum;
+  RunData data(spec, micro);
+  std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
+  Optimizer optimizer(tc, model->params());
+
+  RunSummary summary;
+  summary.run_file = run_file_path(options.out_dir, spec.name);
+  summary.checkpoint = checkpoint_path(options.out_dir, spec.name);
+  summary.entropy_rate = data.loss_floor();
+
+  std::int64_t start_step = 0;
+  TrainCurves history;
+  EvalCurves eval_history;
+  if (options.resume) {
+    if (!std::filesystem::exists(summary.checkpoint))
+      throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
+    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(model->params(), optimizer));
+    if (loaded.string_value("config") != spec.config_toml)
+      throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
+                      " was written with; resume with the same study and --set options");
+    start_step = loaded.int_value("step");
+    optimizer.set_steps_taken(loaded.int_value("optimizer_steps"));
+    model->after_parameter_load();
+    if (std::filesystem::exists(summary.run_file)) {
+      RunReader previous = RunReader::open(summary.run_file);
+      history = previous.read_train();
+      eval_history = previous.read_eval();
+    }
+  }
+
+  RunHeader header;
+  header.proplab_version = options.proplab_version;
+  header.config = spec.config_toml;
+  header.device = "cpu";
+  header.threads = threads();
+  header.layout = layout_text(spec.parallel);
+  RunWriter writer = RunWriter::create(summary.run_file, header, options.force || options.resume);
+  writer.start();
+  // A resumed run's file holds the whole history: rows before the checkpoint come from the previous file.
+  double wall_offset = 0.0;
+  for (std::size_t i = 0; i < history.size() && history.step[i] < start_step; ++i) {
+    writer.append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i], history.tokens_per_s[i],
+                         history.wall_time[i]});
+    wall_offset = history.wall_time[i];
+  }
+  for (std::size_t i = 0; i < eval_history.size() && eval_history.step[i] <= start_step; ++i)
+    writer.append_eval({eval_history.step[i], eval_history.loss[i]});
+
+  auto evaluate = [&]() {
+    double total = 0.0;
+    for (int i = 0; i < tc.eval_batches; ++i) total += model->evaluate(data.batch(Split::validation, i));
+    return total / tc.eval_batches;
+  };
+  auto save = [&](std::int64_t step) {
+    Checkpoint checkpoint;
+    checkpoint.tensors = checkpoint_tensors(model->params(), optimizer);
+    checkpoint.ints["step"] = step;
+    checkpoint.ints["optimizer_steps"] = optimizer.steps_taken();
+    checkpoint.ints["seed"] = static_cast<std::int64_t>(spec.seed);
+    checkpoint.ints["data_position"] = step * tc.grad_accum;  // next train batch index
+    checkpoint.strings["config"] = spec.config_toml;
+    save_checkpoint(summary.checkpoint, checkpoint);
+  };
+
+  if (log) *log << "proplab: " << spec.name << ": " << data.describe() << "; " << model->params().count_elements()
+                << " parameters; " << threads() << " threads" << (start_step > 0 ? "; resuming at step " + std::to_string(start_step) : "")
+                << "\n";
+  std::ostream silent(nullptr);
+  Progress progress(log ? *log : silent, options.terminal, tc.steps);
+  const auto run_start = clock::now();
+  const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
+  std::vector<Tensor*> grads;
+  for (auto& p : model->params().all()) grads.push_back(&p->grad);
+
+  std::int64_t step = start_step;
+  RunStatus status = RunStatus::completed;
+  std::string detail;
+  while (step < tc.steps) {
+    if (options.interrupt && options.interrupt->load()) {
+      status = RunStatus::failed;
+      detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
+      break;
+    }
+    if (options.stop_after >= 0 && step >= options.stop_after) {
+      status = RunStatus::failed;
+      detail = "stopped at step " + std::to_string(step) + " (--stop-after); continue with --resume";
+      break;
+    }
+    const auto step_start = clock::now();
+    const double lr = scheduled_lr(tc, step);
+    model->params().zero_grads();
+    double loss = 0.0;
+    for (int m = 0; m < tc.grad_accum; ++m) {
+      const std::int64_t index = step * tc.grad_accum + m;
+      StepContext context;
+      context.seed = spec.seed;
+      context.micro_step = static_cast<std::uint64_t>(index);
+      context.training = true;
+      loss += model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum), context);
+    }
+    loss /= tc.grad_accum;
+    const double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      status = RunStatus::diverged;
+      detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
+               std::to_string(step);
+      writer.append_train({step, loss, lr, grad_norm, 0.0, wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+      ++step;
+      break;
+    }
+    optimizer.step(lr);
+    const auto now = clock::now();
+    const double step_seconds = std::chrono::duration<double>(now - step_start).count();
+    summary.tokens_per_s = tokens_per_step / step_seconds;
+    writer.append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
+                         wall_offset + std::chrono::duration<double>(now - run_start).count()});
+    summary.last_loss = loss;
+    ++step;
+    if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
+      const double eval_loss = evaluate();
+      writer.append_eval({step, eval_loss});
+      summary.last_eval_loss = eval_loss;
+    }
+    if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) save(step);
+    progress.update(step, loss, summary.last_eval_loss, summary.tokens_per_s);
+  }
+  summary.steps_done = step;
+  if (status != RunStatus::diverged) save(step);
+  summary.status = status;
+  summary.detail = status == RunStatus::completed ? "completed " + std::to_string(step) + " steps" : detail;
+  writer.finish(status, summary.detail);
+  std::ostringstream final_line;
+  final_line << "proplab: " << spec.name << ": " << run_status_name(status) << " (" << summary.detail << ")";
+  if (summary.last_eval_loss) final_line << "; validation loss " << *summary.last_eval_loss;
+  if (summary.entropy_rate) final_line << " (data entropy rate " << *summary.entropy_rate << ")";
+  final_line << "; run file " << summary.run_file.string();
+  progress.finish(final_line.str());
+  return summary;
+}
+
+}  // namespace proplab

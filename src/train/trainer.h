@@ -1,0 +1,67 @@
+// train/trainer: runs one study end to end — builds the model and data, trains, evaluates, checkpoints and
+// writes the run file.
+//
+// Determinism: everything random is counter-based and keyed by (seed, what, index); the data batch of step s,
+// micro-batch m is batch number s·grad_accum + m; dropout masks are keyed by the same micro-batch number. So a
+// run is a pure function of its config, and a resumed run continues bit for bit: the checkpoint holds the
+// parameters, the optimizer state and the step (the data position and RNG state follow from the step).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+
+#include "data/config.h"
+#include "io/run_file.h"
+#include "models/config.h"
+#include "scaling/config.h"
+#include "train/config.h"
+
+namespace proplab {
+
+// Everything a run needs, as resolved from a study.
+struct RunSpec {
+  std::string name;
+  std::uint64_t seed = 0;
+  ModelConfig model;
+  ScalingConfig scaling;
+  TrainConfig train;
+  DataConfig data;
+  RecordConfig record;
+  ParallelConfig parallel;
+  DeviceConfig device;
+  std::string config_toml;  // the resolved study, stored in the run file and checkpoint
+};
+
+struct RunOptions {
+  std::filesystem::path out_dir;  // the run file is out_dir/<name>.h5, the checkpoint out_dir/<name>.ckpt.h5
+  bool resume = false;            // continue from the checkpoint
+  bool force = false;             // overwrite an existing run file
+  std::int64_t stop_after = -1;   // stop cleanly (with a checkpoint) once this many steps are done; -1: never
+  std::ostream* log = nullptr;    // progress and messages (null: silent)
+  bool terminal = false;          // live one-line progress (else periodic lines)
+  const std::atomic<bool>* interrupt = nullptr;  // set by SIGINT/SIGTERM: stop at the next step boundary
+  std::string proplab_version = "0.1.0";
+};
+
+struct RunSummary {
+  RunStatus status = RunStatus::completed;
+  std::string detail;
+  std::int64_t steps_done = 0;
+  double last_loss = 0.0;
+  std::optional<double> last_eval_loss;
+  std::optional<double> entropy_rate;  // the data's loss floor when known
+  double tokens_per_s = 0.0;
+  std::filesystem::path run_file;
+  std::filesystem::path checkpoint;
+};
+
+std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name);
+
+// Runs the study. Throws UserError for problems found before training starts (nothing is written then).
+RunSummary run_training(const RunSpec& spec, const RunOptions& options);
+
+}  // namespace proplab

@@ -1,0 +1,562 @@
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "io/checkpoint.h"
+#include "io/run_file.h"
+#include "io/run_reader.h"
+#include "io_test_support.h"
+
+namespace proplab {
+namespace {
+
+using io_test::ScratchDirectory;
+using io_test::user_error_message;
+
+RunHeader test_header() {
+  RunHeader header;
+  header.proplab_version = "0.1.0-test";
+  header.config = "[model]\nkind = \"transformer\"\nwidth = 256\n# unicode: \xc3\xbc \xe2\x9c\x93\n";
+  header.host = "test-host";
+  header.device = "cpu";
+  header.threads = 2;
+  header.layout = "dp=1 tp=1 pp=1";
+  header.start_time = "2026-11-29T12:00:00Z";
+  return header;
+}
+
+// Values with full 53-bit mantissas, so an inexact round trip would show.
+TrainRow train_row(std::int64_t step) {
+  TrainRow row;
+  row.step = step;
+  row.loss = 5.0 / (1.0 + 0.1 * static_cast<double>(step));
+  row.lr = 1e-3 * std::cos(0.01 * static_cast<double>(step));
+  row.grad_norm = std::sqrt(1.0 + static_cast<double>(step));
+  row.tokens_per_s = 3300.0 + static_cast<double>(step) / 7.0;
+  row.wall_time = 0.3 * static_cast<double>(step) + 1.0 / 3.0;
+  return row;
+}
+
+bool train_rows_match(const TrainCurves& curves) {
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    const TrainRow expected = train_row(static_cast<std::int64_t>(i));
+    if (curves.step[i] != expected.step || curves.loss[i] != expected.loss || curves.lr[i] != expected.lr ||
+        curves.grad_norm[i] != expected.grad_norm || curves.tokens_per_s[i] != expected.tokens_per_s ||
+        curves.wall_time[i] != expected.wall_time) {
+      return false;
+    }
+  }
+  return true;
+}
+
+RunWriterOptions no_automatic_flush() {
+  RunWriterOptions options;
+  options.flush_every = 1000;
+  options.flush_interval_s = 3600.0;
+  return options;
+}
+
+TEST(RunFile, WriteFinishAndReadBackEveryValue) {
+  ScratchDirectory dir;
+  const auto path = run_file_path(dir / "runs", "alpha");  // the directory does not exist yet
+  EXPECT_EQ(path.filename(), "alpha.h5");
+  RunWriterOptions options;
+  options.flush_every = 64;  // 150 rows: two automatic writes and a remainder at finish
+  options.flush_interval_s = 3600.0;
+  RunWriter writer = RunWriter::create(path, test_header(), false, options);
+
+  const std::vector<std::string> sites = {"embed", "", "blocks.0.attn \xe2\x9c\x93"};
+  const std::vector<std::int64_t> layers = {0, -1, std::numeric_limits<std::int64_t>::max()};
+  const std::vector<double> predictions = {0.5, -0.0, 1e-310};
+  writer.write_strings("/forward/sites", sites);
+  writer.write_ints("/forward/layer", layers);
+  writer.write_doubles("/theory/predicted", predictions);
+  writer.write_strings("/params/none", {});
+  const SeriesId act_mean = writer.create_series_2d("/forward/act_mean", 3);
+  const SeriesId record_step = writer.create_series_1d_int("/forward/step");
+  writer.create_series_2d("/probes/attn/entropy", 2);  // intermediate group created on the way
+  writer.write_attribute("/forward/act_mean", "unit", "activation units");
+  writer.start();
+  EXPECT_TRUE(writer.started());
+
+  for (std::int64_t step = 0; step < 150; ++step) {
+    writer.append_train(train_row(step));
+    if (step % 50 == 0) writer.append_eval({step, 4.0 - 0.01 * static_cast<double>(step)});
+    if (step % 10 == 0) {
+      const double row[3] = {static_cast<double>(step), 0.5 * static_cast<double>(step) + 1.0 / 3.0,
+                             -static_cast<double>(step)};
+      if (step % 20 == 0) {
+        writer.append_row(act_mean, row);
+      } else {
+        writer.append_row("/forward/act_mean", row);
+      }
+      writer.append_int(record_step, step);
+    }
+  }
+  EXPECT_EQ(writer.train_rows(), 150);
+  EXPECT_EQ(writer.eval_rows(), 3);
+  writer.finish(RunStatus::completed, "reached 150 steps");
+  EXPECT_TRUE(writer.finished());
+
+  RunReader reader = RunReader::open(path);
+  EXPECT_FALSE(reader.swmr());
+  const RunHeader header = test_header();
+  EXPECT_EQ(reader.attribute_string("format"), "proplab-run");
+  EXPECT_EQ(reader.attribute_int("format_version"), 1);
+  EXPECT_EQ(reader.attribute_string("proplab_version"), header.proplab_version);
+  EXPECT_EQ(reader.attribute_string("config"), header.config);
+  EXPECT_EQ(reader.attribute_string("status"), "completed");
+  EXPECT_EQ(reader.status(), RunStatus::completed);
+  EXPECT_EQ(reader.attribute_string("status_detail"), "reached 150 steps");
+  EXPECT_EQ(reader.attribute_string("start_time"), header.start_time);
+  EXPECT_TRUE(std::regex_match(reader.attribute_string("end_time"),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+      << reader.attribute_string("end_time");
+  EXPECT_EQ(reader.attribute_string("host"), header.host);
+  EXPECT_EQ(reader.attribute_string("device"), header.device);
+  EXPECT_EQ(reader.attribute_int("threads"), 2);
+  EXPECT_EQ(reader.attribute_string("layout"), header.layout);
+  const auto names = reader.attribute_names();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()),
+            (std::set<std::string>{"format", "format_version", "proplab_version", "config", "status",
+                                   "status_detail", "start_time", "end_time", "host", "device", "threads",
+                                   "layout"}));
+
+  const TrainCurves train = reader.read_train();
+  ASSERT_EQ(train.size(), 150u);
+  EXPECT_TRUE(train_rows_match(train));
+  EXPECT_EQ(reader.dataset_shape("/train/loss"), (std::vector<std::int64_t>{150}));
+
+  const EvalCurves eval = reader.read_eval();
+  ASSERT_EQ(eval.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(eval.step[i], static_cast<std::int64_t>(50 * i));
+    EXPECT_EQ(eval.loss[i], 4.0 - 0.01 * static_cast<double>(50 * i));
+  }
+
+  const Dataset2D series = reader.read_2d("/forward/act_mean");
+  ASSERT_EQ(series.rows, 15);
+  ASSERT_EQ(series.columns, 3);
+  for (std::int64_t r = 0; r < 15; ++r) {
+    const double step = static_cast<double>(10 * r);
+    EXPECT_EQ(series.at(r, 0), step);
+    EXPECT_EQ(series.at(r, 1), 0.5 * step + 1.0 / 3.0);
+    EXPECT_EQ(series.at(r, 2), -step);
+  }
+  const auto steps = reader.read_ints("/forward/step");
+  ASSERT_EQ(steps.size(), 15u);
+  for (std::size_t r = 0; r < 15; ++r) EXPECT_EQ(steps[r], static_cast<std::int64_t>(10 * r));
+
+  EXPECT_EQ(reader.read_strings("/forward/sites"), sites);
+  EXPECT_EQ(reader.read_strings("/params/none"), std::vector<std::string>{});
+  EXPECT_EQ(reader.read_ints("/forward/layer"), layers);
+  const auto read_predictions = reader.read_doubles("/theory/predicted");
+  ASSERT_EQ(read_predictions.size(), 3u);
+  EXPECT_EQ(read_predictions[0], 0.5);
+  EXPECT_TRUE(std::signbit(read_predictions[1]) && read_predictions[1] == 0.0);
+  EXPECT_EQ(read_predictions[2], 1e-310);
+  EXPECT_EQ(reader.attribute_string("/forward/act_mean", "unit"), "activation units");
+
+  EXPECT_EQ(reader.list("/"),
+            (std::vector<std::string>{"backward", "eval", "forward", "params", "probes", "theory", "train"}));
+  EXPECT_EQ(reader.list("/train"),
+            (std::vector<std::string>{"grad_norm", "loss", "lr", "step", "tokens_per_s", "wall_time"}));
+  EXPECT_EQ(reader.list("/backward"), std::vector<std::string>{});
+  EXPECT_EQ(reader.dataset_shape("/probes/attn/entropy"), (std::vector<std::int64_t>{0, 2}));
+  EXPECT_TRUE(reader.exists("/probes/attn/entropy"));
+  EXPECT_FALSE(reader.exists("/probes/mlp/entropy"));
+  EXPECT_FALSE(reader.exists("/train/loss/below_a_dataset"));
+
+  EXPECT_NE(user_error_message([&] { reader.read_doubles("/train/nope"); }).find("/train/nope"),
+            std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_ints("/train/loss"); }).find("not an integer"),
+            std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_2d("/train/loss"); }).find("rank 1, expected 2"),
+            std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_doubles("/train"); }).find("not a dataset"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.attribute_int("nope"); }).find("nope"), std::string::npos);
+}
+
+TEST(RunFile, LargeConfigAndLongStatusDetail) {
+  ScratchDirectory dir;
+  const auto path = dir / "large.h5";
+  RunHeader header = test_header();
+  header.config.clear();
+  for (int i = 0; i < 5000; ++i) header.config += "key_" + std::to_string(i) + " = " + std::to_string(i) + "\n";
+  ASSERT_GT(header.config.size(), 64u * 1024u);  // beyond HDF5's compact attribute storage
+  RunWriter writer = RunWriter::create(path, header, false);
+  writer.start();
+  std::string detail(3000, 'x');
+  detail[1020] = '\xc3';  // a two-byte UTF-8 sequence across the cut at 1021 bytes (1024 - "...")
+  detail[1021] = '\xbc';
+  writer.finish(RunStatus::diverged, detail);
+
+  RunReader reader = RunReader::open(path);
+  EXPECT_EQ(reader.attribute_string("config"), header.config);
+  EXPECT_EQ(reader.status(), RunStatus::diverged);
+  const std::string stored = reader.attribute_string("status_detail");
+  EXPECT_EQ(stored, std::string(1020, 'x') + "...");  // cut before the UTF-8 sequence
+}
+
+TEST(RunFile, RefusesAnExistingFileUnlessOverwrite) {
+  ScratchDirectory dir;
+  const auto path = dir / "run.h5";
+  {
+    RunWriter writer = RunWriter::create(path, test_header(), false);
+    writer.append_train(train_row(0));
+    writer.append_train(train_row(1));
+    writer.finish(RunStatus::completed, "");
+  }
+  const std::string message = user_error_message([&] { RunWriter::create(path, test_header(), false); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("--force"), std::string::npos) << message;
+  EXPECT_EQ(RunReader::open(path).read_train().size(), 2u);  // untouched
+
+  {
+    RunWriter writer = RunWriter::create(path, test_header(), true);
+    writer.append_train(train_row(0));
+    writer.finish(RunStatus::completed, "");
+  }
+  EXPECT_EQ(RunReader::open(path).read_train().size(), 1u);
+}
+
+TEST(RunFile, BadArgumentsCreateNothing) {
+  ScratchDirectory dir;
+  const auto path = dir / "sub" / "run.h5";
+  RunHeader header = test_header();
+  header.proplab_version.clear();
+  EXPECT_THROW(RunWriter::create(path, header, false), InternalError);
+  RunWriterOptions options;
+  options.flush_every = 0;
+  EXPECT_THROW(RunWriter::create(path, test_header(), false, options), InternalError);
+  EXPECT_FALSE(std::filesystem::exists(dir / "sub"));
+}
+
+TEST(RunFile, LayoutAfterStartAndUseAfterFinishAreInternalErrors) {
+  ScratchDirectory dir;
+  RunWriter writer = RunWriter::create(dir / "run.h5", test_header(), false);
+  EXPECT_THROW(writer.create_series_2d("/forward/bad", 0), InternalError);
+  EXPECT_THROW(writer.create_series_2d("relative/path", 2), InternalError);
+  writer.create_series_2d("/forward/x", 2);
+  EXPECT_THROW(writer.create_series_2d("/forward/x", 2), InternalError);  // exists already
+  writer.start();
+  EXPECT_THROW(writer.create_series_2d("/forward/y", 2), InternalError);
+  EXPECT_THROW(writer.write_strings("/forward/names", {"a"}), InternalError);
+  EXPECT_THROW(writer.write_attribute("/forward/x", "unit", "u"), InternalError);
+  EXPECT_THROW(writer.start(), InternalError);
+  const double row[1] = {1.0};
+  EXPECT_THROW(writer.append_row("/forward/missing", row), InternalError);
+  EXPECT_THROW(writer.finish(RunStatus::running, ""), InternalError);
+  writer.finish(RunStatus::failed, "stopped by test");
+  EXPECT_THROW(writer.append_train(train_row(0)), InternalError);
+  EXPECT_THROW(writer.finish(RunStatus::completed, ""), InternalError);
+  EXPECT_EQ(RunReader::open(dir / "run.h5").status(), RunStatus::failed);
+}
+
+TEST(RunFile, WriterDestroyedWithoutFinishRecordsFailed) {
+  ScratchDirectory dir;
+  const auto path = dir / "run.h5";
+  {
+    RunWriter writer = RunWriter::create(path, test_header(), false, no_automatic_flush());
+    writer.start();
+    for (int step = 0; step < 5; ++step) writer.append_train(train_row(step));
+  }
+  RunReader reader = RunReader::open(path);
+  EXPECT_EQ(reader.status(), RunStatus::failed);
+  EXPECT_NE(reader.attribute_string("status_detail").find("before finish()"), std::string::npos);
+  EXPECT_EQ(reader.read_train().size(), 5u);  // buffered rows were written on the way out
+}
+
+TEST(RunFile, MoveAssignmentFinishesTheOverwrittenWriter) {
+  ScratchDirectory dir;
+  RunWriter writer = RunWriter::create(dir / "first.h5", test_header(), false);
+  writer = RunWriter::create(dir / "second.h5", test_header(), false);
+  EXPECT_EQ(RunReader::open(dir / "first.h5").status(), RunStatus::failed);
+  writer.finish(RunStatus::completed, "");
+  EXPECT_EQ(RunReader::open(dir / "second.h5").status(), RunStatus::completed);
+}
+
+// A file with the given root attributes, written with the raw HDF5 API.
+void write_foreign_file(const std::filesystem::path& path, const char* format, std::int64_t version) {
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t space = H5Screate(H5S_SCALAR);
+  if (format != nullptr) {
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    ASSERT_GE(H5Tset_size(type, std::strlen(format)), 0);
+    const hid_t attribute = H5Acreate2(file, "format", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(attribute, type, format), 0);
+    H5Aclose(attribute);
+    H5Tclose(type);
+  }
+  const hid_t attribute = H5Acreate2(file, "format_version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(H5Awrite(attribute, H5T_NATIVE_INT64, &version), 0);
+  H5Aclose(attribute);
+  H5Sclose(space);
+  ASSERT_GE(H5Fclose(file), 0);
+}
+
+TEST(RunReader, RefusesFilesThatAreNotProplabRuns) {
+  ScratchDirectory dir;
+  EXPECT_NE(user_error_message([&] { RunReader::open(dir / "missing.h5"); }).find("does not exist"),
+            std::string::npos);
+
+  const auto text = dir / "notes.h5";
+  std::ofstream(text) << "just some text, not HDF5\n";
+  EXPECT_NE(user_error_message([&] { RunReader::open(text); }).find("is not an HDF5 file"), std::string::npos);
+
+  const auto plain = dir / "plain.h5";
+  write_foreign_file(plain, nullptr, 1);
+  std::string message = user_error_message([&] { RunReader::open(plain); });
+  EXPECT_NE(message.find("is not a proplab run file"), std::string::npos) << message;
+  EXPECT_NE(message.find(plain.string()), std::string::npos) << message;
+
+  const auto checkpoint_path = dir / "model.ckpt";
+  Checkpoint checkpoint;
+  checkpoint.ints["step"] = 3;
+  save_checkpoint(checkpoint_path, checkpoint);
+  message = user_error_message([&] { RunReader::open(checkpoint_path); });
+  EXPECT_NE(message.find("is not a proplab run file"), std::string::npos) << message;
+
+  const auto newer = dir / "newer.h5";
+  write_foreign_file(newer, "proplab-run", 2);
+  message = user_error_message([&] { RunReader::open(newer); });
+  EXPECT_NE(message.find("format_version 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("newer proplab"), std::string::npos) << message;
+}
+
+// ---- Concurrent reading (SWMR) from a forked child process -------------------------------------------------
+
+// What the child saw, sent back through a pipe as plain bytes.
+struct Observation {
+  std::int64_t ok = 0;
+  std::int64_t swmr = 0;
+  std::int64_t train_rows = 0;
+  std::int64_t train_match = 0;
+  std::int64_t eval_rows = 0;
+  std::int64_t series_rows = 0;
+  char status[32] = {};
+  char error[512] = {};
+};
+
+bool read_exactly(int descriptor, void* data, std::size_t bytes) {
+  auto* cursor = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t got = ::read(descriptor, cursor, bytes);
+    if (got <= 0) return false;
+    cursor += got;
+    bytes -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+bool write_exactly(int descriptor, const void* data, std::size_t bytes) {
+  const auto* cursor = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t put = ::write(descriptor, cursor, bytes);
+    if (put <= 0) return false;
+    cursor += put;
+    bytes -= static_cast<std::size_t>(put);
+  }
+  return true;
+}
+
+// A reader in a child process. Forked before the test opens any HDF5 file, so the child shares no HDF5 state
+// with the writer. The child opens the run at the first observe() and keeps it open, so later observations
+// exercise refreshing an open reader.
+class ChildReader {
+ public:
+  ChildReader(std::filesystem::path path, RunOpenMode mode) {
+    int requests[2];
+    int results[2];
+    PROPLAB_CHECK(::pipe(requests) == 0 && ::pipe(results) == 0, "pipes for the child reader");
+    pid_ = ::fork();
+    PROPLAB_CHECK(pid_ >= 0, "fork for the child reader");
+    if (pid_ == 0) {
+      ::close(requests[1]);
+      ::close(results[0]);
+      serve(path, mode, requests[0], results[1]);
+    }
+    ::close(requests[0]);
+    ::close(results[1]);
+    request_fd_ = requests[1];
+    result_fd_ = results[0];
+  }
+
+  ~ChildReader() {
+    const char quit = 'q';
+    write_exactly(request_fd_, &quit, 1);
+    ::close(request_fd_);
+    ::close(result_fd_);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+
+  Observation observe() {
+    Observation observation;
+    const char request = 'r';
+    if (!write_exactly(request_fd_, &request, 1) || !read_exactly(result_fd_, &observation, sizeof observation)) {
+      ADD_FAILURE() << "the child reader died";
+    }
+    return observation;
+  }
+
+ private:
+  [[noreturn]] static void serve(const std::filesystem::path& path, RunOpenMode mode, int request_fd,
+                                 int result_fd) {
+    std::optional<RunReader> reader;
+    char command = 0;
+    while (read_exactly(request_fd, &command, 1) && command == 'r') {
+      Observation observation;
+      try {
+        if (!reader) reader.emplace(RunReader::open(path, mode));
+        observation.swmr = reader->swmr() ? 1 : 0;
+        const TrainCurves train = reader->read_train();
+        observation.train_rows = static_cast<std::int64_t>(train.size());
+        observation.train_match = train_rows_match(train) ? 1 : 0;
+        observation.eval_rows = static_cast<std::int64_t>(reader->read_eval().size());
+        if (reader->exists("/forward/act_mean")) {
+          observation.series_rows = reader->dataset_shape("/forward/act_mean")[0];
+        }
+        std::strncpy(observation.status, reader->attribute_string("status").c_str(),
+                     sizeof observation.status - 1);
+        observation.ok = 1;
+      } catch (const std::exception& error) {
+        std::strncpy(observation.error, error.what(), sizeof observation.error - 1);
+      }
+      if (!write_exactly(result_fd, &observation, sizeof observation)) break;
+    }
+    reader.reset();
+    ::_exit(0);
+  }
+
+  pid_t pid_ = -1;
+  int request_fd_ = -1;
+  int result_fd_ = -1;
+};
+
+TEST(RunFileSwmr, ChildReaderSeesFlushedRowsWhileTheWriterRuns) {
+  ScratchDirectory dir;
+  const auto path = dir / "live.h5";
+  ChildReader child(path, RunOpenMode::automatic);
+  RunWriter writer = RunWriter::create(path, test_header(), false, no_automatic_flush());
+  const SeriesId series = writer.create_series_2d("/forward/act_mean", 2);
+  writer.start();
+
+  Observation seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.swmr, 1);  // a plain open fails while the writer has the file: fell back to SWMR-read
+  EXPECT_EQ(seen.train_rows, 0);
+  EXPECT_STREQ(seen.status, "running");
+
+  for (int step = 0; step < 10; ++step) writer.append_train(train_row(step));
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 0);  // still buffered in the writer
+
+  writer.flush();
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 10);
+  EXPECT_EQ(seen.train_match, 1);
+
+  for (int step = 10; step < 25; ++step) writer.append_train(train_row(step));
+  writer.append_eval({20, 3.5});
+  writer.append_eval({24, 3.25});
+  for (int i = 0; i < 3; ++i) {
+    const double row[2] = {static_cast<double>(i), 1.0};
+    writer.append_row(series, row);
+  }
+  writer.flush();
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 25);
+  EXPECT_EQ(seen.train_match, 1);
+  EXPECT_EQ(seen.eval_rows, 2);
+  EXPECT_EQ(seen.series_rows, 3);
+
+  // flush_every (1000) buffered rows trigger a write without flush().
+  for (int step = 25; step < 1025; ++step) writer.append_train(train_row(step));
+  writer.append_train(train_row(1025));
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 1025);
+  EXPECT_EQ(seen.train_match, 1);
+
+  writer.finish(RunStatus::completed, "");
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 1026);
+  EXPECT_EQ(seen.train_match, 1);
+  EXPECT_STREQ(seen.status, "completed");  // the open SWMR reader sees the final status too
+}
+
+TEST(RunFileSwmr, RowsAreWrittenWhenTheFlushIntervalHasPassed) {
+  ScratchDirectory dir;
+  const auto path = dir / "timed.h5";
+  ChildReader child(path, RunOpenMode::swmr);
+  RunWriterOptions options;
+  options.flush_every = 1000;
+  options.flush_interval_s = 1.0;
+  RunWriter writer = RunWriter::create(path, test_header(), false, options);
+  writer.start();
+  const auto started = std::chrono::steady_clock::now();
+  writer.append_train(train_row(0));
+  ASSERT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1.0);
+  Observation seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.swmr, 1);
+  EXPECT_EQ(seen.train_rows, 0);
+  std::this_thread::sleep_until(started + std::chrono::milliseconds(1100));
+  writer.append_train(train_row(1));
+  seen = child.observe();
+  ASSERT_EQ(seen.ok, 1) << seen.error;
+  EXPECT_EQ(seen.train_rows, 2);
+  EXPECT_EQ(seen.train_match, 1);
+  writer.finish(RunStatus::completed, "");
+}
+
+TEST(RunFileSwmr, KilledWriterLeavesFlushedRowsReadable) {
+  ScratchDirectory dir;
+  const auto path = dir / "killed.h5";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    try {
+      RunWriter writer = RunWriter::create(path, test_header(), false, no_automatic_flush());
+      writer.start();
+      for (int step = 0; step < 20; ++step) writer.append_train(train_row(step));
+      writer.flush();
+      for (int step = 20; step < 25; ++step) writer.append_train(train_row(step));  // never written
+      ::kill(::getpid(), SIGKILL);
+    } catch (...) {
+    }
+    ::_exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the writer child did not run to its kill";
+
+  EXPECT_THROW(RunReader::open(path, RunOpenMode::normal), UserError);
+  RunReader reader = RunReader::open(path);
+  EXPECT_TRUE(reader.swmr());
+  EXPECT_EQ(reader.status(), RunStatus::running);
+  const TrainCurves train = reader.read_train();
+  EXPECT_EQ(train.size(), 20u);
+  EXPECT_TRUE(train_rows_match(train));
+}
+
+}  // namespace
+}  // namespace proplab

@@ -1,0 +1,98 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "ops/ops.h"
+#include "ops_testing.h"
+#include "support/gradcheck.h"
+
+namespace proplab {
+namespace {
+
+using testing::check_gradient;
+using testing::project;
+using testing::projection_weights;
+using testing::random_tensor;
+
+TEST(Residual, ForwardMatchesNaive) {
+  Tensor x = random_tensor({3, 7, 5}, 1), f = random_tensor({3, 7, 5}, 2), y = Tensor::empty({3, 7, 5});
+  ops::residual_forward(x, f, 0.8f, -0.3f, y);
+  std::vector<double> expected;
+  const std::vector<float> xv = x.to_vector(), fv = f.to_vector();
+  for (std::size_t i = 0; i < xv.size(); ++i) expected.push_back(0.8 * xv[i] + -0.3 * fv[i]);
+  testing::expect_all_close(y, expected, 1e-6, 1e-6, "residual");
+}
+
+TEST(Residual, GradientsForInputsAndScalars) {
+  Tensor x = random_tensor({4, 6}, 3), f = random_tensor({4, 6}, 4), y = Tensor::empty({4, 6});
+  // The scalars live in 1-element tensors so the checker can perturb them.
+  Tensor lambda = Tensor::from_vector({1}, {0.9f}), beta = Tensor::from_vector({1}, {0.4f});
+  auto loss = [&] {
+    ops::residual_forward(x, f, lambda.item(), beta.item(), y);
+    return project(y, 5);
+  };
+  Tensor d_y = projection_weights(y.shape(), 5);
+  Tensor d_x = Tensor::empty(x.shape()), d_f = Tensor::empty(f.shape());
+  double d_lambda = 0.0, d_beta = 0.0;
+  ops::residual_backward(x, f, d_y, lambda.item(), beta.item(), &d_x, &d_f, &d_lambda, &d_beta);
+  EXPECT_GRAD_OK(check_gradient(loss, x, d_x));
+  EXPECT_GRAD_OK(check_gradient(loss, f, d_f));
+  EXPECT_GRAD_OK(check_gradient(loss, lambda, Tensor::from_vector({1}, {static_cast<float>(d_lambda)})));
+  EXPECT_GRAD_OK(check_gradient(loss, beta, Tensor::from_vector({1}, {static_cast<float>(d_beta)})));
+}
+
+TEST(Residual, ScalarGradsAccumulateActivationGradsOverwrite) {
+  Tensor x = random_tensor({20000}, 6), f = random_tensor({20000}, 7), d_y = random_tensor({20000}, 8);
+  Tensor d_x = random_tensor({20000}, 9), d_f = random_tensor({20000}, 10);
+  double d_lambda = 0.25, d_beta = -0.5;  // accumulated onto
+  ops::residual_backward(x, f, d_y, 0.7f, 0.2f, &d_x, &d_f, &d_lambda, &d_beta);
+  const double once_lambda = d_lambda - 0.25, once_beta = d_beta + 0.5;
+  const Tensor d_x_once = d_x.clone(), d_f_once = d_f.clone();
+  ops::residual_backward(x, f, d_y, 0.7f, 0.2f, &d_x, &d_f, &d_lambda, &d_beta);
+  EXPECT_NEAR(d_lambda, 0.25 + 2.0 * once_lambda, 1e-9 * std::fabs(once_lambda) + 1e-12);
+  EXPECT_NEAR(d_beta, -0.5 + 2.0 * once_beta, 1e-9 * std::fabs(once_beta) + 1e-12);
+  EXPECT_TRUE(testing::bitwise_equal(d_x, d_x_once));
+  EXPECT_TRUE(testing::bitwise_equal(d_f, d_f_once));
+
+  double expect_lambda = 0.0, expect_beta = 0.0;
+  std::vector<double> expect_d_x, expect_d_f;
+  const std::vector<float> xv = x.to_vector(), fv = f.to_vector(), gv = d_y.to_vector();
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    expect_lambda += static_cast<double>(gv[i]) * xv[i];
+    expect_beta += static_cast<double>(gv[i]) * fv[i];
+    expect_d_x.push_back(0.7f * gv[i]);
+    expect_d_f.push_back(0.2f * gv[i]);
+  }
+  EXPECT_NEAR(once_lambda, expect_lambda, 1e-9 * std::fabs(expect_lambda) + 1e-9);
+  EXPECT_NEAR(once_beta, expect_beta, 1e-9 * std::fabs(expect_beta) + 1e-9);
+  testing::expect_all_close(d_x, expect_d_x, 0.0, 1e-6, "d_x");
+  testing::expect_all_close(d_f, expect_d_f, 0.0, 1e-6, "d_f");
+
+  // Null outputs are skipped, and d_x may alias d_y.
+  Tensor shared = d_y.clone();
+  ops::residual_backward(x, f, shared, 0.7f, 0.2f, &shared, nullptr, nullptr, nullptr);
+  EXPECT_TRUE(testing::bitwise_equal(shared, d_x_once));
+}
+
+TEST(Residual, ScalarGradsIndependentOfThreadCount) {
+  Tensor x = random_tensor({90001}, 11), f = random_tensor({90001}, 12), d_y = random_tensor({90001}, 13);
+  double lambda1 = 0.0, beta1 = 0.0, lambda2 = 0.0, beta2 = 0.0;
+  {
+    testing::ScopedThreads one(1);
+    ops::residual_backward(x, f, d_y, 1.0f, 0.5f, nullptr, nullptr, &lambda1, &beta1);
+  }
+  {
+    testing::ScopedThreads two(2);
+    ops::residual_backward(x, f, d_y, 1.0f, 0.5f, nullptr, nullptr, &lambda2, &beta2);
+  }
+  EXPECT_EQ(lambda1, lambda2);
+  EXPECT_EQ(beta1, beta2);
+}
+
+TEST(Residual, ShapeMismatchIsAnInternalError) {
+  Tensor x = random_tensor({4, 5}, 14), f = random_tensor({5, 4}, 15), y = Tensor::empty({4, 5});
+  EXPECT_THROW(ops::residual_forward(x, f, 1.0f, 1.0f, y), InternalError);
+}
+
+}  // namespace
+}  // namespace proplab

@@ -1,0 +1,88 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "scaling/rule.h"
+
+namespace proplab {
+
+namespace {
+ModelShape transformer_shape(int layers) {
+  ModelShape shape;
+  shape.type = "transformer";
+  shape.transformer.layers = layers;
+  return shape;
+}
+}  // namespace
+
+TEST(ScalingRegistry, ListsTheRules) {
+  for (const char* name : {"standard", "xavier", "custom"}) EXPECT_NE(find_rule(name), nullptr) << name;
+  EXPECT_EQ(find_rule("no-such-rule"), nullptr);
+}
+
+TEST(ScalingRegistry, UnknownRuleAndBadParamsAreUserErrors) {
+  ScalingConfig config;
+  config.rule = "nope";
+  try {
+    make_rule(config, transformer_shape(2));
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("standard"), std::string::npos) << e.what();
+  }
+  config.rule = "standard";
+  config.params["bogus"] = 1;
+  EXPECT_THROW(make_rule(config, transformer_shape(2)), UserError);
+  config.params.clear();
+  config.params["std"] = -1;
+  EXPECT_THROW(make_rule(config, transformer_shape(2)), UserError);
+}
+
+TEST(StandardRule, Gpt2Init) {
+  ScalingConfig config;
+  auto rule = make_rule(config, transformer_shape(6));
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_qkv, 256, 768}).std, 0.02);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::token_embedding, 256, 256}).std, 0.02);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::ffn_out, 1024, 256}).std, 0.02 / std::sqrt(12.0));
+  EXPECT_EQ(rule->init({ParamRole::bias, 0, 256}).kind, InitSpec::Kind::constant);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::norm_gain, 0, 256}).value, 1.0);
+  ResidualSpec r = rule->residual(3, Branch::ffn);
+  EXPECT_EQ(r.lambda, 1.0);
+  EXPECT_EQ(r.beta, 1.0);
+  EXPECT_DOUBLE_EQ(rule->logit_scale(64), 0.125);
+}
+
+TEST(StandardRule, MlpMeanField) {
+  ModelShape shape;
+  shape.type = "mlp";
+  shape.mlp.sigma_w2 = 2.0;
+  shape.mlp.sigma_b2 = 0.05;
+  auto rule = make_rule(ScalingConfig{}, shape);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::mlp_hidden, 128, 128}).std, std::sqrt(2.0 / 128));
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::bias, 0, 128}).std, std::sqrt(0.05));
+}
+
+TEST(XavierRule, Glorot) {
+  ScalingConfig config;
+  config.rule = "xavier";
+  auto rule = make_rule(config, transformer_shape(2));
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::ffn_in, 256, 1024}).std, std::sqrt(2.0 / 1280));
+}
+
+TEST(CustomRule, TakesEveryNumberFromTheStudy) {
+  ScalingConfig config;
+  config.rule = "custom";
+  config.params = {{"lambda", 0.9}, {"beta", 0.3}, {"learnable_beta", 1}, {"out_proj_std", 0.001},
+                   {"logit_scale", 0.5}};
+  auto rule = make_rule(config, transformer_shape(2));
+  ResidualSpec r = rule->residual(0, Branch::attention);
+  EXPECT_DOUBLE_EQ(r.lambda, 0.9);
+  EXPECT_DOUBLE_EQ(r.beta, 0.3);
+  EXPECT_FALSE(r.learnable_lambda);
+  EXPECT_TRUE(r.learnable_beta);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_out, 256, 256}).std, 0.001);
+  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_qkv, 256, 768}).std, 0.02);  // default filled in
+  EXPECT_DOUBLE_EQ(rule->logit_scale(64), 0.5);
+}
+
+}  // namespace proplab
