@@ -34,7 +34,10 @@ function(add_proplab_test module)
   add_executable(test_${module} ${sources})
   target_link_libraries(test_${module} PRIVATE ${ARG_LIBS} proplab_test_support GTest::gtest GTest::gtest_main)
   target_compile_options(test_${module} PRIVATE -Wall -Wextra)
+  # One variable per property: gtest_discover_tests splits a ';' inside a property value (CMake 3.25), so
+  # "A=1;B=2" in ENVIRONMENT would set only A.
   gtest_discover_tests(test_${module} DISCOVERY_MODE PRE_TEST
-    PROPERTIES ENVIRONMENT "PROPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR};PROPLAB_BINARY=$<TARGET_FILE:proplab>"
+    PROPERTIES ENVIRONMENT "PROPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+               ENVIRONMENT_MODIFICATION "PROPLAB_BINARY=set:$<TARGET_FILE:proplab>"
     WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
 endfunction()

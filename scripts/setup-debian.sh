@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
+  libopenblas-dev libopenblas-openmp-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-h5py python3-numpy
 )

@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   CLI::App app{kDescription, "proplab"};
   app.set_version_flag("--version", kVersion);
   app.require_subcommand(1);
+  app.footer("Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
+             "[--stop-after N]\nRun `proplab <command> --help` for a command's options. Study keys: docs/studies.md.");
 
   std::string study_path, out_dir;
   std::vector<std::string> overrides;
@@ -74,7 +76,13 @@ int main(int argc, char** argv) {
   run->add_flag("--force", force, "Overwrite an existing run file");
   run->add_option("--stop-after", stop_after,
                   "Stop cleanly after this many steps, with a checkpoint (continue later with --resume)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a step count (a whole number >= 0), got " + text;
+          },
+          "STEPS"));
 
   try {
     app.parse(argc, argv);

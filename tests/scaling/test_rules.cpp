@@ -41,11 +41,11 @@ TEST(ScalingRegistry, UnknownRuleAndBadParamsAreUserErrors) {
 TEST(StandardRule, Gpt2Init) {
   ScalingConfig config;
   auto rule = make_rule(config, transformer_shape(6));
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_qkv, 256, 768}).std, 0.02);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::token_embedding, 256, 256}).std, 0.02);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::ffn_out, 1024, 256}).std, 0.02 / std::sqrt(12.0));
-  EXPECT_EQ(rule->init({ParamRole::bias, 0, 256}).kind, InitSpec::Kind::constant);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::norm_gain, 0, 256}).value, 1.0);
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::attn_qkv, 256, 768, -1, ""}).std, 0.02);
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::token_embedding, 256, 256, -1, ""}).std, 0.02);
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::ffn_out, 1024, 256, -1, ""}).std, 0.02 / std::sqrt(12.0));
+  EXPECT_EQ(rule->init(ParamInfo{ParamRole::bias, 0, 256, -1, ""}).kind, InitSpec::Kind::constant);
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::norm_gain, 0, 256, -1, ""}).value, 1.0);
   ResidualSpec r = rule->residual(3, Branch::ffn);
   EXPECT_EQ(r.lambda, 1.0);
   EXPECT_EQ(r.beta, 1.0);
@@ -58,15 +58,15 @@ TEST(StandardRule, MlpMeanField) {
   shape.mlp.sigma_w2 = 2.0;
   shape.mlp.sigma_b2 = 0.05;
   auto rule = make_rule(ScalingConfig{}, shape);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::mlp_hidden, 128, 128}).std, std::sqrt(2.0 / 128));
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::bias, 0, 128}).std, std::sqrt(0.05));
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::mlp_hidden, 128, 128, -1, ""}).std, std::sqrt(2.0 / 128));
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::bias, 0, 128, -1, ""}).std, std::sqrt(0.05));
 }
 
 TEST(XavierRule, Glorot) {
   ScalingConfig config;
   config.rule = "xavier";
   auto rule = make_rule(config, transformer_shape(2));
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::ffn_in, 256, 1024}).std, std::sqrt(2.0 / 1280));
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::ffn_in, 256, 1024, -1, ""}).std, std::sqrt(2.0 / 1280));
 }
 
 TEST(CustomRule, TakesEveryNumberFromTheStudy) {
@@ -80,8 +80,8 @@ TEST(CustomRule, TakesEveryNumberFromTheStudy) {
   EXPECT_DOUBLE_EQ(r.beta, 0.3);
   EXPECT_FALSE(r.learnable_lambda);
   EXPECT_TRUE(r.learnable_beta);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_out, 256, 256}).std, 0.001);
-  EXPECT_DOUBLE_EQ(rule->init({ParamRole::attn_qkv, 256, 768}).std, 0.02);  // default filled in
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::attn_out, 256, 256, -1, ""}).std, 0.001);
+  EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::attn_qkv, 256, 768, -1, ""}).std, 0.02);  // default filled in
   EXPECT_DOUBLE_EQ(rule->logit_scale(64), 0.5);
 }
 

@@ -1,0 +1,587 @@
+// End-to-end tests of the `proplab` command line: the built executable is run as a child process, each test in
+// a fresh temporary working directory, and its exit status, stdout, stderr and the files it leaves are checked.
+//
+// The environment names the executable (PROPLAB_BINARY) and the source tree (PROPLAB_SOURCE_DIR); ctest sets
+// both (cmake/ProplabHelpers.cmake, add_proplab_test). Every study here is tiny and single-threaded so the whole
+// binary runs in seconds.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/run_file.h"
+#include "io/run_reader.h"
+#include "study/study.h"
+
+namespace proplab {
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// The tiny transformer every run test trains: 20 steps take a few milliseconds.
+constexpr const char* kTinyStudy = R"(name = "tiny"
+seed = 3
+
+[model]
+type = "transformer"
+layers = 1
+width = 16
+heads = 2
+vocab = 16
+seq_len = 8
+
+[data]
+kind = "markov"
+
+[train]
+steps = 20
+batch = 4
+eval_every = 10
+
+[device]
+type = "cpu"
+threads = 1
+)";
+
+// Diverges at step 12 for every seed tried (1..5): huge initial weights, SGD at lr 50, no gradient clipping.
+constexpr const char* kDivergingStudy = R"(name = "boom"
+
+[model]
+type = "transformer"
+layers = 1
+width = 16
+heads = 2
+vocab = 16
+seq_len = 8
+
+[scaling]
+rule = "custom"
+embed_std = 10.0
+hidden_std = 10.0
+out_proj_std = 10.0
+readout_std = 10.0
+
+[train]
+optimizer = "sgd"
+lr = 50
+grad_clip = 0
+steps = 50
+batch = 4
+eval_every = 10
+
+[device]
+type = "cpu"
+threads = 1
+)";
+
+// Long enough (about 0.6 ms a step unloaded, so seconds) to be interrupted part way.
+constexpr const char* kLongStudy = R"(name = "long"
+
+[model]
+type = "transformer"
+layers = 2
+width = 32
+heads = 2
+vocab = 16
+seq_len = 16
+
+[train]
+steps = 4000
+batch = 4
+eval_every = 500
+
+[device]
+type = "cpu"
+threads = 1
+)";
+
+constexpr auto kChildTimeout = 120s;
+
+struct CliResult {
+  int exit_code = -1;  // the exit status; 128 + signal when the child was killed by a signal
+  std::string out, err;
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Every regular file under `root`, relative to it, sorted.
+std::vector<std::string> list_tree(const fs::path& root) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(root))
+    files.push_back(fs::relative(entry.path(), root).generic_string() + (entry.is_directory() ? "/" : ""));
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Bit patterns, so that -0.0 != 0.0 and NaN payloads count.
+std::vector<std::uint64_t> bits_of(const std::vector<double>& values) {
+  std::vector<std::uint64_t> bits;
+  for (double v : values) bits.push_back(std::bit_cast<std::uint64_t>(v));
+  return bits;
+}
+
+// The step N in "... at step N ..." of a status detail, or -1.
+std::int64_t step_in(const std::string& detail) {
+  const std::size_t at = detail.find("at step ");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(detail.c_str() + at + 8, nullptr, 10);
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary = std::getenv("PROPLAB_BINARY");
+    ASSERT_TRUE(binary != nullptr && *binary != '\0')
+        << "PROPLAB_BINARY is not set: run through ctest, or set it to the built proplab executable";
+    binary_ = fs::absolute(binary);
+    ASSERT_TRUE(fs::is_regular_file(binary_)) << "PROPLAB_BINARY = " << binary_ << " is not a file";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    static std::atomic<int> counter{0};
+    base_ = fs::temp_directory_path() / ("proplab_cli_" + std::to_string(getpid()) + "_" + info->name() + "_" +
+                                         std::to_string(counter++));
+    fs::remove_all(base_);
+    work_ = base_ / "work";
+    capture_ = base_ / "capture";
+    fs::create_directories(work_);
+    fs::create_directories(capture_);
+  }
+
+  void TearDown() override {
+    if (!base_.empty()) {
+      std::error_code error;
+      fs::remove_all(base_, error);
+    }
+  }
+
+  fs::path write_file(const std::string& name, const std::string& text) {
+    const fs::path path = work_ / name;
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+
+  // Starts `proplab args...` in the working directory, stdout and stderr going to files (so not a terminal).
+  pid_t spawn(const std::vector<std::string>& args) {
+    ++runs_;
+    out_path_ = capture_ / ("out" + std::to_string(runs_) + ".txt");
+    err_path_ = capture_ / ("err" + std::to_string(runs_) + ".txt");
+    // Everything the child needs is prepared before fork: after it only async-signal-safe calls.
+    const std::string binary = binary_.string(), work = work_.string();
+    const std::string out = out_path_.string(), err = err_path_.string();
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err_fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (out_fd < 0 || err_fd < 0 || null_fd < 0 || chdir(work.c_str()) != 0) _exit(126);
+      dup2(null_fd, STDIN_FILENO);
+      dup2(out_fd, STDOUT_FILENO);
+      dup2(err_fd, STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    EXPECT_GT(pid, 0) << "fork failed: " << std::strerror(errno);
+    return pid;
+  }
+
+  // Waits for the child started by the last spawn (killing it after kChildTimeout) and collects its output.
+  CliResult finish(pid_t pid) {
+    CliResult result;
+    const auto deadline = std::chrono::steady_clock::now() + kChildTimeout;
+    int status = 0;
+    while (true) {
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid) break;
+      if (done < 0) {
+        ADD_FAILURE() << "waitpid failed: " << std::strerror(errno);
+        return result;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ADD_FAILURE() << "proplab did not finish within " << kChildTimeout.count() << " s; killed";
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    if (WIFEXITED(status))
+      result.exit_code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status))
+      result.exit_code = 128 + WTERMSIG(status);
+    result.out = read_text(out_path_);
+    result.err = read_text(err_path_);
+    EXPECT_NE(result.exit_code, 127) << "could not execute " << binary_;
+    return result;
+  }
+
+  CliResult run(const std::vector<std::string>& args) { return finish(spawn(args)); }
+
+  // Runs a study that must be refused as bad input: exit 2, every expected text in stderr, and nothing written
+  // (the working directory holds exactly what it held before).
+  CliResult expect_bad_input(const std::vector<std::string>& args, const std::vector<std::string>& expected) {
+    const std::vector<std::string> before = list_tree(work_);
+    CliResult result = run(args);
+    EXPECT_EQ(result.exit_code, 2) << "stderr:\n" << result.err << "stdout:\n" << result.out;
+    EXPECT_FALSE(result.err.empty()) << "bad input must be explained on stderr";
+    for (const auto& text : expected)
+      EXPECT_NE(result.err.find(text), std::string::npos) << "stderr lacks `" << text << "`:\n" << result.err;
+    EXPECT_EQ(list_tree(work_), before) << "bad input left files behind";
+    return result;
+  }
+
+  std::string describe(const CliResult& result) const {
+    return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out + "stderr:\n" + result.err;
+  }
+
+  fs::path binary_, base_, work_, capture_, out_path_, err_path_;
+  int runs_ = 0;
+};
+
+// ---- Bad input: exit 2, a located message, nothing written ----
+
+TEST_F(CliTest, UnknownKeySuggestsTheClosestAndListsAllowedKeys) {
+  write_file("bad.toml", "name = \"x\"\n[model]\nlayer = 2\n");
+  expect_bad_input({"run", "bad.toml"}, {"bad.toml:3: model.layer: unknown key", "did you mean `layers`?",
+                                         "allowed: type, layers, width, heads"});
+}
+
+TEST_F(CliTest, WrongTypeNamesTheTypeAndTheAllowedRange) {
+  write_file("bad.toml", "name = \"x\"\n\n[train]\nsteps = 10\nlr = \"1e-3\"\n");
+  expect_bad_input({"run", "bad.toml", "--out", "out"},
+                   {"bad.toml:5: train.lr: expected a number, got string", "allowed: a number in (0, 100]"});
+  EXPECT_FALSE(fs::exists(work_ / "out"));
+}
+
+TEST_F(CliTest, IntegerKeyRefusesAFloat) {
+  write_file("bad.toml", "name = \"x\"\n[model]\nlayers = 8.0\n");
+  expect_bad_input({"run", "bad.toml"},
+                   {"bad.toml:3: model.layers: expected an integer", "allowed: an integer in 1..100000"});
+}
+
+TEST_F(CliTest, OutOfRangeValueNamesTheRange) {
+  // The study is named by its absolute path here; the message locates it by that path.
+  const fs::path study = write_file("bad.toml", "name = \"x\"\n[model]\nlayers = 2\ndropout = 1.5\n");
+  expect_bad_input({"run", study.string()},
+                   {study.string() + ":4: model.dropout: 1.5 is out of range", "allowed: a number in [0, 1)"});
+}
+
+TEST_F(CliTest, WidthNotDivisibleByHeads) {
+  write_file("bad.toml", "name = \"x\"\n[model]\nwidth = 10\nheads = 4\n");
+  expect_bad_input({"run", "bad.toml"},
+                   {"bad.toml:4: model.heads:", "not divisible by 4 heads", "allowed: a divisor of model.width"});
+}
+
+TEST_F(CliTest, MissingDataFileIsNamed) {
+  write_file("bad.toml", "name = \"x\"\n\n[data]\nkind = \"text\"\npath = \"missing.txt\"\n");
+  expect_bad_input({"run", "bad.toml"}, {"bad.toml:5: data.path:", "missing.txt", "does not exist",
+                                         "allowed: a readable, non-empty file"});
+}
+
+TEST_F(CliTest, TomlSyntaxErrorHasLineAndColumn) {
+  write_file("bad.toml", "name = \"x\"\n[model]\nlayers = = 3\n");
+  expect_bad_input({"run", "bad.toml"}, {"bad.toml:3:10: TOML syntax error"});
+}
+
+TEST_F(CliTest, BadOverridesAreLocatedAtTheOverride) {
+  write_file("ok.toml", kTinyStudy);
+  expect_bad_input({"run", "ok.toml", "--set", "model.layers=0"},
+                   {"--set model.layers=0: model.layers: 0 is out of range", "allowed: an integer in 1..100000"});
+  expect_bad_input({"run", "ok.toml", "--set", "model.layers="},
+                   {"--set model.layers=: model.layers: malformed override: no value", "allowed: key.path=value"});
+  expect_bad_input({"run", "ok.toml", "--set", "model.layerz=3"},
+                   {"--set model.layerz=3: model.layerz: unknown key", "did you mean `layers`?"});
+  expect_bad_input({"run", "ok.toml", "--set", "nolayers"}, {"--set nolayers: malformed override: no '='"});
+}
+
+TEST_F(CliTest, EveryProblemIsReportedAtOnceInLineOrderOverridesLast) {
+  write_file("bad.toml", "name = \"x\"\n[model]\nlayer = 2\n[train]\nlr = \"fast\"\n");
+  const CliResult result = expect_bad_input({"run", "bad.toml", "--set", "train.steps=0"},
+                                            {"bad.toml:3: model.layer:", "bad.toml:5: train.lr:",
+                                             "--set train.steps=0: train.steps:"});
+  const std::size_t first = result.err.find("bad.toml:3:"), second = result.err.find("bad.toml:5:"),
+                    third = result.err.find("--set train.steps=0");
+  EXPECT_LT(first, second);
+  EXPECT_LT(second, third);
+}
+
+TEST_F(CliTest, StudyWithSweepIsSentToProplabSweep) {
+  write_file("sweep.toml", std::string(kTinyStudy) + "\n[sweep]\n\"model.layers\" = [1, 2]\n");
+  expect_bad_input({"run", "sweep.toml"}, {"sweep.toml", "[sweep]", "proplab sweep sweep.toml"});
+}
+
+TEST_F(CliTest, MissingStudyFileIsNamed) {
+  expect_bad_input({"run", "nowhere.toml"}, {"nowhere.toml"});
+}
+
+// ---- Command line ----
+
+TEST_F(CliTest, HelpListsTheRunCommandAndItsOptions) {
+  const CliResult top = run({"--help"});
+  EXPECT_EQ(top.exit_code, 0) << describe(top);
+  EXPECT_NE(top.out.find("run"), std::string::npos) << top.out;
+  EXPECT_NE(top.out.find("Exit status"), std::string::npos) << top.out;
+
+  const CliResult help = run({"run", "--help"});
+  EXPECT_EQ(help.exit_code, 0) << describe(help);
+  for (const char* option : {"--set", "--out", "--resume", "--force", "--stop-after", "study"})
+    EXPECT_NE(help.out.find(option), std::string::npos) << "`proplab run --help` does not mention " << option
+                                                         << ":\n" << help.out;
+  EXPECT_TRUE(list_tree(work_).empty());
+}
+
+TEST_F(CliTest, VersionPrintsTheVersion) {
+  const CliResult result = run({"--version"});
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_NE(result.out.find("0.1.0"), std::string::npos) << result.out;
+}
+
+TEST_F(CliTest, CommandLineErrorsExitWithTwo) {
+  write_file("tiny.toml", kTinyStudy);
+  const std::vector<std::vector<std::string>> bad = {
+      {"run", "tiny.toml", "--bogus"},        // unknown option
+      {},                                     // no subcommand
+      {"frobnicate"},                         // unknown subcommand
+      {"run"},                                // no study
+      {"run", "tiny.toml", "--stop-after", "-1"},
+      {"run", "tiny.toml", "--stop-after", "ten"},
+  };
+  for (const auto& args : bad) {
+    std::string joined;
+    for (const auto& arg : args) joined += " " + arg;
+    SCOPED_TRACE("proplab" + joined);
+    expect_bad_input(args, {});
+  }
+}
+
+// ---- Runs ----
+
+TEST_F(CliTest, TinyRunCompletesAndWritesTheRunFile) {
+  const fs::path study = write_file("tiny.toml", kTinyStudy);
+  const CliResult result = run({"run", "tiny.toml", "--out", "out"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+
+  // Not a terminal: plain lines, no carriage returns or escape sequences.
+  EXPECT_EQ(result.out.find('\r'), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find('\033'), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("step 20/20"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("completed"), std::string::npos) << result.out;
+  EXPECT_FALSE(result.out.empty());
+  EXPECT_EQ(result.out.back(), '\n');
+
+  const fs::path run_file = work_ / "out" / "tiny.h5";
+  ASSERT_TRUE(fs::exists(run_file));
+  EXPECT_TRUE(fs::exists(work_ / "out" / "tiny.ckpt.h5"));
+  RunReader reader = RunReader::open(run_file);
+  EXPECT_EQ(reader.status(), RunStatus::completed);
+  EXPECT_EQ(reader.attribute_string("status"), "completed");
+  const TrainCurves train = reader.read_train();
+  ASSERT_EQ(train.size(), 20u);
+  for (std::int64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(train.step[i], i);
+    EXPECT_TRUE(std::isfinite(train.loss[i])) << "step " << i;
+  }
+  const EvalCurves eval = reader.read_eval();
+  EXPECT_EQ(eval.step, (std::vector<std::int64_t>{10, 20}));
+  for (double loss : eval.loss) EXPECT_TRUE(std::isfinite(loss));
+
+  const std::string config = reader.attribute_string("config");
+  EXPECT_EQ(config, load_study(study.string()).resolved_toml);
+  EXPECT_NE(config.find("layers = 1"), std::string::npos) << config;
+  EXPECT_NE(config.find("width = 16"), std::string::npos) << config;
+}
+
+TEST_F(CliTest, ExistingRunFileNeedsForce) {
+  write_file("tiny.toml", kTinyStudy);
+  // Default output directory: runs/<name>/ under the working directory.
+  const CliResult first = run({"run", "tiny.toml"});
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  const fs::path run_file = work_ / "runs" / "tiny" / "tiny.h5";
+  const fs::path checkpoint = work_ / "runs" / "tiny" / "tiny.ckpt.h5";
+  ASSERT_TRUE(fs::exists(run_file));
+  const std::string run_bytes = read_text(run_file), checkpoint_bytes = read_text(checkpoint);
+  const auto run_time = fs::last_write_time(run_file);
+  const std::vector<double> first_loss = RunReader::open(run_file).read_train().loss;
+
+  expect_bad_input({"run", "tiny.toml"}, {"runs/tiny/tiny.h5", "--force"});
+  EXPECT_EQ(read_text(run_file), run_bytes) << "the existing run file was modified";
+  EXPECT_EQ(read_text(checkpoint), checkpoint_bytes) << "the existing checkpoint was modified";
+  EXPECT_EQ(fs::last_write_time(run_file), run_time);
+
+  const CliResult forced = run({"run", "tiny.toml", "--force"});
+  ASSERT_EQ(forced.exit_code, 0) << describe(forced);
+  RunReader reader = RunReader::open(run_file);
+  EXPECT_EQ(reader.status(), RunStatus::completed);
+  const TrainCurves train = reader.read_train();
+  ASSERT_EQ(train.size(), 20u) << "--force must replace the file, not append to it";
+  // Same study, so the same losses, bit for bit.
+  EXPECT_EQ(bits_of(train.loss), bits_of(first_loss));
+}
+
+TEST_F(CliTest, StopAfterThenResumeMatchesAnUninterruptedRunBitForBit) {
+  write_file("tiny.toml", kTinyStudy);
+  const CliResult full = run({"run", "tiny.toml", "--out", "full"});
+  ASSERT_EQ(full.exit_code, 0) << describe(full);
+
+  const CliResult stopped = run({"run", "tiny.toml", "--out", "split", "--stop-after", "10"});
+  ASSERT_EQ(stopped.exit_code, 4) << describe(stopped);
+  const fs::path split_run = work_ / "split" / "tiny.h5", split_checkpoint = work_ / "split" / "tiny.ckpt.h5";
+  {
+    RunReader reader = RunReader::open(split_run);
+    EXPECT_EQ(reader.status(), RunStatus::failed);
+    const std::string detail = reader.attribute_string("status_detail");
+    EXPECT_NE(detail.find("--stop-after"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("--resume"), std::string::npos) << detail;
+    EXPECT_EQ(step_in(detail), 10) << detail;
+    EXPECT_EQ(reader.read_train().size(), 10u);
+    EXPECT_EQ(reader.read_eval().step, (std::vector<std::int64_t>{10}));
+    EXPECT_EQ(read_checkpoint(split_checkpoint).int_value("step"), 10);
+  }
+
+  const CliResult resumed = run({"run", "tiny.toml", "--out", "split", "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+
+  RunReader a = RunReader::open(work_ / "full" / "tiny.h5");
+  RunReader b = RunReader::open(split_run);
+  EXPECT_EQ(b.status(), RunStatus::completed);
+  const TrainCurves train_a = a.read_train(), train_b = b.read_train();
+  ASSERT_EQ(train_a.size(), 20u);
+  EXPECT_EQ(train_b.step, train_a.step);
+  EXPECT_EQ(bits_of(train_b.loss), bits_of(train_a.loss)) << "resumed losses differ from the uninterrupted run";
+  EXPECT_EQ(bits_of(train_b.grad_norm), bits_of(train_a.grad_norm));
+  EXPECT_EQ(bits_of(train_b.lr), bits_of(train_a.lr));
+  const EvalCurves eval_a = a.read_eval(), eval_b = b.read_eval();
+  EXPECT_EQ(eval_b.step, (std::vector<std::int64_t>{10, 20}));
+  EXPECT_EQ(eval_b.step, eval_a.step);
+  EXPECT_EQ(bits_of(eval_b.loss), bits_of(eval_a.loss));
+  EXPECT_EQ(b.attribute_string("config"), a.attribute_string("config"));
+
+  // The final checkpoints hold the same parameters and optimizer state, bit for bit.
+  const Checkpoint ca = read_checkpoint(work_ / "full" / "tiny.ckpt.h5");
+  const Checkpoint cb = read_checkpoint(split_checkpoint);
+  EXPECT_EQ(ca.ints, cb.ints);
+  EXPECT_EQ(ca.strings, cb.strings);
+  ASSERT_EQ(ca.tensors.size(), cb.tensors.size());
+  bool any_param = false;
+  for (const auto& [name, tensor_a] : ca.tensors) {
+    SCOPED_TRACE(name);
+    any_param = any_param || name.rfind("param/", 0) == 0;
+    auto it = cb.tensors.find(name);
+    ASSERT_NE(it, cb.tensors.end());
+    const Tensor& tensor_b = it->second;
+    ASSERT_EQ(tensor_a.shape(), tensor_b.shape());
+    EXPECT_EQ(std::memcmp(tensor_a.f32(), tensor_b.f32(), sizeof(float) * tensor_a.numel()), 0);
+  }
+  EXPECT_TRUE(any_param) << "the checkpoint holds no param/ tensors";
+}
+
+TEST_F(CliTest, ResumeWithoutCheckpointNamesIt) {
+  write_file("tiny.toml", kTinyStudy);
+  expect_bad_input({"run", "tiny.toml", "--out", "out", "--resume"}, {"--resume", "out/tiny.ckpt.h5"});
+  EXPECT_FALSE(fs::exists(work_ / "out"));
+}
+
+TEST_F(CliTest, ResumeWithADifferentStudyIsRefused) {
+  write_file("tiny.toml", kTinyStudy);
+  const CliResult stopped = run({"run", "tiny.toml", "--out", "out", "--stop-after", "10"});
+  ASSERT_EQ(stopped.exit_code, 4) << describe(stopped);
+  const fs::path run_file = work_ / "out" / "tiny.h5", checkpoint = work_ / "out" / "tiny.ckpt.h5";
+  const std::string run_bytes = read_text(run_file), checkpoint_bytes = read_text(checkpoint);
+
+  expect_bad_input({"run", "tiny.toml", "--out", "out", "--resume", "--set", "train.lr=2e-3"},
+                   {"--resume", "out/tiny.ckpt.h5", "differs"});
+  EXPECT_EQ(read_text(run_file), run_bytes) << "a refused resume modified the run file";
+  EXPECT_EQ(read_text(checkpoint), checkpoint_bytes) << "a refused resume modified the checkpoint";
+
+  // The same study still resumes.
+  const CliResult resumed = run({"run", "tiny.toml", "--out", "out", "--resume"});
+  EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
+}
+
+TEST_F(CliTest, DivergingRunExitsWithThreeAndRecordsTheStep) {
+  write_file("boom.toml", kDivergingStudy);
+  const CliResult result = run({"run", "boom.toml", "--out", "out"});
+  ASSERT_EQ(result.exit_code, 3) << describe(result);
+  EXPECT_NE(result.out.find("diverged"), std::string::npos) << result.out;
+
+  RunReader reader = RunReader::open(work_ / "out" / "boom.h5");
+  EXPECT_EQ(reader.status(), RunStatus::diverged);
+  const std::string detail = reader.attribute_string("status_detail");
+  EXPECT_NE(detail.find("non-finite"), std::string::npos) << detail;
+  const std::int64_t step = step_in(detail);
+  ASSERT_GE(step, 0) << "status_detail does not name the step: " << detail;
+  EXPECT_LT(step, 50);
+  // Every step up to and including the diverging one is recorded; only the last is non-finite.
+  const TrainCurves train = reader.read_train();
+  ASSERT_EQ(static_cast<std::int64_t>(train.size()), step + 1);
+  EXPECT_EQ(train.step.back(), step);
+  EXPECT_FALSE(std::isfinite(train.loss.back()) && std::isfinite(train.grad_norm.back()));
+  for (std::int64_t i = 0; i < step; ++i) EXPECT_TRUE(std::isfinite(train.loss[i])) << "step " << i;
+}
+
+TEST_F(CliTest, SigintStopsCleanlyAndTheRunResumes) {
+  write_file("long.toml", kLongStudy);
+  const fs::path run_file = work_ / "out" / "long.h5";
+  const pid_t pid = spawn({"run", "long.toml", "--out", "out"});
+  ASSERT_GT(pid, 0);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!fs::exists(run_file) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(200ms);
+  kill(pid, SIGINT);
+  const CliResult interrupted = finish(pid);
+  ASSERT_EQ(interrupted.exit_code, 4) << "(a 0 means the run ended before SIGINT arrived) " << describe(interrupted);
+
+  std::int64_t stopped_at = -1;
+  {
+    RunReader reader = RunReader::open(run_file);
+    EXPECT_EQ(reader.status(), RunStatus::failed);
+    const std::string detail = reader.attribute_string("status_detail");
+    EXPECT_NE(detail.find("interrupted"), std::string::npos) << detail;
+    EXPECT_NE(detail.find("--resume"), std::string::npos) << detail;
+    stopped_at = step_in(detail);
+    RecordProperty("interrupted_at_step", std::to_string(stopped_at));
+    EXPECT_GE(stopped_at, 0) << detail;
+    EXPECT_LT(stopped_at, 4000) << detail;
+    EXPECT_EQ(static_cast<std::int64_t>(reader.read_train().size()), stopped_at);
+    EXPECT_EQ(read_checkpoint(work_ / "out" / "long.ckpt.h5").int_value("step"), stopped_at);
+  }
+
+  const CliResult resumed = run({"run", "long.toml", "--out", "out", "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  RunReader reader = RunReader::open(run_file);
+  EXPECT_EQ(reader.status(), RunStatus::completed);
+  const TrainCurves train = reader.read_train();
+  ASSERT_EQ(train.size(), 4000u);
+  for (std::int64_t i = 0; i < 4000; ++i) ASSERT_EQ(train.step[i], i);
+  for (double loss : train.loss) ASSERT_TRUE(std::isfinite(loss));
+}
+
+}  // namespace
+
+}  // namespace proplab
