@@ -34,6 +34,8 @@ void print_table(const proplab::bench::SgemmStepRate& step) {
               step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
               step.group_gflops(proplab::bench::SgemmGroup::linear),
               step.group_gflops(proplab::bench::SgemmGroup::attention));
+  std::printf("  other processes kept %.2f cores busy meanwhile%s\n", step.other_load_cores,
+              step.other_load_cores > 0.05 ? " (shared machine: rates are low and noisy)" : "");
 }
 
 void print_json(const std::vector<proplab::bench::SgemmStepRate>& steps) {
@@ -41,10 +43,10 @@ void print_json(const std::vector<proplab::bench::SgemmStepRate>& steps) {
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const auto& step = steps[t];
     std::printf("  {\"threads\": %d, \"step_gflop\": %.6f, \"step_ms\": %.6f, \"step_gflops\": %.3f, "
-                "\"linear_gflops\": %.3f, \"attention_gflops\": %.3f, \"shapes\": [\n",
+                "\"linear_gflops\": %.3f, \"attention_gflops\": %.3f, \"other_load_cores\": %.3f, \"shapes\": [\n",
                 step.threads, step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
                 step.group_gflops(proplab::bench::SgemmGroup::linear),
-                step.group_gflops(proplab::bench::SgemmGroup::attention));
+                step.group_gflops(proplab::bench::SgemmGroup::attention), step.other_load_cores);
     for (std::size_t i = 0; i < step.rates.size(); ++i) {
       const auto& rate = step.rates[i];
       const auto& s = rate.shape;

@@ -1,14 +1,21 @@
 // bench_train: the engine benchmark. Trains the reference model (transformer, 4 layers, width 256, 4 heads,
-// seq 128, batch 8, vocab 256, fp32, AdamW; ~21 GFLOP per step) and reports ms/step, tokens/s and achieved
-// GFLOP/s next to the sgemm rate measured at the model's own matrix shapes in the same run, then runs the
-// identical model in PyTorch (bench/torch_reference.py, when torch is importable) and prints the ratio.
+// seq 128, batch 8, vocab 256, fp32, AdamW; ~21 GFLOP per step) and reports, side by side in one run:
+//   - ms/step, tokens/s and achieved GFLOP/s with recording off, every 10 steps and every step (all statistics,
+//     written to a real run file), interleaved round by round so machine noise hits all three alike;
+//   - the sgemm rate measured at the model's own matrix shapes (bench/sgemm_rate.h), as the ceiling;
+//   - the identical model in PyTorch (bench/torch_reference.py, best thread setup, with and without hooks
+//     computing mean/var/max on every module) when /usr/bin/python3 has torch, and the ratios.
 //
-//   bench_train [--steps N] [--warmup N] [--threads N] [--no-torch] [--torch-steps N] [--layers/--width/...]
+//   bench_train [--steps N] [--rounds N] [--threads N] [--no-torch] [--torch-steps N]
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
+#include <filesystem>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +26,7 @@
 #include "ops/ops.h"
 #include "sgemm_rate.h"
 #include "train/optimizer.h"
+#include "train/recorder.h"
 
 #ifndef PROPLAB_SOURCE_DIR
 #define PROPLAB_SOURCE_DIR "."
@@ -26,75 +34,109 @@
 
 namespace {
 
+using namespace proplab;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-struct StepTiming {
-  double median_s = 0.0;
-  double best_s = 0.0;
+// One training setup: a model, its optimizer and (when recording) a recorder writing a real run file.
+struct Setup {
+  std::string label;
+  std::int64_t every = 0;  // 0: recording off
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<Recorder> recorder;
+  std::optional<RunWriter> writer;
+  std::vector<Tensor*> grads;
+  std::vector<double> seconds;
+  std::int64_t step = 0;
 };
+
+// A number after `"key":` in JSON text (first occurrence), or nullopt.
+std::optional<double> json_number(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return std::nullopt;
+  return std::stod(text.substr(text.find(':', at) + 1));
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace proplab;
-  CLI::App app{"proplab engine benchmark: the reference transformer, side by side with sgemm and PyTorch"};
-  int steps = 20, warmup = 3, threads_arg = 0, torch_steps = 10;
+  CLI::App app{"proplab engine benchmark: the reference transformer beside sgemm and PyTorch"};
+  int steps = 10, rounds = 3, warmup = 2, threads_arg = 0, torch_steps = 10;
   bool no_torch = false;
-  TransformerConfig m;
+  app.add_option("--steps", steps, "timed steps per setup per round");
+  app.add_option("--rounds", rounds, "rounds (setups interleaved; medians over all rounds)");
+  app.add_option("--threads", threads_arg, "threads (0: all cores)");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  app.add_option("--torch-steps", torch_steps, "timed steps per PyTorch thread setup");
+  CLI11_PARSE(app, argc, argv);
+
+  set_threads(threads_arg);
+  ModelConfig config;
+  config.type = "transformer";
+  TransformerConfig& m = config.transformer;
   m.layers = 4;
   m.width = 256;
   m.heads = 4;
   m.ffn_mult = 4;
   m.vocab = 256;
   m.seq_len = 128;
-  int batch = 8;
-  app.add_option("--steps", steps, "timed steps (median reported)");
-  app.add_option("--warmup", warmup, "untimed steps first");
-  app.add_option("--threads", threads_arg, "threads (0: all cores)");
-  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
-  app.add_option("--torch-steps", torch_steps, "timed steps per PyTorch thread setup");
-  app.add_option("--layers", m.layers);
-  app.add_option("--width", m.width);
-  app.add_option("--heads", m.heads);
-  app.add_option("--seq-len", m.seq_len);
-  app.add_option("--batch", batch);
-  CLI11_PARSE(app, argc, argv);
-
-  set_threads(threads_arg);
-  ModelConfig config;
-  config.type = "transformer";
-  config.transformer = m;
-  std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, 1);
+  const int batch = 8;
   DataConfig data_config;
   data_config.kind = "uniform";
   auto data = make_token_dataset(data_config, m.vocab, m.seq_len, 1);
   TrainConfig train;
-  train.lr = 1e-3;
-  Optimizer optimizer(train, model->params());
-  std::vector<Tensor*> grads;
-  for (auto& p : model->params().all()) grads.push_back(&p->grad);
+  const std::int64_t total_steps = 1000000;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("proplab-bench-" + std::to_string(::getpid()));
+
+  std::vector<Setup> setups;
+  for (std::int64_t every : {0, 10, 1}) {
+    Setup s;
+    s.every = every;
+    s.label = every == 0 ? "record off" : every == 1 ? "record every step" : "record every 10";
+    s.model = make_model(config, ScalingConfig{}, 1);
+    s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
+    for (auto& p : s.model->params().all()) s.grads.push_back(&p->grad);
+    if (every > 0) {
+      RecordConfig record;
+      record.every = every;
+      s.recorder = std::make_unique<Recorder>(record, s.model->probes(), s.model->params(), total_steps);
+      RunHeader header;
+      header.proplab_version = "bench";
+      s.writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + ".h5"), header, true));
+      s.recorder->create_datasets(*s.writer);
+      s.writer->start();
+    }
+    setups.push_back(std::move(s));
+  }
   Batch b;
   b.inputs = Tensor::empty({batch, m.seq_len}, DType::i32);
   b.targets = Tensor::empty({batch, m.seq_len}, DType::i32);
-
-  std::vector<double> times;
-  for (int s = 0; s < warmup + steps; ++s) {
-    data->batch(Split::train, s, b.inputs, b.targets);
-    const auto start = std::chrono::steady_clock::now();
-    model->params().zero_grads();
-    model->forward_backward(b, 1.0f, StepContext{1, static_cast<std::uint64_t>(s), true});
-    ops::clip_grad_norm(grads, 1.0);
-    optimizer.step(1e-3);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (s >= warmup) times.push_back(seconds);
-  }
-  const double step_s = median(times);
-  const double flops = model->train_flops(batch);
-  const double tokens = static_cast<double>(batch) * m.seq_len;
-
+  auto run_steps = [&](Setup& s, int count, bool timed) {
+    for (int i = 0; i < count; ++i, ++s.step) {
+      data->batch(Split::train, s.step, b.inputs, b.targets);
+      const auto start = std::chrono::steady_clock::now();
+      const bool record = s.recorder && s.recorder->records(s.step);
+      if (record) s.recorder->begin_step();
+      s.model->params().zero_grads();
+      StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? s.recorder.get() : nullptr};
+      s.model->forward_backward(b, 1.0f, context);
+      ops::clip_grad_norm(s.grads, 1.0);
+      if (record) s.recorder->before_update();
+      s.optimizer->step(1e-3);
+      if (record) {
+        s.recorder->after_update();
+        s.recorder->write_record(*s.writer, s.step);
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timed) s.seconds.push_back(seconds);
+    }
+  };
+  for (Setup& s : setups) run_steps(s, warmup, false);
   bench::SgemmModelDims dims;
   dims.layers = m.layers;
   dims.width = m.width;
@@ -103,38 +145,59 @@ int main(int argc, char** argv) {
   dims.vocab = m.vocab;
   dims.seq_len = m.seq_len;
   dims.batch = batch;
-  const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads());
+  std::vector<double> sgemm_rates, sgemm_linear_rates;
+  for (int r = 0; r < rounds; ++r) {
+    for (Setup& s : setups) run_steps(s, steps, true);
+    const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads(), 5);
+    sgemm_rates.push_back(sgemm.step_gflops);
+    sgemm_linear_rates.push_back(sgemm.group_gflops(bench::SgemmGroup::linear));
+  }
+  for (Setup& s : setups)
+    if (s.writer) s.writer->finish(RunStatus::completed, "benchmark");
+  std::filesystem::remove_all(dir);
 
-  std::printf("proplab engine benchmark (%d threads)\n", threads());
-  std::printf("  model: transformer layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d, %.2f GFLOP/step\n",
+  const double flops = setups[0].model->train_flops(batch);
+  const double tokens = static_cast<double>(batch) * m.seq_len;
+  const double off = median(setups[0].seconds);
+  const double sgemm_rate = median(sgemm_rates), sgemm_linear = median(sgemm_linear_rates);
+  std::printf("proplab engine benchmark: %d threads, %d rounds x %d steps per setup\n", threads(), rounds, steps);
+  std::printf("  model: transformer layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d, %.2f GFLOP/step "
+              "(attention counted as full T x T)\n",
               m.layers, m.width, m.heads, m.seq_len, batch, m.vocab, flops / 1e9);
-  std::printf("  proplab   : %8.1f ms/step  %9.0f tokens/s  %6.1f GFLOP/s (median of %d steps, best %.1f ms)\n",
-              step_s * 1e3, tokens / step_s, flops / step_s / 1e9, steps,
-              *std::min_element(times.begin(), times.end()) * 1e3);
-  std::printf("  sgemm     : %6.1f GFLOP/s at the model's shapes -> proplab reaches %.0f%% of it\n",
-              sgemm.step_gflops, 100.0 * flops / step_s / 1e9 / sgemm.step_gflops);
+  for (const Setup& s : setups) {
+    const double t = median(s.seconds);
+    std::printf("  %-18s: %7.1f ms/step  %7.0f tokens/s  %6.1f GFLOP/s", s.label.c_str(), t * 1e3, tokens / t,
+                flops / t / 1e9);
+    if (s.every > 0) std::printf("  overhead %+5.1f%%", 100.0 * (t / off - 1.0));
+    std::printf("\n");
+  }
+  std::printf("  sgemm at the model's shapes: %.1f GFLOP/s (linear-layer shapes only: %.1f) -> proplab reaches "
+              "%.0f%% (%.0f%%)\n",
+              sgemm_rate, sgemm_linear, 100.0 * flops / off / 1e9 / sgemm_rate,
+              100.0 * flops / off / 1e9 / sgemm_linear);
 
   if (!no_torch) {
     std::ostringstream command;
-    command << "/usr/bin/python3 " << PROPLAB_SOURCE_DIR << "/bench/torch_reference.py --json --steps " << torch_steps
-            << " --layers " << m.layers << " --width " << m.width << " --heads " << m.heads << " --seq-len "
-            << m.seq_len << " --batch " << batch << " 2>/dev/null";
-    FILE* pipe = popen(command.str().c_str(), "r");
+    command << "/usr/bin/python3 " << PROPLAB_SOURCE_DIR << "/bench/torch_reference.py --json --hooks --steps "
+            << torch_steps << " 2>/dev/null";
     std::string output;
-    if (pipe) {
+    if (FILE* pipe = popen(command.str().c_str(), "r")) {
       char buffer[4096];
       while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-      const int status = pclose(pipe);
-      if (status != 0) output.clear();
+      if (pclose(pipe) != 0) output.clear();
     }
-    const auto key = output.find("\"best_ms_per_step\"");
-    if (key == std::string::npos) {
-      std::printf("  pytorch   : not available (python3 with torch not importable)\n");
+    const std::optional<double> torch_ms = json_number(output, "ms_per_step");
+    if (!torch_ms) {
+      std::printf("  pytorch: not available (/usr/bin/python3 cannot import torch)\n");
     } else {
-      const double torch_ms = std::stod(output.substr(output.find(':', key) + 1));
-      std::printf("  pytorch   : %8.1f ms/step  %9.0f tokens/s  (best thread setup)\n", torch_ms,
-                  tokens / (torch_ms / 1e3));
-      std::printf("  ratio     : proplab is %.2fx PyTorch's tokens/s\n", torch_ms / 1e3 / step_s);
+      std::printf("  pytorch (best thread setup): %7.1f ms/step  %7.0f tokens/s\n", *torch_ms,
+                  tokens / (*torch_ms / 1e3));
+      std::printf("  ratio: proplab %.2fx PyTorch's tokens/s (recording off), %.2fx (recording every step)\n",
+                  *torch_ms / 1e3 / off, *torch_ms / 1e3 / median(setups[2].seconds));
+      if (const auto hooks = json_number(output, "overhead_percent"))
+        std::printf("  pytorch mean/var/max hooks on every module: overhead %+.1f%% (proplab, all statistics every "
+                    "step: %+.1f%%)\n",
+                    *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
     }
   }
   return 0;

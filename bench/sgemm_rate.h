@@ -17,11 +17,14 @@
 #pragma once
 
 #include <cblas.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -72,6 +75,9 @@ struct SgemmStepRate {
   double step_flops = 0.0;    // sum of flops * per_step over the shapes measured
   double step_seconds = 0.0;  // sum of seconds * per_step
   double step_gflops = 0.0;   // step_flops / step_seconds / 1e9
+  // Average cores busy with other processes while measuring (see OtherLoad); well above 0 means the machine
+  // was shared and the rates are low and noisy. Negative when /proc/stat could not be read.
+  double other_load_cores = -1.0;
 
   // The same step rate over one group only (linear layers or attention).
   double group_gflops(SgemmGroup group) const {
@@ -118,6 +124,46 @@ inline std::vector<SgemmShape> step_sgemm_shapes(const SgemmModelDims& dims, boo
   }
   return shapes;
 }
+
+// Average number of cores other processes kept busy between construction and cores(): all busy CPU time in
+// /proc/stat minus this process's own (getrusage, all threads), over wall time. Negative without /proc/stat.
+class OtherLoad {
+ public:
+  OtherLoad() : busy_(busy_seconds()), own_(own_seconds()), start_(std::chrono::steady_clock::now()) {}
+
+  double cores() const {
+    const double busy = busy_seconds();
+    if (busy < 0.0 || busy_ < 0.0) return -1.0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    return std::max(0.0, ((busy - busy_) - (own_seconds() - own_)) / std::max(wall, 1e-9));
+  }
+
+ private:
+  static double busy_seconds() {
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    std::uint64_t fields[8] = {};
+    if (!(stat >> cpu) || cpu != "cpu") return -1.0;
+    for (std::uint64_t& field : fields) stat >> field;
+    if (!stat) return -1.0;
+    std::uint64_t busy = 0;
+    for (int i = 0; i < 8; ++i) {
+      if (i != 3 && i != 4) busy += fields[i];  // all but idle and iowait
+    }
+    return static_cast<double>(busy) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+  static double own_seconds() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  }
+
+  double busy_;
+  double own_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 namespace detail {
 
@@ -169,6 +215,7 @@ inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, 
   set_threads(threads);
   SgemmStepRate result;
   result.threads = threads;
+  const OtherLoad other_load;
   for (const SgemmShape& shape : shapes) {
     const std::size_t a_size = static_cast<std::size_t>(shape.m) * shape.k;
     const std::size_t b_size = static_cast<std::size_t>(shape.k) * shape.n;
@@ -206,6 +253,7 @@ inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, 
     result.rates.push_back(std::move(rate));
   }
   result.step_gflops = result.step_seconds > 0.0 ? result.step_flops / result.step_seconds / 1e9 : 0.0;
+  result.other_load_cores = other_load.cores();
   return result;
 }
 

@@ -177,29 +177,55 @@ def attach_stat_hooks(torch, model, sink):
     return handles
 
 
-def time_training(torch, model, optimizer, tokens, steps, warmup, step_hook=None, give_up_ms=None):
+def train_step(torch, model, optimizer, inputs, targets):
+    """One AdamW step; returns the loss before the update."""
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(inputs)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+def time_training(torch, model, optimizer, tokens, steps, warmup, give_up_ms=None):
     """Median ms/step over `steps` timed steps after `warmup`, and every step's loss. With give_up_ms, stops
     after 3 timed steps whose median is already slower than that (a hopeless setup need not run to the end)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_fn = torch.nn.functional.cross_entropy
     times = []
     losses = []
     for step in range(warmup + steps):
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)
-        loss = loss_fn(logits.reshape(-1, VOCAB), targets.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if step_hook is not None:
-            step_hook()
+        losses.append(train_step(torch, model, optimizer, inputs, targets))
         if step >= warmup:
             times.append(time.perf_counter() - start)
             if give_up_ms is not None and len(times) >= 3 and statistics.median(times) * 1e3 > give_up_ms:
                 break
     return statistics.median(times) * 1e3, losses
+
+
+def time_hook_overhead(torch, model, optimizer, tokens, steps, warmup):
+    """Median ms/step without and with the stat hooks, and the stat records per hooked step. Plain and hooked
+    steps alternate (hooks attached before a hooked step and removed after it, both outside the timing), so
+    both medians see the same process state and machine load; separate runs of one setup differed by up to
+    ~30% on the 2-core dev machine, more than the overhead itself."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    plain, hooked = [], []
+    records = 0
+    for step in range(2 * (warmup + steps)):
+        with_hooks = step % 2 == 1
+        sink = []
+        handles = attach_stat_hooks(torch, model, sink) if with_hooks else []
+        start = time.perf_counter()
+        train_step(torch, model, optimizer, inputs, targets)
+        elapsed = time.perf_counter() - start
+        for handle in handles:
+            handle.remove()
+        if with_hooks:
+            records = len(sink)
+        if step >= 2 * warmup:
+            (hooked if with_hooks else plain).append(elapsed)
+    return statistics.median(plain) * 1e3, statistics.median(hooked) * 1e3, records
 
 
 class OtherLoad:
@@ -273,22 +299,11 @@ def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None):
         "torch_version": torch.__version__,
     }
     if hooks:
-        sink = []
-        handles = attach_stat_hooks(torch, model, sink)
-        records = []
         with OtherLoad() as hooks_load:
-            ms_hooks, _ = time_training(torch, model, optimizer, tokens, steps, warmup,
-                                        step_hook=lambda: (records.append(len(sink)), sink.clear()))
-        for handle in handles:
-            handle.remove()
-        # The plain run is timed again after the hooked one and the two plain medians averaged, so slow drift
-        # of a shared machine weighs on both sides of the comparison.
-        with OtherLoad() as again_load:
-            ms_again, _ = time_training(torch, model, optimizer, tokens, steps, warmup)
-        result["ms_per_step_plain_pair"] = [ms, ms_again]
-        result["other_load_cores_hooks"] = [other_load.cores, hooks_load.cores, again_load.cores]
-        result["ms_per_step_hooks"] = ms_hooks
-        result["hook_records_per_step"] = records[-1]
+            ms_plain, ms_hooks, records = time_hook_overhead(torch, model, optimizer, tokens, steps, warmup)
+        result["hooks"] = {"ms_per_step_plain": ms_plain, "ms_per_step_hooks": ms_hooks,
+                           "overhead_percent": 100.0 * (ms_hooks / ms_plain - 1.0),
+                           "stat_records_per_step": records, "other_load_cores": hooks_load.cores}
     return result
 
 
@@ -386,15 +401,7 @@ def main():
     if args.hooks:
         intra, blas = (int(p) for p in best["setup"].split(","))
         hooked = spawn_setup(intra, blas, args, hooks=True)
-        report["hooks"] = {
-            "setup": best["setup"],
-            "ms_per_step_plain": statistics.mean(hooked["ms_per_step_plain_pair"]),
-            "ms_per_step_hooks": hooked["ms_per_step_hooks"],
-            "overhead_percent": 100.0 * (hooked["ms_per_step_hooks"] /
-                                         statistics.mean(hooked["ms_per_step_plain_pair"]) - 1.0),
-            "stat_records_per_step": hooked["hook_records_per_step"],
-            "other_load_cores": hooked["other_load_cores_hooks"],  # plain, hooked, plain again
-        }
+        report["hooks"] = dict(setup=best["setup"], **hooked["hooks"])
     if args.json:
         print(json.dumps(report, indent=2))
         return

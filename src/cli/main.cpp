@@ -1,7 +1,9 @@
-// proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file.
+// proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file; `proplab inspect
+// RUN.h5` summarises a run file; `proplab recover RUN.h5` repairs the run file of a killed run.
 //
-// Exit status: 0 completed; 1 internal error; 2 bad input (study, data, command line; nothing was written);
-// 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with --resume.
+// Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
+// written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
+// --resume.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +11,7 @@
 #include <csignal>
 #include <iostream>
 
+#include "cli/inspect.h"
 #include "study/run_spec.h"
 #include "study/study.h"
 #include "train/trainer.h"
@@ -60,7 +63,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", kVersion);
   app.require_subcommand(1);
   app.footer("Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
-             "[--stop-after N]\nRun `proplab <command> --help` for a command's options. Study keys: docs/studies.md.");
+             "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
+             "  proplab recover RUN.h5\nRun `proplab <command> --help` for a command's options. Study keys: "
+             "docs/studies.md; run files: docs/run-format.md.");
 
   std::string study_path, out_dir;
   std::vector<std::string> overrides;
@@ -84,6 +89,29 @@ int main(int argc, char** argv) {
           },
           "STEPS"));
 
+  proplab::InspectOptions inspect_options;
+  std::string inspect_path, inspect_step;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "Summarise a run file (finished, still going or killed) and print a depth table of a statistic.");
+  inspect->add_option("run_file", inspect_path, "The run file (DIR/<name>.h5)")->required();
+  inspect->add_option("--stat", inspect_options.stat,
+                      "Statistic for the depth table, e.g. mean, var, rms, max_abs, kurtosis (default: var)");
+  inspect->add_flag("--backward", inspect_options.backward, "Show the backward (gradient) statistic, not the forward");
+  inspect->add_option("--step", inspect_step, "Show the record of this training step (default: the last record)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            return !text.empty() && text.size() < 19 && text.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a training step (a whole number >= 0), got " + text;
+          },
+          "STEP"));
+
+  std::string recover_path;
+  CLI::App* recover = app.add_subcommand(
+      "recover", "Make the run file of a killed run readable by every HDF5 tool again (status becomes failed, "
+                 "detail killed). A finished run's file is left unchanged.");
+  recover->add_option("run_file", recover_path, "The run file (DIR/<name>.h5)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +120,19 @@ int main(int argc, char** argv) {
   }
   try {
     if (*run) return run_command(study_path, overrides, out_dir, resume, force, stop_after);
+    if (*inspect) {
+      inspect_options.run_file = inspect_path;
+      if (!inspect_step.empty()) {
+        inspect_options.has_step = true;
+        inspect_options.step = std::stoll(inspect_step);
+      }
+      proplab::inspect_run_file(inspect_options, std::cout);
+      return 0;
+    }
+    if (*recover) {
+      proplab::recover_run_file_command(recover_path, std::cout);
+      return 0;
+    }
   } catch (const proplab::UserError& e) {
     std::cerr << "proplab: error: " << e.what() << "\n";
     return 2;

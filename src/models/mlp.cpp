@@ -15,6 +15,17 @@ Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t se
       residuals_.push_back(ResidualSite::create(params_, "layers." + std::to_string(l), rule->residual(l, Branch::mlp), l));
   }
   readout_ = nn::Linear::create(params_, "readout", config.width, config.outputs, ParamRole::readout, true, -1);
+  auto add_probe = [&](const std::string& name, int block, ProbeKind kind) {
+    probes_.push_back(ProbeInfo{name, static_cast<int>(probes_.size()), block, kind, true});
+    return static_cast<int>(probes_.size()) - 1;
+  };
+  for (int l = 0; l < config.layers; ++l) {
+    const std::string prefix = "layers." + std::to_string(l);
+    probe_pre_.push_back(add_probe(prefix + ".preact", l, ProbeKind::preact));
+    probe_post_.push_back(add_probe(prefix + ".postact", l, ProbeKind::postact));
+    probe_out_.push_back(config.residual && l > 0 ? add_probe(prefix + ".out", l, ProbeKind::residual) : -1);
+  }
+  probe_readout_ = add_probe("readout.out", -1, ProbeKind::logits);
   params_.init(*rule, seed);
   for (const ResidualSite& site : residuals_) site.init_values();
   output_multiplier_ = static_cast<float>(rule->output_multiplier());
@@ -39,18 +50,27 @@ void Mlp::ensure_buffers(std::int64_t rows) {
   d_pre_ = Tensor::empty({rows, w});
 }
 
-double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepContext&) {
+double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
   const Tensor& x = batch.inputs;
   PROPLAB_CHECK(x.ndim() == 2 && x.dim(1) == config_.input_dim, "mlp input shape ", shape_string(x.shape()));
   ensure_buffers(x.dim(0));
   const int layers = config_.layers;
+  // Samples are independent sequences of one token each.
+  const std::int64_t rows = x.dim(0);
+  ProbeSink* sink = context.sink;
   for (int l = 0; l < layers; ++l) {
     layers_[l].forward(l == 0 ? x : hidden_[l - 1], pre_[l]);
+    if (sink) sink->forward(probe_pre_[l], pre_[l], rows);
     ops::activation_forward(config_.activation, pre_[l], post_[l]);
-    if (config_.residual && l > 0) residuals_[l - 1].forward(hidden_[l - 1], post_[l], hidden_[l]);
+    if (sink) sink->forward(probe_post_[l], post_[l], rows);
+    if (config_.residual && l > 0) {
+      residuals_[l - 1].forward(hidden_[l - 1], post_[l], hidden_[l]);
+      if (sink) sink->forward(probe_out_[l], hidden_[l], rows);
+    }
   }
   readout_.forward(hidden_[layers - 1], output_);
   if (output_multiplier_ != 1.0f) ops::scale(output_, output_multiplier_);
+  if (sink) sink->forward(probe_readout_, output_, rows);
   const bool backward = grad_scale != 0.0f;
   Tensor* d_output = backward ? &d_output_ : nullptr;
   const double loss = config_.head == MlpHead::regression
@@ -58,16 +78,20 @@ double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepCon
                           : ops::softmax_cross_entropy(output_, batch.targets.reshape({x.dim(0)}), d_output, grad_scale);
   if (!backward) return loss;
 
+  if (sink) sink->backward(probe_readout_, d_output_, rows);
   if (output_multiplier_ != 1.0f) ops::scale(d_output_, output_multiplier_);
   readout_.backward(hidden_[layers - 1], d_output_, &d_hidden_);
   for (int l = layers - 1; l >= 0; --l) {
     // d_hidden_ holds dL/dh_l.
     const Tensor* d_post = &d_hidden_;
     if (config_.residual && l > 0) {
+      if (sink) sink->backward(probe_out_[l], d_hidden_, rows);
       residuals_[l - 1].backward(hidden_[l - 1], post_[l], d_hidden_, d_hidden_, d_post_);
       d_post = &d_post_;
     }
+    if (sink) sink->backward(probe_post_[l], *d_post, rows);
     ops::activation_backward(config_.activation, pre_[l], *d_post, d_pre_);
+    if (sink) sink->backward(probe_pre_[l], d_pre_, rows);
     if (l == 0) {
       layers_[0].backward(x, d_pre_, nullptr);
     } else if (config_.residual) {

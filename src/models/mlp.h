@@ -18,6 +18,7 @@ class Mlp final : public Model {
   Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
 
   ParameterStore& params() override { return params_; }
+  const std::vector<ProbeInfo>& probes() const override { return probes_; }
   double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) override;
   double evaluate(const Batch& batch) override;
   double train_flops(std::int64_t samples) const override;
@@ -28,6 +29,11 @@ class Mlp final : public Model {
 
   MlpConfig config_;
   ParameterStore params_;
+  // Probes: per layer l, layers.l.preact and layers.l.postact (and layers.l.out in the residual form, l ≥ 1),
+  // then readout.out.
+  std::vector<ProbeInfo> probes_;
+  std::vector<int> probe_pre_, probe_post_, probe_out_;
+  int probe_readout_ = -1;
   std::vector<nn::Linear> layers_;
   std::vector<ResidualSite> residuals_;  // one per layer l ≥ 2 in the residual form (index l-1)
   nn::Linear readout_;

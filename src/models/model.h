@@ -11,6 +11,7 @@
 
 #include "models/config.h"
 #include "nn/parameter.h"
+#include "probe/probe.h"
 #include "scaling/config.h"
 #include "scaling/rule.h"
 
@@ -27,15 +28,18 @@ struct StepContext {
   std::uint64_t seed = 0;
   std::uint64_t micro_step = 0;  // global micro-batch counter: keys the dropout masks
   bool training = true;          // dropout on
+  ProbeSink* sink = nullptr;     // recorded steps: every probed tensor (forward) and its gradient (backward)
 };
 
 class Model {
  public:
   virtual ~Model() = default;
   virtual ParameterStore& params() = 0;
+  // The model's probes in forward order (ProbeInfo::depth = index).
+  virtual const std::vector<ProbeInfo>& probes() const = 0;
   // Forward + mean loss + backward; parameter gradients += grad_scale * d(mean loss)/d(param).
   virtual double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) = 0;
-  // Forward + mean loss, no dropout, no gradients.
+  // Forward + mean loss, no dropout, no gradients, no probes.
   virtual double evaluate(const Batch& batch) = 0;
   // Multiply-add FLOPs of one training step (forward + backward) on `samples` samples, counting every matrix
   // product (2 FLOPs per multiply-add); used for achieved GFLOP/s.

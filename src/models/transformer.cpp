@@ -54,10 +54,39 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
     final_norm_ = nn::Norm::create(params_, "final_norm", d, config.norm_kind, config.norm_affine, config.norm_eps, -1);
   if (!config.tie_embeddings) readout_ = nn::Linear::create(params_, "head", d, v, ParamRole::readout, false, -1);
 
+  // Probes, in forward order.
+  const bool pre = config.norm == NormPlacement::pre, post = config.norm == NormPlacement::post;
+  probe_embed_ = add_probe("embed.out", -1, ProbeKind::embed);
+  for (std::size_t i = 0; i < sublayers_.size(); ++i) {
+    Sublayer& s = sublayers_[i];
+    const int l = static_cast<int>(i / 2);
+    const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
+    if (s.is_attention) s.probe_input = add_probe("blocks." + std::to_string(l) + ".in", l, ProbeKind::residual);
+    if (pre) s.probe_norm = add_probe(prefix + ".norm", l, ProbeKind::norm);
+    if (s.is_attention) {
+      s.probe_hidden = add_probe(prefix + ".logits", l, ProbeKind::logits, false);
+    } else {
+      s.probe_hidden = add_probe(prefix + ".preact", l, ProbeKind::preact);
+      s.probe_mixed = add_probe(prefix + ".postact", l, ProbeKind::postact);
+    }
+    s.probe_branch = add_probe(prefix + ".out", l, ProbeKind::branch);
+    if (post) s.probe_sum = add_probe(prefix + ".sum", l, ProbeKind::residual);
+    s.probe_result = add_probe("blocks." + std::to_string(l) + (s.is_attention ? ".mid" : ".out"), l,
+                               ProbeKind::residual);
+  }
+  if (has_final_norm_) probe_final_ = add_probe("final_norm.out", -1, ProbeKind::norm);
+  probe_logits_ = add_probe("head.logits", -1, ProbeKind::logits);
+
   params_.init(*rule, seed);
   for (const Sublayer& s : sublayers_) s.residual.init_values();
   logit_scale_ = static_cast<float>(rule->logit_scale(static_cast<int>(d / config.heads)));
   output_multiplier_ = static_cast<float>(rule->output_multiplier());
+}
+
+int Transformer::add_probe(const std::string& name, int block, ProbeKind kind, bool has_backward) {
+  const int depth = static_cast<int>(probes_.size());
+  probes_.push_back(ProbeInfo{name, depth, block, kind, has_backward});
+  return depth;
 }
 
 std::uint64_t Transformer::dropout_stream(const StepContext& context, int site) const {
@@ -100,17 +129,24 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
 void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context,
                                    int site) {
   const std::int64_t d = config_.width;
+  ProbeSink* sink = context.sink;
+  if (sink && s.probe_input >= 0) sink->forward(s.probe_input, x_in, batch_);
   const Tensor* branch_in = &x_in;
   if (config_.norm == NormPlacement::pre) {
     s.norm.forward(x_in, s.normed, s.norm_saved);
     branch_in = &s.normed;
+    if (sink) sink->forward(s.probe_norm, s.normed, batch_);
   }
   s.in_proj.forward(*branch_in, s.hidden);
   if (s.is_attention) {
+    const Tensor qkv = s.hidden.reshape({batch_, tokens_, 3 * d});
+    if (sink) sink->attention_logits(s.probe_hidden, qkv, config_.heads, logit_scale_);
     Tensor mixed = s.mixed.reshape({batch_, tokens_, d});
-    ops::attention_forward(s.hidden.reshape({batch_, tokens_, 3 * d}), config_.heads, logit_scale_, s.probs, mixed);
+    ops::attention_forward(qkv, config_.heads, logit_scale_, s.probs, mixed);
   } else {
+    if (sink) sink->forward(s.probe_hidden, s.hidden, batch_);
     ops::activation_forward(config_.activation, s.hidden, s.mixed);
+    if (sink) sink->forward(s.probe_mixed, s.mixed, batch_);
   }
   if (dropout_active(context)) {
     Tensor projected = d_tmp_;  // free during forward
@@ -119,24 +155,31 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   } else {
     s.out_proj.forward(s.mixed, s.branch);
   }
+  if (sink) sink->forward(s.probe_branch, s.branch, batch_);
   if (config_.norm == NormPlacement::post) {
     s.residual.forward(x_in, s.branch, s.combined);
+    if (sink) sink->forward(s.probe_sum, s.combined, batch_);
     s.norm.forward(s.combined, x_out, s.norm_saved);
   } else {
     s.residual.forward(x_in, s.branch, x_out);
   }
+  if (sink) sink->forward(s.probe_result, x_out, batch_);
 }
 
 void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
                                     const StepContext& context, int site) {
   const std::int64_t r = x_in.dim(0), d = config_.width;
   const std::int64_t f = static_cast<std::int64_t>(config_.ffn_mult) * d;
+  ProbeSink* sink = context.sink;
+  if (sink) sink->backward(s.probe_result, d_out, batch_);
   const Tensor* d_combined = &d_out;
   if (config_.norm == NormPlacement::post) {
     s.norm.backward(s.combined, s.norm_saved, d_out, d_tmp_);
     d_combined = &d_tmp_;
+    if (sink) sink->backward(s.probe_sum, d_tmp_, batch_);
   }
   s.residual.backward(x_in, s.branch, *d_combined, d_in, d_branch_);
+  if (sink) sink->backward(s.probe_branch, d_branch_, batch_);
   const Tensor* d_projected = &d_branch_;
   if (dropout_active(context)) {
     ops::dropout_backward(d_branch_, config_.dropout, context.seed, dropout_stream(context, site), d_dropped_);
@@ -150,16 +193,20 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
     ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
                             config_.heads, logit_scale_, d_qkv);
   } else {
+    if (sink) sink->backward(s.probe_mixed, d_mixed, batch_);
     ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden);
+    if (sink) sink->backward(s.probe_hidden, d_hidden, batch_);
   }
   if (config_.norm == NormPlacement::pre) {
     s.in_proj.backward(s.normed, d_hidden, &d_normed_);
+    if (sink) sink->backward(s.probe_norm, d_normed_, batch_);
     s.norm.backward(x_in, s.norm_saved, d_normed_, d_tmp_);
     ops::axpy(1.0f, d_tmp_, d_in);
   } else {
     s.in_proj.backward(x_in, d_hidden, &d_normed_);
     ops::axpy(1.0f, d_normed_, d_in);
   }
+  if (sink && s.probe_input >= 0) sink->backward(s.probe_input, d_in, batch_);
 }
 
 double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
@@ -177,32 +224,39 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
     ops::embedding_forward(tokens, token_embedding_->value, &position_embedding_->value, target);
     if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
   }
+  ProbeSink* sink = context.sink;
+  if (sink) sink->forward(probe_embed_, x0, batch_);
   for (std::size_t i = 0; i < sublayers_.size(); ++i)
     sublayer_forward(sublayers_[i], stream_[i], stream_[i + 1], context, static_cast<int>(i));
   const Tensor* head_in = &stream_.back();
   if (has_final_norm_) {
     final_norm_.forward(stream_.back(), final_, final_saved_);
     head_in = &final_;
+    if (sink) sink->forward(probe_final_, final_, batch_);
   }
   const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
   ops::linear_forward(*head_in, head_weight, nullptr, logits_);
   if (output_multiplier_ != 1.0f) ops::scale(logits_, output_multiplier_);
+  if (sink) sink->forward(probe_logits_, logits_, batch_);
   const Tensor targets = batch.targets.reshape({r});
   const bool backward = grad_scale != 0.0f;
   const double loss = ops::softmax_cross_entropy(logits_, targets, backward ? &d_logits_ : nullptr, grad_scale);
   if (!backward) return loss;
 
   // Backward.
+  if (sink) sink->backward(probe_logits_, d_logits_, batch_);
   if (output_multiplier_ != 1.0f) ops::scale(d_logits_, output_multiplier_);
   Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
   if (has_final_norm_) {
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
+    if (sink) sink->backward(probe_final_, d_tmp_, batch_);
     final_norm_.backward(stream_.back(), final_saved_, d_tmp_, d_stream_);
   } else {
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
   }
   for (std::size_t i = sublayers_.size(); i-- > 0;)
     sublayer_backward(sublayers_[i], stream_[i], d_stream_, d_stream_, context, static_cast<int>(i));
+  if (sink) sink->backward(probe_embed_, d_stream_, batch_);
   const Tensor* d_embedded = &d_stream_;
   if (drop) {
     ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
@@ -216,6 +270,7 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
 double Transformer::evaluate(const Batch& batch) {
   StepContext context;
   context.training = false;
+  context.sink = nullptr;
   return forward_backward(batch, 0.0f, context);
 }
 

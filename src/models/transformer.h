@@ -23,6 +23,7 @@ class Transformer final : public Model {
   Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
 
   ParameterStore& params() override { return params_; }
+  const std::vector<ProbeInfo>& probes() const override { return probes_; }
   double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) override;
   double evaluate(const Batch& batch) override;
   double train_flops(std::int64_t samples) const override;
@@ -38,6 +39,14 @@ class Transformer final : public Model {
     nn::Linear in_proj;   // qkv (D→3D) or fc (D→F)
     nn::Linear out_proj;  // attention output (D→D) or FFN projection (F→D)
     ResidualSite residual;
+    // Probe indices (-1: not probed here).
+    int probe_input = -1;   // blocks.l.in (attention sublayer only)
+    int probe_norm = -1;    // pre: the normalised branch input
+    int probe_sum = -1;     // post: λ·x + β·f before the norm
+    int probe_hidden = -1;  // attention logits or FFN pre-activation
+    int probe_mixed = -1;   // FFN post-activation
+    int probe_branch = -1;  // branch output (after dropout)
+    int probe_result = -1;  // the sublayer's output: blocks.l.mid or blocks.l.out
     // Saved activations.
     Tensor normed;    // pre: Norm(x_in) [R, D]
     nn::Norm::Saved norm_saved;
@@ -55,8 +64,12 @@ class Transformer final : public Model {
   bool dropout_active(const StepContext& context) const { return context.training && config_.dropout > 0; }
   std::uint64_t dropout_stream(const StepContext& context, int site) const;
 
+  int add_probe(const std::string& name, int block, ProbeKind kind, bool has_backward = true);
+
   TransformerConfig config_;
   ParameterStore params_;
+  std::vector<ProbeInfo> probes_;
+  int probe_embed_ = -1, probe_final_ = -1, probe_logits_ = -1;
   Parameter* token_embedding_ = nullptr;
   Parameter* position_embedding_ = nullptr;
   std::vector<Sublayer> sublayers_;  // 2 per block: attention, FFN

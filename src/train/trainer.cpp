@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
+#include "train/recorder.h"
 
 namespace proplab {
 
@@ -93,6 +94,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   RunData data(spec, micro);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
   Optimizer optimizer(tc, model->params());
+  Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
 
   RunSummary summary;
   summary.run_file = run_file_path(options.out_dir, spec.name);
@@ -102,6 +104,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   std::int64_t start_step = 0;
   TrainCurves history;
   EvalCurves eval_history;
+  std::optional<RunReader> previous;
   if (options.resume) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
@@ -112,11 +115,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     start_step = loaded.int_value("step");
     optimizer.set_steps_taken(loaded.int_value("optimizer_steps"));
     model->after_parameter_load();
-    if (std::filesystem::exists(summary.run_file)) {
-      RunReader previous = RunReader::open(summary.run_file);
-      history = previous.read_train();
-      eval_history = previous.read_eval();
-    }
+
   }
 
   RunHeader header;
@@ -125,8 +124,35 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   header.device = "cpu";
   header.threads = threads();
   header.layout = layout_text(spec.parallel);
-  RunWriter writer = RunWriter::create(summary.run_file, header, options.force || options.resume);
-  writer.start();
+  // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
+  // and read while the new one is written.
+  std::filesystem::path previous_copy = summary.run_file;
+  previous_copy += ".resume";
+  if (options.resume && std::filesystem::exists(summary.run_file)) {
+    std::filesystem::rename(summary.run_file, previous_copy);
+    previous.emplace(RunReader::open(previous_copy));
+    history = previous->read_train();
+    eval_history = previous->read_eval();
+  }
+  std::optional<RunWriter> created;
+  try {
+    created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
+    recorder.create_datasets(*created);
+    created->start();
+  } catch (...) {
+    if (previous) {  // put the previous file back: nothing is lost when the new one cannot be written
+      previous.reset();
+      created.reset();
+      std::filesystem::rename(previous_copy, summary.run_file);
+    }
+    throw;
+  }
+  RunWriter& writer = *created;
+  if (previous) {
+    recorder.copy_history(*previous, writer, start_step);
+    previous.reset();
+    std::filesystem::remove(previous_copy);
+  }
   // A resumed run's file holds the whole history: rows before the checkpoint come from the previous file.
   double wall_offset = 0.0;
   for (std::size_t i = 0; i < history.size() && history.step[i] < start_step; ++i) {
@@ -179,27 +205,50 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     }
     const auto step_start = clock::now();
     const double lr = scheduled_lr(tc, step);
-    model->params().zero_grads();
-    double loss = 0.0;
-    for (int m = 0; m < tc.grad_accum; ++m) {
-      const std::int64_t index = step * tc.grad_accum + m;
-      StepContext context;
-      context.seed = spec.seed;
-      context.micro_step = static_cast<std::uint64_t>(index);
-      context.training = true;
-      loss += model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum), context);
-    }
-    loss /= tc.grad_accum;
-    const double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+    // Forward and backward over the step's micro-batches; the recorder sees every probe when `record`.
+    auto forward_backward = [&](bool record) {
+      if (record) recorder.begin_step();
+      model->params().zero_grads();
+      double total = 0.0;
+      for (int m = 0; m < tc.grad_accum; ++m) {
+        const std::int64_t index = step * tc.grad_accum + m;
+        StepContext context;
+        context.seed = spec.seed;
+        context.micro_step = static_cast<std::uint64_t>(index);
+        context.training = true;
+        context.sink = record ? &recorder : nullptr;
+        total += model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum),
+                                         context);
+      }
+      return total / tc.grad_accum;
+    };
+    const bool record = recorder.records(step);
+    double loss = forward_backward(record);
+    double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
+      // is a pure function of the parameters, which have not been updated).
+      if (!record) {
+        loss = forward_backward(true);
+        grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+      }
+      recorder.before_update();
+      recorder.after_update();
+      const std::string first = recorder.write_record(writer, step);
       status = RunStatus::diverged;
       detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
-               std::to_string(step);
+               std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
       writer.append_train({step, loss, lr, grad_norm, 0.0, wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
       ++step;
       break;
     }
+    if (record) recorder.before_update();
     optimizer.step(lr);
+    std::string first_nonfinite;
+    if (record) {
+      recorder.after_update();
+      first_nonfinite = recorder.write_record(writer, step);
+    }
     const auto now = clock::now();
     const double step_seconds = std::chrono::duration<double>(now - step_start).count();
     summary.tokens_per_s = tokens_per_step / step_seconds;
@@ -207,6 +256,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
                          wall_offset + std::chrono::duration<double>(now - run_start).count()});
     summary.last_loss = loss;
     ++step;
+    if (!first_nonfinite.empty() && spec.record.on_nonfinite == "stop") {
+      status = RunStatus::diverged;
+      detail = "a statistic became non-finite at step " + std::to_string(step - 1) + ": first " + first_nonfinite;
+      break;
+    }
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
       const double eval_loss = evaluate();
       writer.append_eval({step, eval_loss});

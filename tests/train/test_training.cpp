@@ -150,6 +150,7 @@ TEST(Training, ResumeContinuesBitForBit) {
     spec.train.warmup = 3;
     spec.train.grad_accum = 2;
     spec.model.transformer.dropout = 0.1f;
+    spec.record.every = 4;
     RunOptions options;
     options.out_dir = straight.path();
     run_training(spec, options);
@@ -173,6 +174,13 @@ TEST(Training, ResumeContinuesBitForBit) {
     expect_same_bits(a.grad_norm, b.grad_norm);
     EXPECT_EQ(RunReader::open(run_file_path(halves.path(), "resume")).read_eval().step,
               RunReader::open(run_file_path(straight.path(), "resume")).read_eval().step);
+    // The recorded statistics continue too: same records, same values.
+    RunReader ra = RunReader::open(run_file_path(straight.path(), "resume"));
+    RunReader rb = RunReader::open(run_file_path(halves.path(), "resume"));
+    EXPECT_EQ(ra.read_ints("/steps"), rb.read_ints("/steps"));
+    expect_same_bits(ra.read_2d("/forward/var").values, rb.read_2d("/forward/var").values);
+    expect_same_bits(ra.read_2d("/backward/kurtosis").values, rb.read_2d("/backward/kurtosis").values);
+    expect_same_bits(ra.read_2d("/params/update_ratio").values, rb.read_2d("/params/update_ratio").values);
     Checkpoint ca = read_checkpoint(checkpoint_path(straight.path(), "resume"));
     Checkpoint cb = read_checkpoint(checkpoint_path(halves.path(), "resume"));
     ASSERT_EQ(ca.tensors.size(), cb.tensors.size());

@@ -1,0 +1,677 @@
+#include "probe/moments.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace proplab::probe {
+
+namespace {
+
+constexpr std::array<std::string_view, kStatCount> kStatNames = {
+    "mean", "var", "rms", "max_abs", "kurtosis", "nonfinite", "corr", "chan_mean_sq", "chan_var"};
+
+// Elements per chunk (rows of a chunk = this / F, at least one): large enough that the per-chunk merge is a
+// small fraction of the work, small enough that a [8,128,256] tensor still splits over two threads.
+constexpr std::int64_t kChunkElements = std::int64_t{1} << 16;
+// Rows handled together by the kernel, so each per-feature array is loaded and stored once per block of rows.
+constexpr std::int64_t kRowBlock = 4;
+// Features per block when the chunks' per-feature sums are merged (in parallel over blocks).
+constexpr std::int64_t kMergeFeatures = 128;
+// Interleaved partial sums of ordered_sum(): a fixed order that still vectorises.
+constexpr int kLanes = 16;
+constexpr std::uint32_t kAbsMask = 0x7fffffffu;
+constexpr std::uint32_t kExponentMask = 0x7f800000u;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+using Index = std::int64_t;
+
+// What the sums must hold for a selection.
+struct Needs {
+  bool sums = false;      // Σd, Σd² (every moment statistic)
+  bool higher = false;    // Σd³, Σd⁴ (kurtosis)
+  bool max = false;       // max |x|
+  bool seq = false;       // Σ_b ‖S_b‖² (corr)
+  bool features = false;  // per-feature Σd, Σd² (chan statistics)
+  bool nonfinite = false;
+};
+
+Needs needs_for(const StatSelection& which) {
+  Needs needs;
+  needs.higher = which.has(Stat::kurtosis);
+  needs.max = which.has(Stat::max_abs);
+  needs.seq = which.has(Stat::corr);
+  needs.features = which.has(Stat::chan_mean_sq) || which.has(Stat::chan_var);
+  needs.nonfinite = which.has(Stat::nonfinite);
+  needs.sums = needs.higher || needs.seq || needs.features || which.has(Stat::mean) || which.has(Stat::var) ||
+               which.has(Stat::rms);
+  return needs;
+}
+
+// a·b + c, fused where the target has FMA (the kernels' throughput depends on it).
+inline double mul_add(double a, double b, double c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// |x| as bits: for non-negative floats the integer order is the float order, and NaN sorts above +Inf, so an
+// integer max gives max |x|, or +Inf when an Inf is present, or a NaN when a NaN is present.
+inline std::uint32_t abs_bits(float x) { return std::bit_cast<std::uint32_t>(x) & kAbsMask; }
+
+inline bool is_nonfinite_bits(std::uint32_t bits) { return (bits & kExponentMask) == kExponentMask; }
+
+// Σ v[0, n) in a fixed order that vectorises: kLanes interleaved partial sums, then the lanes in order.
+double ordered_sum(const double* __restrict v, Index n) {
+  double lanes[kLanes] = {};
+  Index i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += v[i + j];
+  for (int j = 0; i < n; ++i, ++j) lanes[j] += v[i];
+  double total = 0.0;
+  for (double lane : lanes) total += lane;
+  return total;
+}
+
+// Σ v[i]² over [0, n), in the same fixed order.
+double ordered_sum_sq(const double* __restrict v, Index n) {
+  double lanes[kLanes] = {};
+  Index i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] = mul_add(v[i + j], v[i + j], lanes[j]);
+  for (int j = 0; i < n; ++i, ++j) lanes[j] = mul_add(v[i], v[i], lanes[j]);
+  double total = 0.0;
+  for (double lane : lanes) total += lane;
+  return total;
+}
+
+// The hot loop: adds `rows` rows of x (row stride F) into per-feature arrays, kRowBlock rows at a time. Every
+// array is indexed by feature, so the loop over features carries no dependency and vectorises without
+// reassociation; the arithmetic order is fixed by this source, hence by the chunk plan alone.
+template <bool kSums, bool kHigher, bool kMax>
+void accumulate_rows(const float* __restrict x, Index rows, Index features, double shift, double* __restrict sum,
+                     double* __restrict sum_sq, double* __restrict cube, double* __restrict quad,
+                     std::uint32_t* __restrict max_bits) {
+  Index r = 0;
+  for (; r + kRowBlock <= rows; r += kRowBlock) {
+    const float* __restrict x0 = x + r * features;
+    const float* __restrict x1 = x0 + features;
+    const float* __restrict x2 = x1 + features;
+    const float* __restrict x3 = x2 + features;
+    for (Index f = 0; f < features; ++f) {
+      if constexpr (kSums) {
+        const double d0 = static_cast<double>(x0[f]) - shift;
+        const double d1 = static_cast<double>(x1[f]) - shift;
+        const double d2 = static_cast<double>(x2[f]) - shift;
+        const double d3 = static_cast<double>(x3[f]) - shift;
+        sum[f] += (d0 + d1) + (d2 + d3);
+        const double q0 = d0 * d0, q1 = d1 * d1, q2 = d2 * d2, q3 = d3 * d3;
+        sum_sq[f] += (q0 + q1) + (q2 + q3);
+        if constexpr (kHigher) {
+          cube[f] = mul_add(q3, d3, mul_add(q2, d2, mul_add(q1, d1, mul_add(q0, d0, cube[f]))));
+          quad[f] = mul_add(q3, q3, mul_add(q2, q2, mul_add(q1, q1, mul_add(q0, q0, quad[f]))));
+        }
+      }
+      if constexpr (kMax) {
+        const std::uint32_t a = std::max(std::max(abs_bits(x0[f]), abs_bits(x1[f])),
+                                         std::max(abs_bits(x2[f]), abs_bits(x3[f])));
+        max_bits[f] = std::max(max_bits[f], a);
+      }
+    }
+  }
+  for (; r < rows; ++r) {
+    const float* __restrict x0 = x + r * features;
+    for (Index f = 0; f < features; ++f) {
+      if constexpr (kSums) {
+        const double d0 = static_cast<double>(x0[f]) - shift;
+        sum[f] += d0;
+        const double q0 = d0 * d0;
+        sum_sq[f] += q0;
+        if constexpr (kHigher) {
+          cube[f] = mul_add(q0, d0, cube[f]);
+          quad[f] = mul_add(q0, q0, quad[f]);
+        }
+      }
+      if constexpr (kMax) max_bits[f] = std::max(max_bits[f], abs_bits(x0[f]));
+    }
+  }
+}
+
+// Per-feature working arrays of one thread, kept between calls (OpenMP threads persist) so the hot path does
+// not allocate once warm. Each array starts on a 64-byte boundary.
+struct Scratch {
+  std::vector<double> storage;
+  Index capacity = 0;  // features the arrays hold
+  double* seq_sum = nullptr;
+  double* cube = nullptr;
+  double* quad = nullptr;
+  double* sum = nullptr;
+  double* sum_sq = nullptr;
+  std::uint32_t* max_bits = nullptr;
+
+  void reserve(Index features) {
+    if (features <= capacity) return;
+    const Index padded = (features + 7) / 8 * 8;
+    storage.assign(static_cast<std::size_t>(5 * padded + padded / 2 + 8), 0.0);
+    auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    double* base = reinterpret_cast<double*>((address + 63) / 64 * 64);
+    seq_sum = base;
+    cube = base + padded;
+    quad = base + 2 * padded;
+    sum = base + 3 * padded;
+    sum_sq = base + 4 * padded;
+    max_bits = reinterpret_cast<std::uint32_t*>(base + 5 * padded);
+    capacity = features;
+  }
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// How accumulate() splits a [B, T, F] tensor: a function of the shape only, never of the thread count.
+// Whole mode (T rows fit a chunk): each chunk holds `sequences_per_chunk` whole sequences. Split mode: each
+// sequence is cut into `pieces_per_sequence` pieces of `rows_per_piece` rows (the last may be shorter).
+struct ChunkPlan {
+  bool split = false;
+  Index sequences_per_chunk = 1;
+  Index rows_per_piece = 0;
+  Index pieces_per_sequence = 1;
+  Index chunks = 0;
+};
+
+ChunkPlan plan_chunks(Index sequences, Index tokens, Index features) {
+  Index rows = std::max<Index>(1, kChunkElements / features);
+  if (rows >= kRowBlock) rows = rows / kRowBlock * kRowBlock;
+  ChunkPlan plan;
+  if (tokens <= rows) {
+    plan.sequences_per_chunk = std::max<Index>(1, rows / tokens);
+    plan.chunks = (sequences + plan.sequences_per_chunk - 1) / plan.sequences_per_chunk;
+  } else {
+    plan.split = true;
+    plan.rows_per_piece = rows;
+    plan.pieces_per_sequence = (tokens + rows - 1) / rows;
+    plan.chunks = sequences * plan.pieces_per_sequence;
+  }
+  return plan;
+}
+
+// One chunk's scalar sums (its per-feature sums, when kept, live in the call's partial buffer).
+struct ChunkSums {
+  double sum = 0.0, sum_sq = 0.0, sum_cube = 0.0, sum_quad = 0.0, seq_sum_norm_sq = 0.0;
+  std::uint32_t max_bits = 0;
+};
+
+// Buffers of one accumulate() call, owned by the calling thread and reused by its later calls.
+struct CallBuffers {
+  std::vector<ChunkSums> chunk_sums;
+  std::vector<double> partials;  // [chunks][2][padded F]: per-feature Σd, Σd² of each chunk (when kept)
+  std::vector<double> block_norms;  // [sequences][merge blocks]: split mode's ‖S_b‖² per feature block
+};
+
+CallBuffers& call_buffers() {
+  thread_local CallBuffers buffers;
+  return buffers;
+}
+
+struct Problem {
+  const float* x;
+  Index sequences, tokens, features, padded;
+  double shift;
+  Needs needs;
+  ChunkPlan plan;
+  bool keep_partials;  // per-feature sums of each chunk are needed after the chunk pass
+  double* partials;
+  ChunkSums* chunk_sums;
+  // Merge of the partials, per block of kMergeFeatures features: into these per-feature totals (when
+  // needs.features) and, in split mode with needs.seq, into ‖S_b‖² restricted to each block
+  // ([sequences][merge_blocks]).
+  Index merge_blocks;
+  double* feature_sum;
+  double* feature_sum_sq;
+  double* block_norms;
+};
+
+template <bool kSums, bool kHigher, bool kMax>
+void run_chunk(const Problem& p, Index chunk) {
+  const Index F = p.features;
+  Scratch& scratch = thread_scratch();
+  scratch.reserve(F);
+  double* sum = p.keep_partials ? p.partials + chunk * 2 * p.padded : scratch.sum;
+  double* sum_sq = p.keep_partials ? sum + p.padded : scratch.sum_sq;
+  if constexpr (kSums) {
+    std::fill(sum, sum + F, 0.0);
+    std::fill(sum_sq, sum_sq + F, 0.0);
+  }
+  if constexpr (kHigher) {
+    std::fill(scratch.cube, scratch.cube + F, 0.0);
+    std::fill(scratch.quad, scratch.quad + F, 0.0);
+  }
+  if constexpr (kMax) std::fill(scratch.max_bits, scratch.max_bits + F, 0u);
+
+  ChunkSums out;
+  const Index sequence_elements = p.tokens * F;
+  if (!p.plan.split) {
+    const Index first = chunk * p.plan.sequences_per_chunk;
+    const Index last = std::min(p.sequences, first + p.plan.sequences_per_chunk);
+    for (Index b = first; b < last; ++b) {
+      const float* xb = p.x + b * sequence_elements;
+      if (kSums && p.needs.seq) {
+        // Sum this sequence on its own to form ‖S_b‖², then add it into the chunk's feature sums.
+        double* seq_sum = scratch.seq_sum;
+        std::fill(seq_sum, seq_sum + F, 0.0);
+        accumulate_rows<kSums, kHigher, kMax>(xb, p.tokens, F, p.shift, seq_sum, sum_sq, scratch.cube,
+                                              scratch.quad, scratch.max_bits);
+        out.seq_sum_norm_sq += ordered_sum_sq(seq_sum, F);
+        for (Index f = 0; f < F; ++f) sum[f] += seq_sum[f];
+      } else {
+        accumulate_rows<kSums, kHigher, kMax>(xb, p.tokens, F, p.shift, sum, sum_sq, scratch.cube, scratch.quad,
+                                              scratch.max_bits);
+      }
+    }
+  } else {
+    // A piece of one sequence; ‖S_b‖² is formed from the pieces' feature sums after the parallel pass.
+    const Index b = chunk / p.plan.pieces_per_sequence;
+    const Index first_row = (chunk % p.plan.pieces_per_sequence) * p.plan.rows_per_piece;
+    const Index rows = std::min(p.tokens, first_row + p.plan.rows_per_piece) - first_row;
+    accumulate_rows<kSums, kHigher, kMax>(p.x + b * sequence_elements + first_row * F, rows, F, p.shift, sum,
+                                          sum_sq, scratch.cube, scratch.quad, scratch.max_bits);
+  }
+  if constexpr (kSums) {
+    out.sum = ordered_sum(sum, F);
+    out.sum_sq = ordered_sum(sum_sq, F);
+  }
+  if constexpr (kHigher) {
+    out.sum_cube = ordered_sum(scratch.cube, F);
+    out.sum_quad = ordered_sum(scratch.quad, F);
+  }
+  if constexpr (kMax) {
+    std::uint32_t m = 0;
+    for (Index f = 0; f < F; ++f) m = std::max(m, scratch.max_bits[f]);
+    out.max_bits = m;
+  }
+  p.chunk_sums[chunk] = out;
+}
+
+// Merges the chunks' per-feature sums for features [block·kMergeFeatures, ...): each feature's total is
+// added up in chunk order, whichever thread does it.
+void merge_block(const Problem& p, Index block) {
+  const Index first = block * kMergeFeatures;
+  const Index width = std::min(p.features, first + kMergeFeatures) - first;
+  const Index stride = 2 * p.padded;
+  double* __restrict feature_sum = p.feature_sum + first;
+  double* __restrict feature_sum_sq = p.feature_sum_sq + first;
+  if (p.plan.split && p.needs.seq) {
+    // S_b restricted to the block = Σ of its pieces' sums, in piece order.
+    Scratch& scratch = thread_scratch();
+    scratch.reserve(p.features);
+    double* __restrict sequence_sum = scratch.seq_sum;
+    for (Index b = 0; b < p.sequences; ++b) {
+      const double* pieces = p.partials + b * p.plan.pieces_per_sequence * stride + first;
+      std::copy(pieces, pieces + width, sequence_sum);
+      for (Index piece = 1; piece < p.plan.pieces_per_sequence; ++piece) {
+        const double* __restrict s = pieces + piece * stride;
+        for (Index f = 0; f < width; ++f) sequence_sum[f] += s[f];
+      }
+      p.block_norms[b * p.merge_blocks + block] = ordered_sum_sq(sequence_sum, width);
+      if (p.needs.features)
+        for (Index f = 0; f < width; ++f) feature_sum[f] += sequence_sum[f];
+    }
+  } else if (p.needs.features) {
+    for (Index c = 0; c < p.plan.chunks; ++c) {
+      const double* __restrict s = p.partials + c * stride + first;
+      for (Index f = 0; f < width; ++f) feature_sum[f] += s[f];
+    }
+  }
+  if (p.needs.features) {
+    for (Index c = 0; c < p.plan.chunks; ++c) {
+      const double* __restrict q = p.partials + c * stride + p.padded + first;
+      for (Index f = 0; f < width; ++f) feature_sum_sq[f] += q[f];
+    }
+  }
+}
+
+// The chunk pass, then (same parallel region, after its barrier) the merge of the per-feature partials.
+template <bool kSums, bool kHigher, bool kMax>
+void run_chunks(const Problem& p) {
+  const Index merge_blocks = p.keep_partials ? p.merge_blocks : 0;
+#pragma omp parallel if (p.plan.chunks > 1)
+  {
+#pragma omp for schedule(static)
+    for (Index c = 0; c < p.plan.chunks; ++c) run_chunk<kSums, kHigher, kMax>(p, c);
+#pragma omp for schedule(static)
+    for (Index block = 0; block < merge_blocks; ++block) merge_block(p, block);
+  }
+}
+
+void dispatch_chunks(const Problem& p) {
+  const Needs& n = p.needs;
+  if (n.sums) {
+    if (n.higher) {
+      n.max ? run_chunks<true, true, true>(p) : run_chunks<true, true, false>(p);
+    } else {
+      n.max ? run_chunks<true, false, true>(p) : run_chunks<true, false, false>(p);
+    }
+  } else if (n.max) {
+    run_chunks<false, false, true>(p);
+  }
+}
+
+// Number of NaN/±Inf among x[0, n) (integer sums: exact in any order).
+std::int64_t count_nonfinite(const float* x, Index n) {
+  const Index chunks = (n + kChunkElements - 1) / kChunkElements;
+  std::int64_t total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (chunks > 1)
+  for (Index c = 0; c < chunks; ++c) {
+    const Index end = std::min(n, (c + 1) * kChunkElements);
+    std::int64_t count = 0;
+    for (Index i = c * kChunkElements; i < end; ++i) count += is_nonfinite_bits(std::bit_cast<std::uint32_t>(x[i]));
+    total += count;
+  }
+  return total;
+}
+
+// A reference point near the mean: the mean of up to 64 finite elements spread evenly over x.
+double choose_shift(const float* x, Index n) {
+  const Index samples = std::min<Index>(n, 64);
+  double total = 0.0;
+  Index used = 0;
+  for (Index k = 0; k < samples; ++k) {
+    const float v = x[k * n / samples];
+    if (std::isfinite(v)) {
+      total += v;
+      ++used;
+    }
+  }
+  return used > 0 ? total / static_cast<double>(used) : 0.0;
+}
+
+// max of two max_abs values, NaN when either is NaN.
+double max_abs_merge(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return kNaN;
+  return std::max(a, b);
+}
+
+}  // namespace
+
+const std::array<std::string_view, kStatCount>& stat_names() { return kStatNames; }
+
+std::string_view stat_name(Stat stat) { return kStatNames[static_cast<std::size_t>(stat)]; }
+
+StatSelection StatSelection::all() {
+  StatSelection selection;
+  selection.bits_ = (1u << kStatCount) - 1u;
+  return selection;
+}
+
+StatSelection StatSelection::parse(const std::vector<std::string>& names, std::string_view where) {
+  StatSelection selection;
+  for (const std::string& name : names) {
+    const auto found = std::find(kStatNames.begin(), kStatNames.end(), name);
+    if (found == kStatNames.end()) {
+      std::ostringstream message;
+      message << where << ": unknown statistic '" << name << "'; valid statistics are";
+      for (std::size_t i = 0; i < kStatNames.size(); ++i) message << (i == 0 ? " " : ", ") << kStatNames[i];
+      throw UserError(message.str());
+    }
+    selection.add(static_cast<Stat>(found - kStatNames.begin()));
+  }
+  return selection;
+}
+
+StatSelection& StatSelection::add(Stat stat) {
+  bits_ |= 1u << static_cast<unsigned>(stat);
+  return *this;
+}
+
+std::vector<std::string> StatSelection::names() const {
+  std::vector<std::string> out;
+  for (int i = 0; i < kStatCount; ++i)
+    if (has(static_cast<Stat>(i))) out.emplace_back(kStatNames[static_cast<std::size_t>(i)]);
+  return out;
+}
+
+double Moments::value(Stat stat) const {
+  switch (stat) {
+    case Stat::mean: return mean;
+    case Stat::var: return var;
+    case Stat::rms: return rms;
+    case Stat::max_abs: return max_abs;
+    case Stat::kurtosis: return kurtosis;
+    case Stat::nonfinite: return nonfinite;
+    case Stat::corr: return corr;
+    case Stat::chan_mean_sq: return chan_mean_sq;
+    case Stat::chan_var: return chan_var;
+  }
+  PROPLAB_CHECK(false, "unknown Stat ", static_cast<int>(stat));
+  return kNaN;
+}
+
+void MomentSums::clear() {
+  count = sequences = tokens_per_sequence = features = 0;
+  selection = StatSelection{};
+  shift = sum = sum_sq = sum_cube = sum_quad = max_abs = seq_sum_norm_sq = 0.0;
+  nonfinite = 0;
+  feature_sum.clear();
+  feature_sum_sq.clear();
+}
+
+void MomentSums::merge(const MomentSums& other) {
+  if (other.empty()) return;
+  if (empty()) {
+    *this = other;
+    return;
+  }
+  PROPLAB_CHECK(tokens_per_sequence == other.tokens_per_sequence && features == other.features,
+                "merged moment sums must share [*, T, F]: T ", tokens_per_sequence, " vs ",
+                other.tokens_per_sequence, ", F ", features, " vs ", other.features);
+  PROPLAB_CHECK(selection == other.selection, "merged moment sums must hold the same statistics");
+  const Needs needs = needs_for(selection);
+  const double T = static_cast<double>(tokens_per_sequence);
+  const double n = static_cast<double>(other.count);
+  // other's sums are of e = x - other.shift; ours of d = x - shift = e - h.
+  const double h = shift - other.shift;
+  if (needs.sums) {
+    if (h == 0.0) {
+      sum += other.sum;
+      sum_sq += other.sum_sq;
+      sum_cube += other.sum_cube;
+      sum_quad += other.sum_quad;
+      seq_sum_norm_sq += other.seq_sum_norm_sq;
+    } else {
+      const double h2 = h * h, h3 = h2 * h, h4 = h2 * h2;
+      sum += other.sum - n * h;
+      sum_sq += other.sum_sq - 2.0 * h * other.sum + n * h2;
+      if (needs.higher) {
+        sum_cube += other.sum_cube - 3.0 * h * other.sum_sq + 3.0 * h2 * other.sum - n * h3;
+        sum_quad += other.sum_quad - 4.0 * h * other.sum_cube + 6.0 * h2 * other.sum_sq - 4.0 * h3 * other.sum +
+                    n * h4;
+      }
+      if (needs.seq) {
+        // Σ_b ‖S_b - T·h·1‖² = Σ_b ‖S_b‖² - 2·T·h·Σe + B·T²·F·h².
+        seq_sum_norm_sq += other.seq_sum_norm_sq - 2.0 * T * h * other.sum +
+                           static_cast<double>(other.sequences) * T * T * static_cast<double>(features) * h2;
+      }
+    }
+    if (needs.features) {
+      const double per_feature = static_cast<double>(other.sequences) * T;
+      for (std::size_t f = 0; f < feature_sum.size(); ++f) {
+        if (h == 0.0) {
+          feature_sum[f] += other.feature_sum[f];
+          feature_sum_sq[f] += other.feature_sum_sq[f];
+        } else {
+          feature_sum[f] += other.feature_sum[f] - per_feature * h;
+          feature_sum_sq[f] += other.feature_sum_sq[f] - 2.0 * h * other.feature_sum[f] + per_feature * h * h;
+        }
+      }
+    }
+  }
+  if (needs.max) max_abs = max_abs_merge(max_abs, other.max_abs);
+  nonfinite += other.nonfinite;
+  count += other.count;
+  sequences += other.sequences;
+}
+
+void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features,
+                MomentSums& into, const StatSelection& which) {
+  PROPLAB_CHECK(sequences >= 0 && tokens >= 1 && features >= 1, "accumulate needs B >= 0, T >= 1, F >= 1, got [",
+                sequences, ", ", tokens, ", ", features, "]");
+  if (!into.empty()) {
+    PROPLAB_CHECK(into.tokens_per_sequence == tokens && into.features == features,
+                  "accumulated tensors must share [*, T, F]: T ", into.tokens_per_sequence, " vs ", tokens, ", F ",
+                  into.features, " vs ", features);
+    PROPLAB_CHECK(into.selection == which, "accumulated tensors must use one statistic selection");
+  }
+  const Index n = sequences * tokens * features;
+  if (n == 0) return;
+  const Needs needs = needs_for(which);
+  if (into.empty()) {
+    into.clear();
+    into.tokens_per_sequence = tokens;
+    into.features = features;
+    into.selection = which;
+    if (needs.sums) into.shift = choose_shift(x, n);
+    if (needs.features) {
+      into.feature_sum.assign(static_cast<std::size_t>(features), 0.0);
+      into.feature_sum_sq.assign(static_cast<std::size_t>(features), 0.0);
+    }
+  }
+
+  Problem p{};
+  p.x = x;
+  p.sequences = sequences;
+  p.tokens = tokens;
+  p.features = features;
+  p.padded = (features + 7) / 8 * 8;
+  p.shift = into.shift;
+  p.needs = needs;
+  p.plan = plan_chunks(sequences, tokens, features);
+  p.keep_partials = needs.sums && (needs.features || (p.plan.split && needs.seq));
+  CallBuffers& buffers = call_buffers();
+  buffers.chunk_sums.resize(static_cast<std::size_t>(p.plan.chunks));
+  if (p.keep_partials) {
+    const auto size = static_cast<std::size_t>(p.plan.chunks * 2 * p.padded + 8);
+    if (buffers.partials.size() < size) buffers.partials.resize(size);
+    const auto address = reinterpret_cast<std::uintptr_t>(buffers.partials.data());
+    p.partials = reinterpret_cast<double*>((address + 63) / 64 * 64);
+  }
+  p.chunk_sums = buffers.chunk_sums.data();
+  p.merge_blocks = (features + kMergeFeatures - 1) / kMergeFeatures;
+  if (needs.features) {
+    p.feature_sum = into.feature_sum.data();
+    p.feature_sum_sq = into.feature_sum_sq.data();
+  }
+  const bool block_norms = p.keep_partials && p.plan.split && needs.seq;
+  if (block_norms) {
+    buffers.block_norms.resize(static_cast<std::size_t>(sequences * p.merge_blocks));
+    p.block_norms = buffers.block_norms.data();
+  }
+  // Nothing to scan when only nonfinite is selected (it is counted below).
+  const bool scan = needs.sums || needs.max;
+  if (scan) dispatch_chunks(p);
+
+  // Combine the chunks in chunk order.
+  ChunkSums total;
+  for (Index c = 0; scan && c < p.plan.chunks; ++c) {
+    const ChunkSums& s = p.chunk_sums[c];
+    total.sum += s.sum;
+    total.sum_sq += s.sum_sq;
+    total.sum_cube += s.sum_cube;
+    total.sum_quad += s.sum_quad;
+    total.seq_sum_norm_sq += s.seq_sum_norm_sq;
+    total.max_bits = std::max(total.max_bits, s.max_bits);
+  }
+  if (block_norms)
+    for (Index i = 0; i < sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
+
+  std::int64_t nonfinite = 0;
+  if (needs.nonfinite) {
+    const bool suspicious = (!needs.sums && !needs.max) || (needs.sums && !std::isfinite(total.sum)) ||
+                            (needs.max && is_nonfinite_bits(total.max_bits));
+    if (suspicious) nonfinite = count_nonfinite(x, n);
+  }
+
+  into.count += n;
+  into.sequences += sequences;
+  into.sum += total.sum;
+  into.sum_sq += total.sum_sq;
+  into.sum_cube += total.sum_cube;
+  into.sum_quad += total.sum_quad;
+  into.seq_sum_norm_sq += total.seq_sum_norm_sq;
+  if (needs.max) into.max_abs = max_abs_merge(into.max_abs, std::bit_cast<float>(total.max_bits));
+  into.nonfinite += nonfinite;
+}
+
+void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which) {
+  PROPLAB_CHECK(x.device() == Device::cpu && x.dtype() == DType::f32 && x.is_contiguous(),
+                "moment accumulation needs a contiguous f32 CPU tensor");
+  PROPLAB_CHECK(sequences >= 1, "sequences must be >= 1, got ", sequences);
+  if (x.numel() == 0) return;
+  const std::int64_t features = x.ndim() == 0 ? 1 : x.dim(-1);
+  const std::int64_t rows = x.numel() / features;
+  PROPLAB_CHECK(rows % sequences == 0, "rows (", rows, ") of ", shape_string(x.shape()),
+                " do not split into ", sequences, " sequences");
+  accumulate(x.f32(), sequences, rows / sequences, features, into, which);
+}
+
+Moments finalize(const MomentSums& sums) {
+  Moments m{kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN, kNaN};
+  const StatSelection& s = sums.selection;
+  if (sums.empty()) {
+    m.nonfinite = 0.0;
+    return m;
+  }
+  if (s.has(Stat::nonfinite)) m.nonfinite = static_cast<double>(sums.nonfinite);
+  if (s.has(Stat::max_abs)) m.max_abs = sums.max_abs;
+  const Needs needs = needs_for(s);
+  if (!needs.sums) return m;
+
+  const double n = static_cast<double>(sums.count);
+  const double e = sums.sum / n;  // mean of d = x - shift
+  const double mean = sums.shift + e;
+  double m2 = sums.sum_sq / n - e * e;
+  if (m2 < 0.0) m2 = 0.0;  // rounding of an all-equal tensor; NaN passes through
+  if (s.has(Stat::mean)) m.mean = mean;
+  if (s.has(Stat::var)) m.var = m2;
+  if (s.has(Stat::rms)) m.rms = std::sqrt(m2 + mean * mean);
+  if (s.has(Stat::kurtosis)) {
+    const double e2 = e * e;
+    const double m4 = sums.sum_quad / n - 4.0 * e * (sums.sum_cube / n) + 6.0 * e2 * (sums.sum_sq / n) - 3.0 * e2 * e2;
+    m.kurtosis = m4 / (m2 * m2);
+  }
+  if (s.has(Stat::corr)) {
+    const double T = static_cast<double>(sums.tokens_per_sequence);
+    if (sums.tokens_per_sequence > 1) {
+      // Σ_b ‖Σ_t (x_bt - μ)‖² = Σ_b ‖S_b‖² - T·n·e² (expanding the centring; S_b = Σ_t d_bt).
+      const double within = n * m2;  // Σ_{b,t} ‖x_bt - μ‖²
+      const double across = sums.seq_sum_norm_sq - T * n * e * e;
+      m.corr = (across - within) / ((T - 1.0) * within);
+    }
+  }
+  if (needs.features) {
+    const double per_feature = static_cast<double>(sums.sequences * sums.tokens_per_sequence);
+    double mean_sq = 0.0, var = 0.0;
+    for (std::size_t f = 0; f < sums.feature_sum.size(); ++f) {
+      const double feature_e = sums.feature_sum[f] / per_feature;
+      const double feature_mean = sums.shift + feature_e;
+      double feature_var = sums.feature_sum_sq[f] / per_feature - feature_e * feature_e;
+      if (feature_var < 0.0) feature_var = 0.0;
+      mean_sq += feature_mean * feature_mean;
+      var += feature_var;
+    }
+    const double F = static_cast<double>(sums.features);
+    if (s.has(Stat::chan_mean_sq)) m.chan_mean_sq = mean_sq / F;
+    if (s.has(Stat::chan_var)) m.chan_var = var / F;
+  }
+  return m;
+}
+
+}  // namespace proplab::probe

@@ -1,0 +1,104 @@
+// probe/moments: mergeable moment accumulators, the heart of per-layer recording.
+//
+// A recorded tensor x (f32, contiguous, on the CPU) is viewed as [sequences B, tokens T, features F]: an
+// activation [B, T, F] as it is, a [rows, F] tensor with T = rows / B (row index = b * T + t, as in
+// core/tensor.h). Every statistic is taken over the whole tensor and accumulated in float64:
+//   mean, var (population), rms, max_abs, kurtosis = E[(x-μ)^4] / var^2, nonfinite (count of NaN/±Inf),
+//   corr = mean correlation between different tokens of one sequence, centred by the scalar mean μ:
+//          Σ_b (‖Σ_t (x_bt - μ)‖² - Σ_t ‖x_bt - μ‖²) / ((T - 1) · Σ_{b,t} ‖x_bt - μ‖²)   (NaN when T = 1),
+//   chan_mean_sq = mean over features of (per-feature mean over all B·T tokens)²,
+//   chan_var = mean over features of the per-feature population variance.
+//
+// Invariants:
+// - MomentSums holds sums, never finished statistics, so partial accumulators merge exactly: merging adds sums
+//   and counts and takes the maximum of maxima; finalize() turns sums into Moments at the end.
+// - All power sums are taken about `shift` (a value near the mean chosen from the first data seen), so the
+//   central moments do not lose their digits to cancellation when |μ| is large against the spread. merge()
+//   re-expresses the other side's sums about this side's shift (binomial expansion) before adding.
+// - Results are bitwise identical for any thread count: accumulate() splits the tensor into fixed chunks
+//   (a function of the shape only) and combines the chunks' sums in chunk order.
+// - Only the selected statistics are computed; the others cost nothing and finalize() reports them as NaN.
+// - Non-finite elements make the moment statistics non-finite (NaN or ±Inf, as IEEE arithmetic gives);
+//   max_abs is NaN when any element is NaN, else +Inf when any element is ±Inf.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace proplab::probe {
+
+// The statistics, in the order of stat_names().
+enum class Stat : std::uint8_t { mean, var, rms, max_abs, kurtosis, nonfinite, corr, chan_mean_sq, chan_var };
+constexpr int kStatCount = 9;
+
+// The statistic names, indexed by Stat: mean, var, rms, max_abs, kurtosis, nonfinite, corr, chan_mean_sq,
+// chan_var.
+const std::array<std::string_view, kStatCount>& stat_names();
+std::string_view stat_name(Stat stat);
+
+// A set of statistics (a bitmask over Stat).
+class StatSelection {
+ public:
+  StatSelection() = default;
+  static StatSelection all();
+  // The statistics with these names; an unknown name is a UserError that names it, says where (`where`, e.g.
+  // "study.toml: probe.stats") and lists the valid names.
+  static StatSelection parse(const std::vector<std::string>& names, std::string_view where = "statistics");
+
+  StatSelection& add(Stat stat);
+  bool has(Stat stat) const { return (bits_ >> static_cast<unsigned>(stat)) & 1u; }
+  bool empty() const { return bits_ == 0; }
+  std::uint32_t bits() const { return bits_; }
+  // The selected names, in stat_names() order.
+  std::vector<std::string> names() const;
+  bool operator==(const StatSelection&) const = default;
+
+ private:
+  std::uint32_t bits_ = 0;
+};
+
+// Running sums over one or more accumulated tensors of the same [*, T, F] shape. All power sums are of
+// d = x - shift. A default-constructed MomentSums is empty (count 0) and takes its shape, selection and shift
+// from the first accumulate() or merge().
+struct MomentSums {
+  std::int64_t count = 0;                // elements
+  std::int64_t sequences = 0;            // B, summed over accumulated tensors
+  std::int64_t tokens_per_sequence = 0;  // T
+  std::int64_t features = 0;             // F
+  StatSelection selection;               // what the sums below support
+  double shift = 0.0;                    // every sum below is of d = x - shift
+  double sum = 0.0, sum_sq = 0.0, sum_cube = 0.0, sum_quad = 0.0;  // Σd, Σd², Σd³ (kurtosis), Σd⁴ (kurtosis)
+  double max_abs = 0.0;                  // max |x| (max_abs): NaN if any NaN was seen
+  std::int64_t nonfinite = 0;            // NaN/±Inf elements (nonfinite)
+  double seq_sum_norm_sq = 0.0;          // Σ_b ‖Σ_t d_bt‖² (corr)
+  std::vector<double> feature_sum, feature_sum_sq;  // [F]: Σ_{b,t} d_btf, Σ_{b,t} d_btf² (chan statistics)
+
+  bool empty() const { return count == 0; }
+  // Back to empty, keeping the per-feature arrays' capacity (a recorder reusing its sums allocates nothing).
+  void clear();
+  // Adds other's sums into these. Both must agree in T, F and selection (unless one is empty); sequences add.
+  void merge(const MomentSums& other);
+};
+
+// Finished statistics; NaN for statistics the sums were not accumulated for (nonfinite is a count).
+struct Moments {
+  double mean, var, rms, max_abs, kurtosis, nonfinite, corr, chan_mean_sq, chan_var;
+  double value(Stat stat) const;
+};
+
+// Adds the statistics `which` of x (sequences · tokens · features f32 elements, row-major [B, T, F]) into
+// `into`. `into` must be empty or hold sums of the same T, F and selection.
+void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features,
+                MomentSums& into, const StatSelection& which);
+// The same for a contiguous f32 CPU tensor viewed as [sequences, rows / sequences, last dimension].
+void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which);
+
+// The statistics from the sums (all NaN for empty sums, nonfinite 0).
+Moments finalize(const MomentSums& sums);
+
+}  // namespace proplab::probe

@@ -1,0 +1,42 @@
+// probe: named points in a model where a tensor is summarised while it trains.
+//
+// A probe names a tensor of the forward graph (an activation) and, in backward, the gradient of the loss with
+// respect to that same tensor. Models list their probes once, in forward order (ProbeInfo::depth is the index in
+// that list), and on recorded steps hand each probed tensor to a ProbeSink right after the op that produced it,
+// while its data is still hot in cache. On steps that are not recorded the sink is null and no work is done.
+//
+// Tensors given to a sink are contiguous f32 [rows, features] with rows = sequences · tokens (row index
+// b·tokens + t), or [sequences, tokens, features].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace proplab {
+
+enum class ProbeKind { residual, branch, norm, preact, postact, logits, embed };
+const char* probe_kind_name(ProbeKind kind);
+
+struct ProbeInfo {
+  std::string name;  // e.g. "blocks.12.attn.out"
+  int depth = 0;     // position along the forward graph (index in the model's probe list)
+  int block = -1;    // block (transformer) or layer (MLP) index; -1 outside blocks
+  ProbeKind kind = ProbeKind::residual;
+  bool has_backward = true;  // false where the gradient is internal to a fused op (attention logits)
+};
+
+class ProbeSink {
+ public:
+  virtual ~ProbeSink() = default;
+  // The activation of probe `probe`: `x` viewed as [sequences, rows / sequences, features].
+  virtual void forward(int probe, const Tensor& x, std::int64_t sequences) = 0;
+  // The gradient of the loss with respect to probe `probe`'s tensor, same layout.
+  virtual void backward(int probe, const Tensor& d_x, std::int64_t sequences) = 0;
+  // Attention logits (pre-softmax, causal entries only): q·k·scale from packed qkv [B, T, 3D].
+  virtual void attention_logits(int probe, const Tensor& qkv, int heads, float logit_scale) = 0;
+};
+
+}  // namespace proplab

@@ -1,0 +1,244 @@
+#include "train/recorder.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace proplab {
+
+const std::vector<std::string>& param_stat_names() {
+  static const std::vector<std::string> names = {"weight_rms", "grad_rms", "update_ratio"};
+  return names;
+}
+
+bool is_recorded_step(const RecordConfig& config, std::int64_t step, std::int64_t total_steps) {
+  if (step == 0 || step == total_steps - 1) return true;
+  if (config.every > 0 && step % config.every == 0) return true;
+  if (config.log_spaced) {
+    std::int64_t a = 1, b = 2;  // 1, 2, 3, 5, 8, 13, ...
+    while (a < step) {
+      const std::int64_t next = a + b;
+      a = b;
+      b = next;
+    }
+    return a == step;
+  }
+  return false;
+}
+
+namespace {
+
+probe::StatSelection selection_from(const std::vector<std::string>& names, const char* what) {
+  if (names.empty()) return probe::StatSelection::all();
+  return probe::StatSelection::parse(names, std::string("record.") + what);
+}
+
+double rms_of(const Tensor& t) { return std::sqrt(ops::sum_squares(t) / static_cast<double>(std::max<std::int64_t>(t.numel(), 1))); }
+
+std::vector<std::int64_t> ints_of(const std::vector<ProbeInfo>& probes, int ProbeInfo::*field) {
+  std::vector<std::int64_t> out;
+  for (const ProbeInfo& p : probes) out.push_back(p.*field);
+  return out;
+}
+
+}  // namespace
+
+Recorder::Recorder(const RecordConfig& config, const std::vector<ProbeInfo>& probes, ParameterStore& params,
+                   std::int64_t total_steps)
+    : config_(config), probes_(probes), params_(params), total_steps_(total_steps) {
+  forward_stats_ = selection_from(config.forward, "forward");
+  backward_stats_ = selection_from(config.backward, "backward");
+  const std::vector<std::string>& names = param_stat_names();
+  if (config.params.empty()) {
+    param_stats_ = {ParamStat::weight_rms, ParamStat::grad_rms, ParamStat::update_ratio};
+  } else {
+    for (const std::string& name : config.params) {
+      auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end())
+        throw UserError("record.params: unknown statistic \"" + name + "\"; allowed: weight_rms, grad_rms, update_ratio");
+      param_stats_.push_back(static_cast<ParamStat>(it - names.begin()));
+    }
+  }
+  forward_sums_.resize(probes_.size());
+  backward_sums_.resize(probes_.size());
+  forward_seen_.assign(probes_.size(), false);
+  backward_seen_.assign(probes_.size(), false);
+  param_rows_.assign(param_stats_.size(), std::vector<double>(params_.all().size(), 0.0));
+}
+
+void Recorder::create_datasets(RunWriter& writer) {
+  std::vector<std::string> names, kinds;
+  for (const ProbeInfo& p : probes_) {
+    names.push_back(p.name);
+    kinds.push_back(probe_kind_name(p.kind));
+  }
+  writer.write_strings("/probes/name", names);
+  writer.write_ints("/probes/depth", ints_of(probes_, &ProbeInfo::depth));
+  writer.write_ints("/probes/block", ints_of(probes_, &ProbeInfo::block));
+  writer.write_strings("/probes/kind", kinds);
+  std::vector<std::string> param_names;
+  for (const auto& p : params_.all()) param_names.push_back(p->name);
+  writer.write_strings("/params/name", param_names);
+  steps_series_ = writer.create_series_1d_int("/steps");
+  const std::int64_t n_probes = static_cast<std::int64_t>(probes_.size());
+  const auto& stats = probe::stat_names();
+  for (std::size_t i = 0; i < stats.size(); ++i) {
+    if (forward_stats_.has(static_cast<probe::Stat>(i)))
+      forward_series_.push_back(writer.create_series_2d("/forward/" + std::string(stats[i]), n_probes));
+    if (backward_stats_.has(static_cast<probe::Stat>(i)))
+      backward_series_.push_back(writer.create_series_2d("/backward/" + std::string(stats[i]), n_probes));
+  }
+  for (ParamStat stat : param_stats_)
+    param_series_.push_back(writer.create_series_2d("/params/" + param_stat_names()[static_cast<int>(stat)],
+                                                    static_cast<std::int64_t>(params_.all().size())));
+}
+
+void Recorder::copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step) {
+  if (!previous.exists("/steps")) return;
+  const std::vector<std::int64_t> steps = previous.read_ints("/steps");
+  std::vector<std::pair<std::string, SeriesId>> series;
+  const auto& stats = probe::stat_names();
+  std::size_t f = 0, b = 0;
+  for (std::size_t i = 0; i < stats.size(); ++i) {
+    if (forward_stats_.has(static_cast<probe::Stat>(i))) series.emplace_back("/forward/" + std::string(stats[i]), forward_series_[f++]);
+    if (backward_stats_.has(static_cast<probe::Stat>(i))) series.emplace_back("/backward/" + std::string(stats[i]), backward_series_[b++]);
+  }
+  for (std::size_t i = 0; i < param_stats_.size(); ++i)
+    series.emplace_back("/params/" + param_stat_names()[static_cast<int>(param_stats_[i])], param_series_[i]);
+  std::vector<Dataset2D> data;
+  for (const auto& [path, id] : series) data.push_back(previous.read_2d(path));
+  for (std::size_t r = 0; r < steps.size() && steps[r] < before_step; ++r) {
+    writer.append_int(steps_series_, steps[r]);
+    for (std::size_t s = 0; s < series.size(); ++s) {
+      if (static_cast<std::int64_t>(r) < data[s].rows) writer.append_row(series[s].second, &data[s].values[r * data[s].columns]);
+    }
+  }
+}
+
+void Recorder::begin_step() {
+  for (std::size_t i = 0; i < probes_.size(); ++i) {
+    forward_sums_[i] = probe::MomentSums();
+    backward_sums_[i] = probe::MomentSums();
+  }
+  forward_seen_.assign(probes_.size(), false);
+  backward_seen_.assign(probes_.size(), false);
+}
+
+void Recorder::accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences,
+                               const probe::StatSelection& which) {
+  const std::int64_t features = x.dim(-1);
+  const std::int64_t rows = x.numel() / features;
+  PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "probe tensor ", shape_string(x.shape()), " with ",
+                sequences, " sequences");
+  probe::accumulate(x.f32(), sequences, rows / sequences, features, sums, which);
+}
+
+void Recorder::forward(int probe_index, const Tensor& x, std::int64_t sequences) {
+  accumulate_into(forward_sums_[probe_index], x, sequences, forward_stats_);
+  forward_seen_[probe_index] = true;
+}
+
+void Recorder::backward(int probe_index, const Tensor& d_x, std::int64_t sequences) {
+  accumulate_into(backward_sums_[probe_index], d_x, sequences, backward_stats_);
+  backward_seen_[probe_index] = true;
+}
+
+void Recorder::attention_logits(int probe_index, const Tensor& qkv, int heads, float logit_scale) {
+  // Causal logits q_i·k_j·scale (j <= i) of every (sequence, head), packed into one flat vector: the moments are
+  // over the entries that exist. Token correlation and per-feature statistics do not apply (NaN).
+  const std::int64_t batch = qkv.dim(0), tokens = qkv.dim(1), width = qkv.dim(2) / 3, head_dim = width / heads;
+  const std::int64_t per_head = tokens * (tokens + 1) / 2;
+  Tensor packed = Tensor::empty({batch * heads * per_head});
+  std::vector<float> scores(static_cast<std::size_t>(tokens * tokens));
+  const float* base = qkv.f32();
+  float* out = packed.f32();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (int h = 0; h < heads; ++h) {
+      const float* q = base + b * tokens * 3 * width + h * head_dim;
+      const float* k = q + width;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(tokens),
+                  static_cast<int>(head_dim), logit_scale, q, static_cast<int>(3 * width), k,
+                  static_cast<int>(3 * width), 0.0f, scores.data(), static_cast<int>(tokens));
+      for (std::int64_t i = 0; i < tokens; ++i)
+        for (std::int64_t j = 0; j <= i; ++j) *out++ = scores[i * tokens + j];
+    }
+  }
+  probe::StatSelection which;
+  for (probe::Stat stat : {probe::Stat::mean, probe::Stat::var, probe::Stat::rms, probe::Stat::max_abs,
+                           probe::Stat::kurtosis, probe::Stat::nonfinite})
+    if (forward_stats_.has(stat)) which.add(stat);
+  probe::MomentSums part;
+  probe::accumulate(packed.f32(), 1, 1, packed.numel(), part, which);
+  forward_sums_[probe_index].merge(part);
+  forward_seen_[probe_index] = true;
+}
+
+void Recorder::before_update() {
+  auto& all = params_.all();
+  if (weights_before_.size() != all.size()) weights_before_.assign(all.size(), Tensor());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const Parameter& p = *all[i];
+    if (!weights_before_[i].defined()) weights_before_[i] = Tensor::empty(p.value.shape());
+    weights_before_[i].copy_from(p.value);
+    for (std::size_t s = 0; s < param_stats_.size(); ++s) {
+      if (param_stats_[s] == ParamStat::weight_rms) param_rows_[s][i] = rms_of(p.value);
+      if (param_stats_[s] == ParamStat::grad_rms) param_rows_[s][i] = rms_of(p.grad);
+    }
+  }
+}
+
+void Recorder::after_update() {
+  auto& all = params_.all();
+  for (std::size_t s = 0; s < param_stats_.size(); ++s) {
+    if (param_stats_[s] != ParamStat::update_ratio) continue;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      // ‖Δw‖ / ‖w‖ over the tensor: Δw = w_after - w_before, computed in place in the snapshot.
+      Tensor& delta = weights_before_[i];
+      const double before = ops::sum_squares(delta);
+      ops::axpy(-1.0f, all[i]->value, delta);
+      param_rows_[s][i] = std::sqrt(ops::sum_squares(delta) / std::max(before, 1e-300));
+    }
+  }
+}
+
+std::string Recorder::write_record(RunWriter& writer, std::int64_t step) {
+  const std::size_t n = probes_.size();
+  const auto& stats = probe::stat_names();
+  std::vector<probe::Moments> forward(n), backward(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    forward[p] = forward_seen_[p] ? probe::finalize(forward_sums_[p]) : probe::finalize(probe::MomentSums{});
+    backward[p] = backward_seen_[p] ? probe::finalize(backward_sums_[p]) : probe::finalize(probe::MomentSums{});
+  }
+  writer.append_int(steps_series_, step);
+  std::vector<double> row(n);
+  std::size_t f = 0, b = 0;
+  for (std::size_t i = 0; i < stats.size(); ++i) {
+    const probe::Stat stat = static_cast<probe::Stat>(i);
+    if (forward_stats_.has(stat)) {
+      for (std::size_t p = 0; p < n; ++p) row[p] = forward[p].value(stat);
+      writer.append_row(forward_series_[f++], row.data());
+    }
+    if (backward_stats_.has(stat)) {
+      for (std::size_t p = 0; p < n; ++p) row[p] = backward[p].value(stat);
+      writer.append_row(backward_series_[b++], row.data());
+    }
+  }
+  for (std::size_t s = 0; s < param_stats_.size(); ++s) writer.append_row(param_series_[s], param_rows_[s].data());
+
+  // The first non-finite value, in depth order: a probe that saw NaN/Inf (or whose moments overflowed).
+  auto bad = [](const probe::Moments& m) { return m.nonfinite > 0 || !std::isfinite(m.mean) || !std::isfinite(m.var); };
+  for (std::size_t p = 0; p < n; ++p)
+    if (forward_seen_[p] && bad(forward[p])) return probes_[p].name + " (forward)";
+  for (std::size_t p = 0; p < n; ++p)
+    if (backward_seen_[p] && bad(backward[p])) return probes_[p].name + " (backward)";
+  for (std::size_t s = 0; s < param_stats_.size(); ++s)
+    for (std::size_t i = 0; i < params_.all().size(); ++i)
+      if (!std::isfinite(param_rows_[s][i]))
+        return params_.all()[i]->name + " (" + param_stat_names()[static_cast<int>(param_stats_[s])] + ")";
+  return "";
+}
+
+}  // namespace proplab

@@ -1,0 +1,79 @@
+// train/recorder: turns the probes' tensors into per-record statistics rows of the run file.
+//
+// On a recorded step the trainer passes the Recorder as the models' ProbeSink: every probed activation and
+// gradient is summarised into mergeable float64 moment sums (probe/moments.h) right after the op that made it;
+// micro-batches merge into the same sums. After the update the Recorder adds the parameter statistics and appends
+// one row per statistic to the run file. On other steps it is not called at all.
+//
+// Schedule: step 0 (the first forward/backward, before any update: the state at initialisation), every `every`
+// steps, the last step, and with log_spaced also 1, 2, 3, 5, 8, 13, ... (Fibonacci).
+//
+// Run-file layout it creates (docs/run-format.md): /steps [n_records]; /probes/{name,depth,block,kind} [P];
+// /forward/<stat>, /backward/<stat> [n_records, P]; /params/name [n_params]; /params/<stat> [n_records, n_params].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/run_file.h"
+#include "io/run_reader.h"
+#include "nn/parameter.h"
+#include "probe/moments.h"
+#include "probe/probe.h"
+#include "train/config.h"
+
+namespace proplab {
+
+// The parameter statistics, in column order of their names.
+enum class ParamStat { weight_rms, grad_rms, update_ratio };
+const std::vector<std::string>& param_stat_names();
+
+// True when `step` (0-based) of a run of `total_steps` is recorded under `config`.
+bool is_recorded_step(const RecordConfig& config, std::int64_t step, std::int64_t total_steps);
+
+class Recorder final : public ProbeSink {
+ public:
+  // UserError for unknown statistic names.
+  Recorder(const RecordConfig& config, const std::vector<ProbeInfo>& probes, ParameterStore& params,
+           std::int64_t total_steps);
+
+  bool records(std::int64_t step) const { return is_recorded_step(config_, step, total_steps_); }
+  // Creates the datasets (call between RunWriter::create and start).
+  void create_datasets(RunWriter& writer);
+  // Appends the records of a previous run file with step < before_step (resume).
+  void copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step);
+
+  // A recorded step: begin_step, then the model's forward/backward with this sink, then before_update,
+  // the optimizer update, after_update, then write_record.
+  void begin_step();
+  void before_update();
+  void after_update();
+  // Appends the step's rows. Returns "" or, when some statistic is non-finite, the first probe (in depth order,
+  // forward before backward) or parameter that went non-finite, e.g. "blocks.3.attn.out (forward)".
+  std::string write_record(RunWriter& writer, std::int64_t step);
+
+  // ProbeSink
+  void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;
+  void backward(int probe_index, const Tensor& d_x, std::int64_t sequences) override;
+  void attention_logits(int probe_index, const Tensor& qkv, int heads, float logit_scale) override;
+
+ private:
+  void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences, const probe::StatSelection& which);
+
+  RecordConfig config_;
+  std::vector<ProbeInfo> probes_;
+  ParameterStore& params_;
+  std::int64_t total_steps_;
+  probe::StatSelection forward_stats_, backward_stats_;
+  std::vector<ParamStat> param_stats_;
+  std::vector<probe::MomentSums> forward_sums_, backward_sums_;
+  std::vector<bool> forward_seen_, backward_seen_;
+  std::vector<Tensor> weights_before_;
+  std::vector<std::vector<double>> param_rows_;  // [stat][param]
+  // Series ids.
+  SeriesId steps_series_;
+  std::vector<SeriesId> forward_series_, backward_series_, param_series_;
+};
+
+}  // namespace proplab
