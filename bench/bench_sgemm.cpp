@@ -71,8 +71,9 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_option("--threads", thread_counts, "OpenBLAS thread counts to measure, comma separated")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "timed samples per shape (the median is reported)")->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--repeats", repeats, "timed samples per shape (the median is reported)")
+      ->check(CLI::Range(1, 100000));
   app.add_flag("--no-attention", no_attention, "only the Linear (and LM head) sgemms, not the attention ones");
   app.add_flag("--json", json, "print JSON instead of tables");
   CLI11_PARSE(app, argc, argv);

@@ -206,8 +206,8 @@ inline double spot_check(const SgemmShape& s, const std::vector<float>& a, const
 
 // Median seconds per call of each shape with OpenBLAS on `threads` threads (set through proplab::set_threads,
 // which is left at that value). Each of `repeats` samples times enough back-to-back calls to last at least
-// min_sample_seconds, so the small attention sgemms are not timer noise. Must not be called inside an OpenMP
-// parallel region.
+// min_sample_seconds, so the small attention sgemms are not timer noise (median: the middle sample, the upper
+// middle one for an even count). Must not be called inside an OpenMP parallel region.
 inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, int threads, int repeats = 15,
                                          double min_sample_seconds = 2e-3) {
   PROPLAB_CHECK(threads >= 1, "threads must be >= 1, got ", threads);

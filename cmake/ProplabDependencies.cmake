@@ -11,6 +11,12 @@ else()
   message(WARNING "proplab: OpenBLAS's OpenMP build was not found (Debian: libopenblas-openmp-dev); using the "
                   "default build, whose thread pool competes with OpenMP's: expect slower training")
 endif()
+# A build folder configured before the OpenMP build was installed keeps the other one cached: look again.
+foreach(cached BLAS_openblas_LIBRARY PROPLAB_OPENBLAS_INCLUDE)
+  if(DEFINED CACHE{${cached}} AND PROPLAB_OPENBLAS_FLAVOUR STREQUAL "openmp" AND NOT ${cached} MATCHES "openblas-openmp")
+    unset(${cached} CACHE)
+  endif()
+endforeach()
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 message(STATUS "proplab: BLAS ${BLAS_LIBRARIES} (${PROPLAB_OPENBLAS_FLAVOUR})")
