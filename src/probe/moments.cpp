@@ -21,6 +21,8 @@ constexpr std::array<std::string_view, kStatCount> kStatNames = {
 constexpr std::int64_t kChunkElements = std::int64_t{1} << 16;
 // Rows handled together by the kernel, so each per-feature array is loaded and stored once per block of rows.
 constexpr std::int64_t kRowBlock = 4;
+// Row width used for tensors with very long rows when only layout-free statistics are wanted.
+constexpr std::int64_t kFlatWidth = 1024;
 // Features per block when the chunks' per-feature sums are merged (in parallel over blocks).
 constexpr std::int64_t kMergeFeatures = 128;
 // Interleaved partial sums of ordered_sum(): a fixed order that still vectorises.
@@ -307,8 +309,8 @@ void merge_block(const Problem& p, Index block) {
   const Index first = block * kMergeFeatures;
   const Index width = std::min(p.features, first + kMergeFeatures) - first;
   const Index stride = 2 * p.padded;
-  double* __restrict feature_sum = p.feature_sum + first;
-  double* __restrict feature_sum_sq = p.feature_sum_sq + first;
+  double* __restrict feature_sum = p.needs.features ? p.feature_sum + first : nullptr;
+  double* __restrict feature_sum_sq = p.needs.features ? p.feature_sum_sq + first : nullptr;
   if (p.plan.split && p.needs.seq) {
     // S_b restricted to the block = Σ of its pieces' sums, in piece order.
     Scratch& scratch = thread_scratch();
@@ -392,6 +394,57 @@ double choose_shift(const float* x, Index n) {
     }
   }
   return used > 0 ? total / static_cast<double>(used) : 0.0;
+}
+
+void add_sums(ChunkSums& total, const ChunkSums& part) {
+  total.sum += part.sum;
+  total.sum_sq += part.sum_sq;
+  total.sum_cube += part.sum_cube;
+  total.sum_quad += part.sum_quad;
+  total.seq_sum_norm_sq += part.seq_sum_norm_sq;
+  total.max_bits = std::max(total.max_bits, part.max_bits);
+}
+
+// One pass over x as [sequences, tokens, features]: the scalar sums, combined in chunk order; per-feature sums
+// (needs.features) are added into `into`'s arrays.
+ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
+               MomentSums& into) {
+  Problem p{};
+  p.x = x;
+  p.sequences = sequences;
+  p.tokens = tokens;
+  p.features = features;
+  p.padded = (features + 7) / 8 * 8;
+  p.shift = shift;
+  p.needs = needs;
+  p.plan = plan_chunks(sequences, tokens, features);
+  p.keep_partials = needs.sums && (needs.features || (p.plan.split && needs.seq));
+  CallBuffers& buffers = call_buffers();
+  buffers.chunk_sums.resize(static_cast<std::size_t>(p.plan.chunks));
+  p.chunk_sums = buffers.chunk_sums.data();
+  if (p.keep_partials) {
+    const auto size = static_cast<std::size_t>(p.plan.chunks * 2 * p.padded + 8);
+    if (buffers.partials.size() < size) buffers.partials.resize(size);
+    const auto address = reinterpret_cast<std::uintptr_t>(buffers.partials.data());
+    p.partials = reinterpret_cast<double*>((address + 63) / 64 * 64);
+  }
+  p.merge_blocks = (features + kMergeFeatures - 1) / kMergeFeatures;
+  if (needs.features) {
+    p.feature_sum = into.feature_sum.data();
+    p.feature_sum_sq = into.feature_sum_sq.data();
+  }
+  const bool block_norms = p.keep_partials && p.plan.split && needs.seq;
+  if (block_norms) {
+    buffers.block_norms.resize(static_cast<std::size_t>(sequences * p.merge_blocks));
+    p.block_norms = buffers.block_norms.data();
+  }
+  dispatch_chunks(p);
+
+  ChunkSums total;
+  for (Index c = 0; c < p.plan.chunks; ++c) add_sums(total, p.chunk_sums[c]);
+  if (block_norms)
+    for (Index i = 0; i < sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
+  return total;
 }
 
 // max of two max_abs values, NaN when either is NaN.
@@ -545,52 +598,18 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
     }
   }
 
-  Problem p{};
-  p.x = x;
-  p.sequences = sequences;
-  p.tokens = tokens;
-  p.features = features;
-  p.padded = (features + 7) / 8 * 8;
-  p.shift = into.shift;
-  p.needs = needs;
-  p.plan = plan_chunks(sequences, tokens, features);
-  p.keep_partials = needs.sums && (needs.features || (p.plan.split && needs.seq));
-  CallBuffers& buffers = call_buffers();
-  buffers.chunk_sums.resize(static_cast<std::size_t>(p.plan.chunks));
-  if (p.keep_partials) {
-    const auto size = static_cast<std::size_t>(p.plan.chunks * 2 * p.padded + 8);
-    if (buffers.partials.size() < size) buffers.partials.resize(size);
-    const auto address = reinterpret_cast<std::uintptr_t>(buffers.partials.data());
-    p.partials = reinterpret_cast<double*>((address + 63) / 64 * 64);
-  }
-  p.chunk_sums = buffers.chunk_sums.data();
-  p.merge_blocks = (features + kMergeFeatures - 1) / kMergeFeatures;
-  if (needs.features) {
-    p.feature_sum = into.feature_sum.data();
-    p.feature_sum_sq = into.feature_sum_sq.data();
-  }
-  const bool block_norms = p.keep_partials && p.plan.split && needs.seq;
-  if (block_norms) {
-    buffers.block_norms.resize(static_cast<std::size_t>(sequences * p.merge_blocks));
-    p.block_norms = buffers.block_norms.data();
-  }
-  // Nothing to scan when only nonfinite is selected (it is counted below).
-  const bool scan = needs.sums || needs.max;
-  if (scan) dispatch_chunks(p);
-
-  // Combine the chunks in chunk order.
   ChunkSums total;
-  for (Index c = 0; scan && c < p.plan.chunks; ++c) {
-    const ChunkSums& s = p.chunk_sums[c];
-    total.sum += s.sum;
-    total.sum_sq += s.sum_sq;
-    total.sum_cube += s.sum_cube;
-    total.sum_quad += s.sum_quad;
-    total.seq_sum_norm_sq += s.seq_sum_norm_sq;
-    total.max_bits = std::max(total.max_bits, s.max_bits);
+  if (needs.sums || needs.max) {  // (only nonfinite selected: nothing to scan, it is counted below)
+    if (!needs.seq && !needs.features && features > kFlatWidth) {
+      // Only layout-free statistics: rows of kFlatWidth (and a shorter last row) instead of a few very long
+      // rows, so per-feature scratch stays small and the chunks spread over the threads.
+      const Index rows = n / kFlatWidth, tail = n % kFlatWidth;
+      if (rows > 0) add_sums(total, scan(x, rows, 1, kFlatWidth, into.shift, needs, into));
+      if (tail > 0) add_sums(total, scan(x + rows * kFlatWidth, 1, 1, tail, into.shift, needs, into));
+    } else {
+      total = scan(x, sequences, tokens, features, into.shift, needs, into);
+    }
   }
-  if (block_norms)
-    for (Index i = 0; i < sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
 
   std::int64_t nonfinite = 0;
   if (needs.nonfinite) {

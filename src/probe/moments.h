@@ -18,6 +18,7 @@
 // - Results are bitwise identical for any thread count: accumulate() splits the tensor into fixed chunks
 //   (a function of the shape only) and combines the chunks' sums in chunk order.
 // - Only the selected statistics are computed; the others cost nothing and finalize() reports them as NaN.
+//   Without corr and the chan statistics the layout does not matter: a flat vector may be passed as [1, 1, n].
 // - Non-finite elements make the moment statistics non-finite (NaN or ±Inf, as IEEE arithmetic gives);
 //   max_abs is NaN when any element is NaN, else +Inf when any element is ±Inf.
 #pragma once

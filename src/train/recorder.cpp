@@ -146,8 +146,8 @@ void Recorder::copy_history(const RunReader& previous, RunWriter& writer, std::i
 
 void Recorder::begin_step() {
   for (std::size_t i = 0; i < probes_.size(); ++i) {
-    forward_sums_[i] = probe::MomentSums();
-    backward_sums_[i] = probe::MomentSums();
+    forward_sums_[i].clear();  // keeps the per-feature arrays' capacity
+    backward_sums_[i].clear();
   }
   forward_seen_.assign(probes_.size(), false);
   backward_seen_.assign(probes_.size(), false);
@@ -252,6 +252,8 @@ std::string Recorder::write_record(RunWriter& writer, std::int64_t step) {
     }
   }
   for (std::size_t s = 0; s < param_stats_.size(); ++s) writer.append_row(param_series_[s], param_rows_[s].data());
+  // Every record reaches the file at once: a reader (or a crash) sees whole records.
+  writer.flush();
 
   // The first non-finite value, in depth order: a probe that saw NaN/Inf (or whose moments overflowed).
   auto bad = [](const probe::Moments& m) { return m.nonfinite > 0 || !std::isfinite(m.mean) || !std::isfinite(m.var); };

@@ -49,7 +49,7 @@ class Recorder final : public ProbeSink {
   void begin_step();
   void before_update();
   void after_update();
-  // Appends the step's rows. Returns "" or, when some statistic is non-finite, the first probe (in depth order,
+  // Appends the step's rows and flushes the file (SWMR readers see the record at once). Returns "" or, when some statistic is non-finite, the first probe (in depth order,
   // forward before backward) or parameter that went non-finite, e.g. "blocks.3.attn.out (forward)".
   std::string write_record(RunWriter& writer, std::int64_t step);
 
