@@ -483,5 +483,21 @@ TEST_F(InspectRecoverTest, FinishedRunFileMatchesTheLayoutInH5pyAndH5dump) {
                                                  "--expect-stats"});
 }
 
+TEST_F(InspectRecoverTest, RecordedQuickstartRunOpensInH5pyAndH5dump) {
+  // The README's quickstart study itself, shortened: every dataset of the layout, with statistics.
+  const char* source = std::getenv("PROPLAB_SOURCE_DIR");
+  ASSERT_TRUE(source != nullptr && *source != '\0') << "PROPLAB_SOURCE_DIR is not set: run through ctest";
+  const fs::path study = fs::path(source) / "studies" / "quickstart.toml";
+  const CliResult trained = run({"run", study.string(), "--out", "out", "--set", "train.steps=30", "--set",
+                                 "train.eval_every=10", "--set", "train.warmup=5", "--set", "record.every=10"});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const fs::path run_file = work_ / "out" / "quickstart.h5";
+  const RunReader reader = RunReader::open(run_file);
+  EXPECT_EQ(reader.read_ints("/steps"), (std::vector<std::int64_t>{0, 10, 20, 29}));
+  if (fs::exists(kH5dump)) expect_h5dump_header(run_file);
+  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 cannot import h5py (python3-h5py): layout not checked with h5py";
+  expect_h5py_check(run_file, {"--status", "completed", "--train-rows", "30", "--eval-rows", "3", "--expect-stats"});
+}
+
 }  // namespace
 }  // namespace proplab
