@@ -140,9 +140,10 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   s.in_proj.forward(*branch_in, s.hidden);
   if (s.is_attention) {
     const Tensor qkv = s.hidden.reshape({batch_, tokens_, 3 * d});
-    if (sink) sink->attention_logits(s.probe_hidden, qkv, config_.heads, logit_scale_);
     Tensor mixed = s.mixed.reshape({batch_, tokens_, d});
-    ops::attention_forward(qkv, config_.heads, logit_scale_, s.probs, mixed);
+    probe::LogitSums logit_sums;
+    ops::attention_forward(qkv, config_.heads, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
+    if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, config_.heads, logit_scale_);
   } else {
     if (sink) sink->forward(s.probe_hidden, s.hidden, batch_);
     ops::activation_forward(config_.activation, s.hidden, s.mixed);

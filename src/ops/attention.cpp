@@ -155,13 +155,40 @@ void softmax_backward_row(const float* p, float* d_row, std::int64_t valid, std:
   for (std::int64_t j = chunks_end; j < padded; j += kLanes) store(d_row + j, Vec{});
 }
 
-void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out) {
+// Adds the power sums of row[0, valid) to `sums` (double; NaN/Inf only counted).
+void add_logit_sums(const float* row, std::int64_t valid, LogitSums& sums) {
+  double s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, largest = 0.0;
+  std::int64_t nonfinite = 0;
+  for (std::int64_t j = 0; j < valid; ++j) {
+    const double x = row[j], x2 = x * x;
+    if (!std::isfinite(x)) {
+      ++nonfinite;
+      continue;
+    }
+    s1 += x;
+    s2 += x2;
+    s3 += x2 * x;
+    s4 += x2 * x2;
+    largest = std::max(largest, std::fabs(x));
+  }
+  sums.count += valid;
+  sums.nonfinite += nonfinite;
+  sums.sum += s1;
+  sums.sum_sq += s2;
+  sums.sum_cube += s3;
+  sums.sum_quad += s4;
+  sums.max_abs = std::max(sums.max_abs, largest);
+}
+
+void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out,
+                           LogitSums* logit_sums) {
   const Layout L = make_layout(qkv, heads);
   const std::int64_t Tp = L.tokens_padded, Dp = L.head_dim_padded, T = L.tokens, Dh = L.head_dim;
   const float* qkv_data = qkv.f32();
   float* probs_data = probs.f32();
   float* out_data = out.f32();
   const std::int64_t pairs = L.batch * L.heads;
+  std::vector<LogitSums> pair_sums(logit_sums ? static_cast<std::size_t>(pairs) : 0);
 #pragma omp parallel
   {
     const std::int64_t head_floats = round_up(Tp * Dp, kLanes),
@@ -185,6 +212,7 @@ void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tens
                   std::min(Tp, round_up(i0 + kTileRows, kLanes)));
       float* probs_pair = probs_data + pair * T * T;
       for (std::int64_t i = 0; i < T; ++i) {
+        if (logit_sums) add_logit_sums(p + i * Tp, i + 1, pair_sums[pair]);
         softmax_row(p + i * Tp, i + 1, Tp);
         std::memcpy(probs_pair + i * T, p + i * Tp, T * sizeof(float));
       }
@@ -192,6 +220,17 @@ void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tens
       for (std::int64_t i0 = 0; i0 < Tp; i0 += kTileRows)
         tile_rows(p + i0 * Tp, Tp, 1, v, Dp, 0, std::min(i0 + kTileRows, T), 1.0f, head_out + i0 * Dp, Dp, Dp);
       pack_rows(head_out, Dp, T, Dh, out_data + b * T * L.model_dim + h * Dh, L.model_dim);
+    }
+  }
+  if (logit_sums) {
+    for (const LogitSums& part : pair_sums) {
+      logit_sums->count += part.count;
+      logit_sums->nonfinite += part.nonfinite;
+      logit_sums->sum += part.sum;
+      logit_sums->sum_sq += part.sum_sq;
+      logit_sums->sum_cube += part.sum_cube;
+      logit_sums->sum_quad += part.sum_quad;
+      logit_sums->max_abs = std::max(logit_sums->max_abs, part.max_abs);
     }
   }
 }
@@ -262,7 +301,8 @@ void check_qkv(const char* op, const Tensor& qkv, int heads) {
 
 }  // namespace
 
-void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out) {
+void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out,
+                       LogitSums* logit_sums) {
   const char* op = "attention_forward";
   check_qkv(op, qkv, heads);
   const std::int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / 3;
@@ -270,7 +310,7 @@ void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& 
   expect_shape(op, "out", out, {B, T, D});
   const Device device = common_device(op, {&qkv, &probs, &out});
   if (device == Device::cuda) missing_device_impl(op, device);
-  attention_forward_cpu(qkv, heads, logit_scale, probs, out);
+  attention_forward_cpu(qkv, heads, logit_scale, probs, out, logit_sums);
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_out, int heads, float logit_scale,

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "probe/moments.h"
 
 namespace proplab::ops {
 
@@ -64,7 +65,11 @@ void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Te
 // qkv [B, T, 3D] holds q, k, v side by side (each [B, T, D], head h at features h*Dh..(h+1)*Dh), D = heads*Dh.
 // probs [B, H, T, T] (saved; entries above the diagonal are 0); out [B, T, D]. logits = q·k * logit_scale
 // (1/sqrt(Dh) by default, 1/Dh under muP).
-void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out);
+// With logit_sums (recorded steps only), also adds the power sums of the causal logits (j <= i, before the
+// softmax) while computing them: per (sequence, head) in double, combined in (sequence, head) order.
+using probe::LogitSums;
+void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out,
+                       LogitSums* logit_sums = nullptr);
 // d_qkv (overwrite) [B, T, 3D].
 void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_out, int heads, float logit_scale,
                         Tensor& d_qkv);

@@ -694,3 +694,28 @@ Moments finalize(const MomentSums& sums) {
 }
 
 }  // namespace proplab::probe
+
+namespace proplab::probe {
+
+MomentSums moment_sums(const LogitSums& sums, const StatSelection& which) {
+  MomentSums m;
+  if (sums.count == 0) return m;
+  for (Stat stat : {Stat::mean, Stat::var, Stat::rms, Stat::max_abs, Stat::kurtosis, Stat::nonfinite})
+    if (which.has(stat)) m.selection.add(stat);
+  m.count = sums.count;
+  m.sequences = 1;
+  m.tokens_per_sequence = 1;
+  m.features = sums.count;
+  m.shift = 0.0;
+  // As accumulate(): non-finite values make the moment statistics non-finite.
+  const double poison = sums.nonfinite > 0 ? kNaN : 0.0;
+  m.sum = sums.sum + poison;
+  m.sum_sq = sums.sum_sq + poison;
+  m.sum_cube = sums.sum_cube + poison;
+  m.sum_quad = sums.sum_quad + poison;
+  m.max_abs = sums.nonfinite > 0 ? kNaN : sums.max_abs;
+  m.nonfinite = sums.nonfinite;
+  return m;
+}
+
+}  // namespace proplab::probe

@@ -86,6 +86,19 @@ struct MomentSums {
   void merge(const MomentSums& other);
 };
 
+// Raw power sums of values that have no [B, T, F] structure, gathered where they are computed (the attention
+// logits inside the attention op): count, sums of x, x², x³, x⁴ over the finite values, max |x| of the finite
+// values, and the number of non-finite ones. moment_sums() turns them into MomentSums of a flat [1, 1, count]
+// tensor (no token correlation or per-feature statistics).
+struct LogitSums {
+  std::int64_t count = 0;
+  std::int64_t nonfinite = 0;
+  double sum = 0.0, sum_sq = 0.0, sum_cube = 0.0, sum_quad = 0.0;
+  double max_abs = 0.0;
+};
+// MomentSums (shift 0) holding `sums` for the statistics of `which` that apply (corr and chan ones dropped).
+MomentSums moment_sums(const LogitSums& sums, const StatSelection& which);
+
 // Finished statistics; NaN for statistics the sums were not accumulated for (nonfinite is a count).
 struct Moments {
   double mean, var, rms, max_abs, kurtosis, nonfinite, corr, chan_mean_sq, chan_var;

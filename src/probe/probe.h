@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "probe/moments.h"
 
 namespace proplab {
 
@@ -35,8 +36,10 @@ class ProbeSink {
   virtual void forward(int probe, const Tensor& x, std::int64_t sequences) = 0;
   // The gradient of the loss with respect to probe `probe`'s tensor, same layout.
   virtual void backward(int probe, const Tensor& d_x, std::int64_t sequences) = 0;
-  // Attention logits (pre-softmax, causal entries only): q·k·scale from packed qkv [B, T, 3D].
-  virtual void attention_logits(int probe, const Tensor& qkv, int heads, float logit_scale) = 0;
+  // Attention logits (pre-softmax, causal entries only): their power sums, gathered by the attention op while it
+  // computed q·k·scale from the packed qkv [B, T, 3D] (also given, for sinks that want the tensor itself).
+  virtual void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
+                                float logit_scale) = 0;
 };
 
 }  // namespace proplab

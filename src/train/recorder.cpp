@@ -1,7 +1,5 @@
 #include "train/recorder.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -172,33 +170,9 @@ void Recorder::backward(int probe_index, const Tensor& d_x, std::int64_t sequenc
   backward_seen_[probe_index] = true;
 }
 
-void Recorder::attention_logits(int probe_index, const Tensor& qkv, int heads, float logit_scale) {
-  // Causal logits q_i·k_j·scale (j <= i) of every (sequence, head), packed into one flat vector: the moments are
-  // over the entries that exist. Token correlation and per-feature statistics do not apply (NaN).
-  const std::int64_t batch = qkv.dim(0), tokens = qkv.dim(1), width = qkv.dim(2) / 3, head_dim = width / heads;
-  const std::int64_t per_head = tokens * (tokens + 1) / 2;
-  Tensor packed = Tensor::empty({batch * heads * per_head});
-  std::vector<float> scores(static_cast<std::size_t>(tokens * tokens));
-  const float* base = qkv.f32();
-  float* out = packed.f32();
-  for (std::int64_t b = 0; b < batch; ++b) {
-    for (int h = 0; h < heads; ++h) {
-      const float* q = base + b * tokens * 3 * width + h * head_dim;
-      const float* k = q + width;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(tokens),
-                  static_cast<int>(head_dim), logit_scale, q, static_cast<int>(3 * width), k,
-                  static_cast<int>(3 * width), 0.0f, scores.data(), static_cast<int>(tokens));
-      for (std::int64_t i = 0; i < tokens; ++i)
-        for (std::int64_t j = 0; j <= i; ++j) *out++ = scores[i * tokens + j];
-    }
-  }
-  probe::StatSelection which;
-  for (probe::Stat stat : {probe::Stat::mean, probe::Stat::var, probe::Stat::rms, probe::Stat::max_abs,
-                           probe::Stat::kurtosis, probe::Stat::nonfinite})
-    if (forward_stats_.has(stat)) which.add(stat);
-  probe::MomentSums part;
-  probe::accumulate(packed.f32(), 1, 1, packed.numel(), part, which);
-  forward_sums_[probe_index].merge(part);
+void Recorder::attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor&, int, float) {
+  // Moments over the causal entries that exist; token correlation and per-feature statistics do not apply (NaN).
+  forward_sums_[probe_index].merge(probe::moment_sums(sums, forward_stats_));
   forward_seen_[probe_index] = true;
 }
 

@@ -56,7 +56,8 @@ class Recorder final : public ProbeSink {
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;
   void backward(int probe_index, const Tensor& d_x, std::int64_t sequences) override;
-  void attention_logits(int probe_index, const Tensor& qkv, int heads, float logit_scale) override;
+  void attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor& qkv, int heads,
+                        float logit_scale) override;
 
  private:
   void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences, const probe::StatSelection& which);
