@@ -12,27 +12,14 @@
 #include "io/checkpoint.h"
 #include "io/run_reader.h"
 #include "train/optimizer.h"
+#include "support/temp_dir.h"
 #include "train/trainer.h"
 
 namespace proplab {
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("proplab-train-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
+using testing::TempDir;
 
 RunSpec tiny_spec(const std::string& name) {
   RunSpec spec;
