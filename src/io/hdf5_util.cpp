@@ -1,4 +1,5 @@
 #include "io/hdf5_util.h"
+#include "io/run_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -272,6 +273,30 @@ void fsync_path(const std::string& path, bool directory) {
   ::close(descriptor);
   if (result != 0) {
     throw InternalError(detail::concat("fsync of '", path, "' failed: ", std::strerror(saved_errno)));
+  }
+}
+
+
+void require_run_format(hid_t root, const std::string& file_name) {
+  const std::string not_a_run = detail::concat("'", file_name, "' is not a proplab run file (its root attribute ",
+                                               "'format' is not \"", run_format_name, "\")");
+  if (!h5_has_attribute(root, "format", file_name)) throw UserError(not_a_run);
+  std::string format;
+  try {
+    format = h5_read_string_attribute(root, "format", file_name);
+  } catch (const UserError&) {
+    throw UserError(not_a_run);
+  }
+  if (format != run_format_name) throw UserError(not_a_run);
+  if (!h5_has_attribute(root, "format_version", file_name)) {
+    throw UserError(detail::concat("run file '", file_name, "' has no 'format_version' attribute"));
+  }
+  const std::int64_t version = h5_read_int_attribute(root, "format_version", file_name);
+  if (version != run_format_version) {
+    throw UserError(detail::concat("run file '", file_name, "' has format_version ", version,
+                                   "; this build of proplab reads format_version ", run_format_version,
+                                   version > run_format_version ? " (the file is from a newer proplab)"
+                                                                : " (the file is from an older proplab)"));
   }
 }
 

@@ -95,4 +95,8 @@ std::vector<std::string> h5_read_string_dataset(hid_t dataset, const std::string
 // fsync(2) a file or directory so a rename that follows is durable; InternalError on failure.
 void fsync_path(const std::string& path, bool directory);
 
+// UserError unless the file whose root group is `root` is a proplab run file of the format_version this build
+// reads (RunReader and recover give the same messages).
+void require_run_format(hid_t root, const std::string& file_name);
+
 }  // namespace proplab::io_detail

@@ -45,28 +45,6 @@ void require_regular_file(const fs::path& path) {
   }
 }
 
-// Refuses anything but a proplab run file of the version this build reads (the messages RunReader gives).
-void require_run_format(hid_t root, const std::string& file_name) {
-  const std::string not_a_run = detail::concat("'", file_name, "' is not a proplab run file (its root attribute ",
-                                               "'format' is not \"", run_format_name, "\")");
-  if (!io_detail::h5_has_attribute(root, "format", file_name)) throw UserError(not_a_run);
-  std::string format;
-  try {
-    format = io_detail::h5_read_string_attribute(root, "format", file_name);
-  } catch (const UserError&) {
-    throw UserError(not_a_run);
-  }
-  if (format != run_format_name) throw UserError(not_a_run);
-  if (!io_detail::h5_has_attribute(root, "format_version", file_name)) {
-    throw UserError(detail::concat("run file '", file_name, "' has no 'format_version' attribute"));
-  }
-  const std::int64_t version = io_detail::h5_read_int_attribute(root, "format_version", file_name);
-  if (version != run_format_version) {
-    throw UserError(detail::concat("run file '", file_name, "' has format_version ", version,
-                                   "; this build of proplab reads format_version ", run_format_version));
-  }
-}
-
 // The status attribute, or "" when the file has none (recover still clears the mark).
 std::string read_status(hid_t root, const std::string& file_name) {
   if (!io_detail::h5_has_attribute(root, "status", file_name)) return "";
@@ -186,7 +164,7 @@ RecoverResult recover_run_file(const fs::path& path) {
     // A closed file: only checked, never written.
     H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "",
                            ErrorKind::user));
-    require_run_format(file.get(), file_name);
+    io_detail::require_run_format(file.get(), file_name);
     result.status_before = result.status_after = read_status(file.get(), file_name);
     file.close(file_name);
     return result;
@@ -207,7 +185,7 @@ RecoverResult recover_run_file(const fs::path& path) {
     H5Handle access = clearing_access(file_name, false);
     H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, access.get()), "H5Fopen (recovery check)",
                            file_name, "", ErrorKind::user));
-    require_run_format(file.get(), file_name);
+    io_detail::require_run_format(file.get(), file_name);
     result.status_before = read_status(file.get(), file_name);
     file.close(file_name);
   }
@@ -252,7 +230,7 @@ void rewrite_run_status(const fs::path& path, RunStatus status, const std::strin
            file_name);
   H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen (read-write)", file_name,
                          "", ErrorKind::user));
-  require_run_format(file.get(), file_name);
+  io_detail::require_run_format(file.get(), file_name);
   io_detail::h5_overwrite_string_attribute(file.get(), "status", run_status_name(status), file_name);
   io_detail::h5_overwrite_string_attribute(file.get(), "status_detail", fit_to(detail, run_status_detail_size),
                                            file_name);

@@ -158,26 +158,7 @@ RunReader RunReader::open(const std::filesystem::path& path, RunOpenMode mode) {
   }
 
   const hid_t root = impl->file.get();
-  const std::string not_a_run = detail::concat("'", file_name, "' is not a proplab run file (its root attribute ",
-                                               "'format' is not \"", run_format_name, "\")");
-  if (!io_detail::h5_has_attribute(root, "format", file_name)) throw UserError(not_a_run);
-  std::string format;
-  try {
-    format = io_detail::h5_read_string_attribute(root, "format", file_name);
-  } catch (const UserError&) {
-    throw UserError(not_a_run);
-  }
-  if (format != run_format_name) throw UserError(not_a_run);
-  if (!io_detail::h5_has_attribute(root, "format_version", file_name)) {
-    throw UserError(detail::concat("run file '", file_name, "' has no 'format_version' attribute"));
-  }
-  const std::int64_t version = io_detail::h5_read_int_attribute(root, "format_version", file_name);
-  if (version != run_format_version) {
-    throw UserError(detail::concat("run file '", file_name, "' has format_version ", version,
-                                   "; this build of proplab reads format_version ", run_format_version,
-                                   version > run_format_version ? " (the file is from a newer proplab)"
-                                                                : " (the file is from an older proplab)"));
-  }
+  io_detail::require_run_format(root, file_name);
   return RunReader(std::move(impl));
 }
 

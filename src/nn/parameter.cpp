@@ -26,6 +26,22 @@ void init_tensor(Tensor& value, const InitSpec& spec, std::uint64_t seed, const 
     return;
   }
   const CounterRng rng(seed, stream_id(name));
+  if (!spec.row_block_stds.empty()) {
+    // Equal row blocks are equal contiguous flat ranges (row-major); element i keeps its own RNG draw, only its
+    // std depends on the block.
+    const auto blocks = static_cast<std::int64_t>(spec.row_block_stds.size());
+    PROPLAB_CHECK(value.ndim() >= 1 && value.dim(0) % blocks == 0, "row-block init of ", name, ": dim 0 of ",
+                  shape_string(value.shape()), " splits into ", blocks, " equal blocks");
+    const std::int64_t block_numel = n / blocks;
+    if (block_numel == 0) return;
+    const std::vector<double>& stds = spec.row_block_stds;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const double std = stds[static_cast<std::size_t>(i / block_numel)];
+      v[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i)));
+    }
+    return;
+  }
   const double std = spec.std;
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(i)));

@@ -44,7 +44,8 @@ class ParameterStore {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
-// Fills `value` from an InitSpec: N(0, std²) from CounterRng(seed, stream_id(name)) at each flat index, or a
+// Fills `value` from an InitSpec: N(0, std²) from CounterRng(seed, stream_id(name)) at each flat index (with
+// per-row-block stds when the spec has them: the same draw at each index, scaled by its block's std), or a
 // constant.
 void init_tensor(Tensor& value, const InitSpec& spec, std::uint64_t seed, const std::string& name);
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/config.h"
@@ -47,8 +48,15 @@ struct InitSpec {
   enum class Kind { normal, constant } kind = Kind::normal;
   double std = 0.0;    // normal: N(0, std^2)
   double value = 0.0;  // constant
-  static InitSpec normal_std(double s) { return {Kind::normal, s, 0.0}; }
-  static InitSpec constant(double v) { return {Kind::constant, 0.0, v}; }
+  // normal, optional: when not empty, the tensor's dim 0 (rows) is split into row_block_stds.size() equal
+  // blocks (dim 0 must divide evenly) and block b is drawn N(0, row_block_stds[b]^2); `std` is then unused.
+  // Packed QKV [3D, D] uses three blocks: Q, K, V.
+  std::vector<double> row_block_stds;
+  static InitSpec normal_std(double s) { return {Kind::normal, s, 0.0, {}}; }
+  static InitSpec normal_row_blocks(std::vector<double> stds) { return {Kind::normal, 0.0, 0.0, std::move(stds)}; }
+  static InitSpec constant(double v) { return {Kind::constant, 0.0, v, {}}; }
+  // The std of row block `block` (the single std when there are no row blocks).
+  double block_std(std::size_t block) const { return row_block_stds.empty() ? std : row_block_stds.at(block); }
 };
 
 struct ResidualSpec {

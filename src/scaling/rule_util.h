@@ -1,0 +1,95 @@
+// scaling/rule_util: helpers shared by the rule files (no rule lives here): the Xavier std, the checks a rule
+// makes on the model it is asked to scale, and the learnable-branch-weight rule that ReZero and SkipInit share.
+//
+// Invariant: every rejection is a UserError whose text names the conflicting key with its value, what the rule
+// requires and ends with "; allowed: ..." (the study validator reports it at scaling.rule as is).
+#pragma once
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "scaling/rule.h"
+
+namespace proplab::rule_util {
+
+// Glorot: sqrt(2 / (fan_in + fan_out)).
+inline double xavier_std(const ParamInfo& param) {
+  return std::sqrt(2.0 / static_cast<double>(param.fan_in + param.fan_out));
+}
+
+// Throws unless the model is a transformer (`what` says what the rule is defined for).
+inline void require_transformer(const ModelShape& shape, const std::string& rule, const std::string& what) {
+  if (shape.type != "transformer")
+    throw UserError("model.type = \"" + shape.type + "\": scaling rule \"" + rule + "\" is defined for " + what +
+                    " only; allowed: model.type = \"transformer\"");
+}
+
+// The study spelling of a norm placement. (models/config.cpp's norm_placement_name lives in the models library,
+// which links after scaling; scaling depends on core only.)
+inline const char* norm_key_value(NormPlacement placement) {
+  switch (placement) {
+    case NormPlacement::pre: return "pre";
+    case NormPlacement::post: return "post";
+    case NormPlacement::none: return "none";
+  }
+  return "?";
+}
+
+// Throws unless a transformer's norm placement is `required`; `why` says why the rule fixes it.
+inline void require_norm(const ModelShape& shape, const std::string& rule, NormPlacement required,
+                         const std::string& why) {
+  if (shape.type != "transformer" || shape.transformer.norm == required) return;
+  const std::string wanted = norm_key_value(required);
+  throw UserError("model.norm = \"" + std::string(norm_key_value(shape.transformer.norm)) +
+                  "\" conflicts with scaling rule \"" + rule + "\", which requires model.norm = \"" + wanted +
+                  "\" (" + why + "); allowed: model.norm = \"" + wanted + "\"");
+}
+
+// Throws for an MLP without residual connections (a rule that weights residual branches has nothing to weight).
+inline void require_residual_mlp(const ModelShape& shape, const std::string& rule) {
+  if (shape.type == "mlp" && !shape.mlp.residual)
+    throw UserError("model.residual = false: scaling rule \"" + rule +
+                    "\" sets the weights of residual branches and this MLP has none; allowed: model.residual = true");
+}
+
+// A parameter that must be a whole number in [0, max] (a choice or a flag); returns it.
+inline int whole_param(const ScalingConfig& config, const std::string& key, int max) {
+  const double value = config.params.at(key);
+  if (value != std::floor(value) || value < 0 || value > max) {
+    std::ostringstream message;
+    message << "scaling." << key << ": " << value << " is not a whole number in [0, " << max << "]; allowed: ";
+    for (int choice = 0; choice <= max; ++choice) message << (choice ? ", " : "") << choice;
+    throw UserError(message.str());
+  }
+  return static_cast<int>(value);
+}
+
+// ReZero / SkipInit: x ← x + α·f with one learnable scalar α per residual add, initialised to alpha0; no
+// normalisation. Transformer weights and embeddings Xavier; MLP weights and biases mean-field from [model].
+class LearnableBranchRule final : public ScalingRule {
+ public:
+  LearnableBranchRule(std::string name, double alpha0, const ModelShape& shape)
+      : name_(std::move(name)), alpha0_(alpha0), shape_(shape) {}
+  std::string name() const override { return name_; }
+  InitSpec init(const ParamInfo& param) const override {
+    if (param.role == ParamRole::residual_scale) return InitSpec::constant(alpha0_);
+    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
+    switch (param.role) {
+      case ParamRole::bias:
+      case ParamRole::norm_bias: return InitSpec::constant(0.0);
+      case ParamRole::norm_gain: return InitSpec::constant(1.0);
+      default: return InitSpec::normal_std(xavier_std(param));
+    }
+  }
+  ResidualSpec residual(int, Branch) const override { return {1.0, alpha0_, false, true}; }
+
+ private:
+  std::string name_;
+  double alpha0_;
+  ModelShape shape_;
+};
+
+}  // namespace proplab::rule_util
