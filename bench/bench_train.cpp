@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
       s.model->forward_backward(b, 1.0f, context);
       ops::clip_grad_norm(s.grads, 1.0);
       if (record) s.recorder->before_update();
-      s.optimizer->step(1e-3);
+      s.optimizer->step(1e-3, record ? &s.recorder->update_norms() : nullptr);
       if (record) {
         s.recorder->after_update();
         s.recorder->write_record(*s.writer, s.step);

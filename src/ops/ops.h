@@ -103,7 +103,14 @@ struct AdamWHyper {
   float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
   std::int64_t step = 1;      // 1-based, for bias correction
 };
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper);
+// What an update did to one tensor, measured inside the update loop when asked (recorded steps):
+// Σ w² before the update and Σ (w_after − w_before)², each over fixed blocks combined in order (deterministic).
+struct UpdateNorms {
+  double weight_sq = 0.0;
+  double update_sq = 0.0;
+};
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
+                  UpdateNorms* norms = nullptr);
 
 struct SgdHyper {
   float lr = 1e-2f;
@@ -111,7 +118,8 @@ struct SgdHyper {
   float weight_decay = 0.0f;  // coupled (added to the gradient), as in classic SGD
   bool nesterov = false;
 };
-void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper);
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
+                UpdateNorms* norms = nullptr);
 
 // ---- global gradient-norm clipping -------------------------------------------------------------------------------------
 // Returns the global L2 norm over all grads (double, deterministic order); when max_norm > 0 and the norm

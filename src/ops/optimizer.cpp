@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -26,8 +27,40 @@ void for_blocks(std::int64_t n, const Body& body) {
   for (std::int64_t block = 0; block < blocks; ++block) body(block * kBlock, std::min(n, (block + 1) * kBlock));
 }
 
+// for_blocks, and when `norms` is given also Σ w² before and Σ Δw² of each block (the block's old values are kept
+// in an L1-sized buffer), combined in block order.
+template <typename Body>
+void for_blocks_measured(std::int64_t n, const float* param, const Body& body, UpdateNorms* norms) {
+  if (norms == nullptr) {
+    for_blocks(n, body);
+    return;
+  }
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> weight_sq(static_cast<std::size_t>(blocks)), update_sq(static_cast<std::size_t>(blocks));
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const std::int64_t begin = block * kBlock, end = std::min(n, (block + 1) * kBlock);
+    float before[kBlock];
+    std::copy(param + begin, param + end, before);
+    body(begin, end);
+    double w = 0.0, u = 0.0;
+    for (std::int64_t i = begin; i < end; ++i) {
+      const double old = before[i - begin], delta = static_cast<double>(param[i]) - old;
+      w += old * old;
+      u += delta * delta;
+    }
+    weight_sq[block] = w;
+    update_sq[block] = u;
+  }
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    norms->weight_sq += weight_sq[block];
+    norms->update_sq += update_sq[block];
+  }
+}
+
 // As torch.optim.AdamW: param *= 1 - lr*wd; m, v updated; param -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps).
-void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper) {
+void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
+                      UpdateNorms* norms) {
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), static_cast<double>(hyper.step));
   const float step_size = static_cast<float>(hyper.lr / bias_correction1);
@@ -39,7 +72,7 @@ void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, c
   const float* g = grad.f32();
   float* m_data = m.f32();
   float* v_data = v.f32();
-  for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+  for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) {
       const float m_i = beta1 * m_data[i] + one_minus_beta1 * g[i];
@@ -48,25 +81,26 @@ void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, c
       v_data[i] = v_i;
       p[i] = p[i] * decay - step_size * m_i / (std::sqrt(v_i) * inv_sqrt_bc2 + eps);
     }
-  });
+  }, norms);
 }
 
 // As torch.optim.SGD (dampening 0): g = grad + wd*param; buf = momentum*buf + g; the step uses
 // g + momentum*buf (nesterov) or buf; with momentum 0 the step is g and the buffer is untouched.
-void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper) {
+void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
+                    UpdateNorms* norms) {
   const float lr = hyper.lr, momentum = hyper.momentum, weight_decay = hyper.weight_decay;
   float* p = param.f32();
   const float* g = grad.f32();
   if (momentum == 0.0f) {
-    for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+    for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
       for (std::int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
-    });
+    }, norms);
     return;
   }
   float* buf = momentum_buffer.f32();
   const bool nesterov = hyper.nesterov;
-  for_blocks(param.numel(), [=](std::int64_t begin, std::int64_t end) {
+  for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
     for (std::int64_t i = begin; i < end; ++i) {
       const float g_i = g[i] + weight_decay * p[i];
@@ -74,12 +108,13 @@ void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, 
       buf[i] = buf_i;
       p[i] -= lr * (nesterov ? g_i + momentum * buf_i : buf_i);
     }
-  });
+  }, norms);
 }
 
 }  // namespace
 
-void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper) {
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
+                  UpdateNorms* norms) {
   const char* op = "adamw_update";
   PROPLAB_CHECK(param.defined(), "op '", op, "': param is undefined");
   expect_shape(op, "param", param, param.shape());
@@ -91,10 +126,11 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
                 "': betas must lie in [0, 1), got ", hyper.beta1, ", ", hyper.beta2);
   const Device device = common_device(op, {&param, &grad, &m, &v});
   if (device == Device::cuda) missing_device_impl(op, device);
-  adamw_update_cpu(param, grad, m, v, hyper);
+  adamw_update_cpu(param, grad, m, v, hyper, norms);
 }
 
-void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper) {
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
+                UpdateNorms* norms) {
   const char* op = "sgd_update";
   PROPLAB_CHECK(param.defined(), "op '", op, "': param is undefined");
   expect_shape(op, "param", param, param.shape());
@@ -105,7 +141,7 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, cons
     expect_shape(op, "momentum_buffer", momentum_buffer, param.shape());
   const Device device = common_device(op, {&param, &grad, &momentum_buffer});
   if (device == Device::cuda) missing_device_impl(op, device);
-  sgd_update_cpu(param, grad, momentum_buffer, hyper);
+  sgd_update_cpu(param, grad, momentum_buffer, hyper, norms);
 }
 
 }  // namespace proplab::ops

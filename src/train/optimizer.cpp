@@ -24,9 +24,10 @@ Optimizer::Optimizer(const TrainConfig& config, ParameterStore& params) : config
   }
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, std::vector<ops::UpdateNorms>* norms) {
   ++steps_taken_;
   auto& all = params_.all();
+  if (norms) PROPLAB_CHECK(norms->size() == all.size(), "one UpdateNorms per parameter");
   for (std::size_t i = 0; i < all.size(); ++i) {
     Parameter& p = *all[i];
     const double param_lr = lr * p.lr_multiplier;
@@ -39,14 +40,14 @@ void Optimizer::step(double lr) {
       h.eps = static_cast<float>(config_.eps);
       h.weight_decay = decay;
       h.step = steps_taken_;
-      ops::adamw_update(p.value, p.grad, first_[i], second_[i], h);
+      ops::adamw_update(p.value, p.grad, first_[i], second_[i], h, norms ? &(*norms)[i] : nullptr);
     } else {
       ops::SgdHyper h;
       h.lr = static_cast<float>(param_lr);
       h.momentum = static_cast<float>(config_.momentum);
       h.weight_decay = decay;
       h.nesterov = config_.nesterov;
-      ops::sgd_update(p.value, p.grad, first_[i], h);
+      ops::sgd_update(p.value, p.grad, first_[i], h, norms ? &(*norms)[i] : nullptr);
     }
   }
 }

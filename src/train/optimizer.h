@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nn/parameter.h"
+#include "ops/ops.h"
 #include "train/config.h"
 
 namespace proplab {
@@ -21,8 +22,9 @@ double scheduled_lr(const TrainConfig& config, std::int64_t step);
 class Optimizer {
  public:
   Optimizer(const TrainConfig& config, ParameterStore& params);
-  // One update with the given scheduled learning rate (uses the accumulated gradients).
-  void step(double lr);
+  // One update with the given scheduled learning rate (uses the accumulated gradients). With `norms` (one entry
+  // per parameter, added to), also measures each tensor's Σ w² before and Σ Δw² inside the update loop.
+  void step(double lr, std::vector<ops::UpdateNorms>* norms = nullptr);
   std::int64_t steps_taken() const { return steps_taken_; }
   void set_steps_taken(std::int64_t steps) { steps_taken_ = steps; }
   // Named state tensors for checkpoints: "<param>.adam_m", "<param>.adam_v" or "<param>.momentum".

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/parallel.h"
 #include "ops/ops.h"
 
 namespace proplab {
@@ -33,31 +32,6 @@ namespace {
 probe::StatSelection selection_from(const std::vector<std::string>& names, const char* what) {
   if (names.empty()) return probe::StatSelection::all();
   return probe::StatSelection::parse(names, std::string("record.") + what);
-}
-
-// Σ b² and Σ (a − b)² over two equally shaped tensors in one pass, over fixed chunks combined in order.
-std::pair<double, double> sum_squares_and_difference(const Tensor& a, const Tensor& b) {
-  const float* pa = a.f32();
-  const float* pb = b.f32();
-  const std::int64_t n = a.numel(), chunks = (n + kReduceChunk - 1) / kReduceChunk;
-  std::vector<double> squares(static_cast<std::size_t>(chunks)), differences(static_cast<std::size_t>(chunks));
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    double sq = 0.0, diff = 0.0;
-    for (std::int64_t i = c * kReduceChunk, end = std::min(n, (c + 1) * kReduceChunk); i < end; ++i) {
-      const double before = pb[i], delta = static_cast<double>(pa[i]) - before;
-      sq += before * before;
-      diff += delta * delta;
-    }
-    squares[c] = sq;
-    differences[c] = diff;
-  }
-  double sq = 0.0, diff = 0.0;
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    sq += squares[c];
-    diff += differences[c];
-  }
-  return {sq, diff};
 }
 
 double rms_of(const Tensor& t) { return std::sqrt(ops::sum_squares(t) / static_cast<double>(std::max<std::int64_t>(t.numel(), 1))); }
@@ -178,22 +152,21 @@ void Recorder::attention_logits(int probe_index, const probe::LogitSums& sums, c
 
 void Recorder::before_update() {
   auto& all = params_.all();
-  if (weights_before_.size() != all.size()) weights_before_.assign(all.size(), Tensor());
-  // The weights before the update are kept for weight_rms and update_ratio, both taken in after_update's one
-  // pass over (before, after).
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    const Parameter& p = *all[i];
-    if (!weights_before_[i].defined()) weights_before_[i] = Tensor::empty(p.value.shape());
-    weights_before_[i].copy_from(p.value);
+  update_norms_.assign(all.size(), ops::UpdateNorms{});
+  for (std::size_t i = 0; i < all.size(); ++i)
     for (std::size_t s = 0; s < param_stats_.size(); ++s)
-      if (param_stats_[s] == ParamStat::grad_rms) param_rows_[s][i] = rms_of(p.grad);
-  }
+      if (param_stats_[s] == ParamStat::grad_rms) param_rows_[s][i] = rms_of(all[i]->grad);
+}
+
+void Recorder::skip_update() {
+  auto& all = params_.all();
+  for (std::size_t i = 0; i < all.size(); ++i) update_norms_[i] = {ops::sum_squares(all[i]->value), 0.0};
 }
 
 void Recorder::after_update() {
   auto& all = params_.all();
   for (std::size_t i = 0; i < all.size(); ++i) {
-    const auto [before_sq, delta_sq] = sum_squares_and_difference(all[i]->value, weights_before_[i]);
+    const double before_sq = update_norms_[i].weight_sq, delta_sq = update_norms_[i].update_sq;
     const double n = static_cast<double>(std::max<std::int64_t>(all[i]->value.numel(), 1));
     for (std::size_t s = 0; s < param_stats_.size(); ++s) {
       if (param_stats_[s] == ParamStat::weight_rms) param_rows_[s][i] = std::sqrt(before_sq / n);

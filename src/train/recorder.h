@@ -19,6 +19,7 @@
 #include "io/run_file.h"
 #include "io/run_reader.h"
 #include "nn/parameter.h"
+#include "ops/ops.h"
 #include "probe/moments.h"
 #include "probe/probe.h"
 #include "train/config.h"
@@ -45,9 +46,12 @@ class Recorder final : public ProbeSink {
   void copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step);
 
   // A recorded step: begin_step, then the model's forward/backward with this sink, then before_update,
-  // the optimizer update, after_update, then write_record.
+  // the optimizer update measuring into update_norms(), after_update, then write_record.
   void begin_step();
   void before_update();
+  std::vector<ops::UpdateNorms>& update_norms() { return update_norms_; }
+  // Instead of an update (a step that diverged before it): weights measured as they are, update 0.
+  void skip_update();
   void after_update();
   // Appends the step's rows and flushes the file (SWMR readers see the record at once). Returns "" or, when some statistic is non-finite, the first probe (in depth order,
   // forward before backward) or parameter that went non-finite, e.g. "blocks.3.attn.out (forward)".
@@ -70,7 +74,7 @@ class Recorder final : public ProbeSink {
   std::vector<ParamStat> param_stats_;
   std::vector<probe::MomentSums> forward_sums_, backward_sums_;
   std::vector<bool> forward_seen_, backward_seen_;
-  std::vector<Tensor> weights_before_;
+  std::vector<ops::UpdateNorms> update_norms_;  // per parameter, filled by the optimizer's update
   std::vector<std::vector<double>> param_rows_;  // [stat][param]
   // Series ids.
   SeriesId steps_series_;

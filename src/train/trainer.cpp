@@ -233,6 +233,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
       }
       recorder.before_update();
+      recorder.skip_update();
       recorder.after_update();
       const std::string first = recorder.write_record(writer, step);
       status = RunStatus::diverged;
@@ -243,7 +244,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       break;
     }
     if (record) recorder.before_update();
-    optimizer.step(lr);
+    optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
     std::string first_nonfinite;
     if (record) {
       recorder.after_update();
