@@ -1,0 +1,131 @@
+// theory/model_theory: predicted moments of every probe of a whole model at initialisation, composed from the
+// component maps (theory/moments.h) along the model's actual graph, and the MLP's mean-field quantities
+// (theory/mean_field.h).
+//
+// The model is described by plain numbers (TransformerNumbers, MlpNumbers: the config plus every init std and
+// residual weight the scaling rule chose), so this module depends on nothing but core and the header-only model
+// config; scaling/theory_numbers builds the numbers from a rule.
+//
+// Invariants and conventions:
+// - Predictions are returned in the model's probe order with exactly the model's probe names (the names are
+//   built here the same way models/transformer.cpp and models/mlp.cpp build them; tests check they agree).
+// - Forward statistics are those probe/moments records: the mean and population variance over all elements, and
+//   the token correlation `corr` centred by the scalar mean. Backward: the variance of the gradient of the mean
+//   loss with respect to the probe's tensor (as ops::softmax_cross_entropy / ops::mse_loss scale it).
+// - A statistic without a prediction is NaN, and the probe's `no_forward` / `no_backward` says why.
+// - Attention is causal (token t attends to tokens 0..t), as in ops::attention_forward; the causal maps here
+//   replace the reference's bidirectional single-head formula (docs/theory.md, "predictions along the model").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/config.h"
+#include "theory/mean_field.h"
+#include "theory/moments.h"
+
+namespace proplab::theory {
+
+struct ResidualNumbers {
+  double lambda = 1.0;  // skip weight λ
+  double beta = 1.0;    // branch weight β
+};
+
+// One transformer block's initial distributions (stds of N(0, std²) entries; 0 for a zero-initialised tensor).
+struct TransformerBlockNumbers {
+  double q_std = 0.0, k_std = 0.0, v_std = 0.0;  // the packed QKV's three row blocks
+  double qkv_bias_std = 0.0;
+  double attn_out_std = 0.0, attn_out_bias_std = 0.0;
+  double ffn_in_std = 0.0, ffn_in_bias_std = 0.0;
+  double ffn_out_std = 0.0, ffn_out_bias_std = 0.0;
+  ResidualNumbers attn_residual, ffn_residual;
+};
+
+struct TransformerNumbers {
+  TransformerConfig config;
+  double token_embed_std = 0.0;
+  double position_embed_std = 0.0;
+  std::vector<TransformerBlockNumbers> blocks;  // config.layers entries
+  double logit_scale = 0.0;        // attention logit scale (1/√d_head by default)
+  double output_multiplier = 1.0;  // on the head's logits
+  double readout_std = 0.0;        // untied head only
+};
+
+struct MlpLayerNumbers {
+  double weight_var = 0.0;  // per-entry variance of W_l (σ_w²/fan_in for the mean-field init)
+  double bias_var = 0.0;
+  ResidualNumbers residual;  // used for l > 0 when config.residual
+};
+
+struct MlpNumbers {
+  MlpConfig config;
+  std::vector<MlpLayerNumbers> layers;  // config.layers entries
+  double readout_weight_var = 0.0;
+  double readout_bias_var = 0.0;
+  double output_multiplier = 1.0;
+};
+
+// What the predictions need beyond the model: the data and the batch.
+struct TheoryInputs {
+  // Transformer: the token correlation r_0 of the embedding output (measured on the first batch, or a study's
+  // [theory] input_corr). Absent: the estimate for independent uniform tokens, σ_tok²/(V·(σ_tok² + σ_pos²)).
+  std::optional<double> input_corr;
+  // MLP: the mean and variance of the input vectors' elements.
+  double input_mean = 0.0;
+  double input_var = 1.0;
+  // MLP regression: E[t²] of the targets (the mean-squared-error gradient is (y - t)/numel).
+  double target_second_moment = 1.0;
+  // The micro-batch: sequences (MLP: samples) and tokens per sequence (0: config.seq_len); the loss is the mean
+  // over its rows, times grad_scale (1/grad_accum).
+  std::int64_t sequences = 1;
+  std::int64_t tokens = 0;
+  double grad_scale = 1.0;
+};
+
+// The prediction for one probe.
+struct ProbeTheory {
+  std::string name;
+  std::string kind;  // as probe_kind_name: residual, branch, norm, preact, postact, logits, embed
+  int block = -1;
+  double mean = 0.0, var = 0.0, corr = 0.0;  // forward; NaN where not predicted
+  double backward_var = 0.0;                 // NaN where not predicted
+  std::string no_forward;                    // why a forward statistic is NaN ("" when all are predicted)
+  std::string no_backward;                   // why backward_var is NaN
+};
+
+// Mean-field summary of an MLP (σ_w², σ_b² of the hidden layers).
+struct MeanFieldSummary {
+  double q_star = 0.0;  // fixed point of the length map (+inf when q diverges)
+  double c_star = 0.0;  // the correlation map's fixed point reached from c_0 (1 in the ordered phase)
+  double chi1 = 0.0;    // slope of the correlation map at c = 1 (per-layer gradient factor)
+  Phase phase = Phase::critical;
+  std::vector<MeanFieldLayer> layers;  // q_l, c_l of the pre-activations, l = 0..layers-1
+};
+
+struct ProbePrediction {
+  std::vector<ProbeTheory> probes;  // the model's probe order
+  std::string formulae;             // which maps were used (stored as the run file's `formulae` attribute)
+  std::optional<MeanFieldSummary> mean_field;  // MLPs only
+
+  // The probe with this name, or nullptr.
+  const ProbeTheory* find(const std::string& name) const;
+  // One line per statistic without a prediction: "name: reason" (the run file's `no_prediction` attribute).
+  std::string no_prediction_text() const;
+};
+
+// The transformer's probe names in forward order (the same list models/transformer.cpp builds).
+std::vector<std::string> transformer_probe_names(const TransformerConfig& config);
+
+// Predictions for every probe of a transformer. Requires numbers.blocks.size() == config.layers.
+ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs);
+// Predictions for every probe of an MLP, plus its mean-field summary. c_0 (for the summary) is input_corr or 0.
+ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs);
+
+// The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits for near-uniform predictions:
+// with S = E[Σ_v p_v²] ≈ e^{σ_z²(1-r_z)}/(e^{σ_z²(1-r_z)} + C - 1) (log-normal softmax weights), each row
+// contributes Σ_v (p_v - y_v)² = S - 2·E[p_y] + 1 with E[p_y] ≈ 1/C, so Var = (S - 2/C + 1)/C / rows² · scale².
+double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::int64_t rows, double grad_scale);
+
+}  // namespace proplab::theory
