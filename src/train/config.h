@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct RecordConfig {
   std::vector<std::string> backward;  // empty: all
   std::vector<std::string> params;    // empty: all
   std::string on_nonfinite = "stop";  // stop | continue
+};
+
+// Inputs of the theoretical predictions that the model does not fix.
+struct TheoryConfig {
+  // Token correlation of the embedding output; absent: measured on the first training batch.
+  std::optional<double> input_corr;
 };
 
 }  // namespace proplab

@@ -14,6 +14,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/recorder.h"
+#include "train/theory_run.h"
 
 namespace proplab {
 
@@ -95,6 +96,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
   Optimizer optimizer(tc, model->params());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
+  // What theory predicts for every probe at initialisation, stored beside the measurements.
+  const theory::ProbePrediction prediction = predict_for_run(spec);
+  PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
+                " probes, the model has ", model->probes().size());
+  for (std::size_t i = 0; i < prediction.probes.size(); ++i)
+    PROPLAB_CHECK(prediction.probes[i].name == model->probes()[i].name, "theory probe ", prediction.probes[i].name,
+                  " at depth ", i, " is ", model->probes()[i].name, " in the model");
 
   RunSummary summary;
   summary.run_file = run_file_path(options.out_dir, spec.name);
@@ -138,6 +146,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   try {
     created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
     recorder.create_datasets(*created);
+    write_theory(*created, prediction);
     created->start();
   } catch (...) {
     if (previous) {  // put the previous file back: nothing is lost when the new one cannot be written

@@ -33,6 +33,7 @@ struct RunSpec {
   RecordConfig record;
   ParallelConfig parallel;
   DeviceConfig device;
+  TheoryConfig theory;
   std::string config_toml;  // the resolved study, stored in the run file and checkpoint
 };
 

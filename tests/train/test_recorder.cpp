@@ -243,6 +243,35 @@ INSTANTIATE_TEST_SUITE_P(Placements, RecordedRun,
                          ::testing::Values(NormPlacement::pre, NormPlacement::post, NormPlacement::none),
                          [](const auto& info) { return std::string(norm_placement_name(info.param)); });
 
+TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
+  TempDir dir;
+  RunSpec spec = recorded_spec(NormPlacement::pre);
+  spec.model.transformer.width = 64;
+  spec.model.transformer.heads = 4;
+  RunOptions options;
+  options.out_dir = dir.path();
+  RunSummary summary = run_training(spec, options);
+  RunReader reader = RunReader::open(summary.run_file);
+  const std::vector<std::string> names = reader.read_strings("/probes/name");
+  for (const char* path : {"/theory/forward/var", "/theory/forward/mean", "/theory/forward/corr", "/theory/backward/var"})
+    EXPECT_EQ(reader.dataset_shape(path), (std::vector<std::int64_t>{static_cast<std::int64_t>(names.size())})) << path;
+  EXPECT_FALSE(reader.attribute_string("/theory", "formulae").empty());
+  EXPECT_NE(reader.attribute_string("/theory", "no_prediction").find("blocks.0.attn.logits"), std::string::npos);
+  const std::vector<double> predicted = reader.read_doubles("/theory/forward/var");
+  const std::vector<double> predicted_corr = reader.read_doubles("/theory/forward/corr");
+  const std::vector<double> predicted_grad = reader.read_doubles("/theory/backward/var");
+  const Dataset2D measured = reader.read_2d("/forward/var"), measured_corr = reader.read_2d("/forward/corr");
+  for (std::size_t p = 0; p < names.size(); ++p) {
+    if (names[p] == "embed.out") {
+      // The input correlation the formulae start from is measured on the same batch as the step-0 record.
+      EXPECT_NEAR(predicted_corr[p], measured_corr.at(0, p), 1e-9) << names[p];
+      EXPECT_NEAR(predicted[p], measured.at(0, p), 0.1 * measured.at(0, p)) << names[p];
+    }
+    if (names[p] == "blocks.0.attn.logits") EXPECT_TRUE(std::isnan(predicted_grad[p]));
+    if (names[p] == "blocks.1.out") EXPECT_GT(predicted[p], 0.0);
+  }
+}
+
 TEST(RecordedRun, SelectedStatisticsOnlyAndUnknownNamesRefused) {
   TempDir dir;
   RunSpec spec = recorded_spec(NormPlacement::pre);

@@ -1,0 +1,74 @@
+#include "train/theory_run.h"
+
+#include <cmath>
+
+#include "data/dataset.h"
+#include "models/model.h"
+#include "nn/parameter.h"
+#include "ops/ops.h"
+#include "probe/moments.h"
+#include "scaling/theory_numbers.h"
+
+namespace proplab {
+
+namespace {
+
+// The token correlation of the embedding output (before dropout) on the first training batch: the same tables
+// the model initialises (counter-based RNG keyed by the parameter names) and the same `corr` as the recorder.
+double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
+  const TransformerConfig& m = spec.model.transformer;
+  const std::int64_t micro = spec.train.batch / spec.train.grad_accum;
+  auto data = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
+  Tensor inputs = Tensor::empty({micro, m.seq_len}, DType::i32), targets = Tensor::empty({micro, m.seq_len}, DType::i32);
+  data->batch(Split::train, 0, inputs, targets);
+  Tensor token = Tensor::empty({m.vocab, m.width}), position = Tensor::empty({m.seq_len, m.width});
+  init_tensor(token, rule.init(ParamInfo{ParamRole::token_embedding, m.vocab, m.width, -1, "embed.token.weight"}),
+              spec.seed, "embed.token.weight");
+  init_tensor(position,
+              rule.init(ParamInfo{ParamRole::position_embedding, m.seq_len, m.width, -1, "embed.position.weight"}),
+              spec.seed, "embed.position.weight");
+  Tensor embedded = Tensor::empty({micro, m.seq_len, m.width});
+  ops::embedding_forward(inputs, token, &position, embedded);
+  probe::MomentSums sums;
+  probe::accumulate(embedded, micro, sums, probe::StatSelection().add(probe::Stat::corr));
+  return probe::finalize(sums).corr;
+}
+
+}  // namespace
+
+theory::ProbePrediction predict_for_run(const RunSpec& spec) {
+  theory::TheoryInputs inputs;
+  inputs.sequences = spec.train.batch / spec.train.grad_accum;
+  inputs.grad_scale = 1.0 / spec.train.grad_accum;
+  if (spec.model.type == "transformer") {
+    const TransformerConfig& m = spec.model.transformer;
+    std::unique_ptr<ScalingRule> rule = make_rule(spec.scaling, model_shape(spec.model));
+    inputs.tokens = m.seq_len;
+    inputs.input_corr = spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, *rule);
+    return theory::predict_transformer(transformer_numbers(*rule, m), inputs);
+  }
+  std::unique_ptr<ScalingRule> rule = make_rule(spec.scaling, model_shape(spec.model));
+  // Gaussian data: x ~ N(0, I); regression targets y = W x (+ noise) with W entries N(0, 1/input_dim).
+  inputs.input_mean = 0.0;
+  inputs.input_var = 1.0;
+  inputs.target_second_moment = 1.0 + spec.data.gaussian_noise * spec.data.gaussian_noise;
+  return theory::predict_mlp(mlp_numbers(*rule, spec.model.mlp), inputs);
+}
+
+void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction) {
+  std::vector<double> var, mean, corr, backward_var;
+  for (const theory::ProbeTheory& p : prediction.probes) {
+    var.push_back(p.var);
+    mean.push_back(p.mean);
+    corr.push_back(p.corr);
+    backward_var.push_back(p.backward_var);
+  }
+  writer.write_doubles("/theory/forward/var", var);
+  writer.write_doubles("/theory/forward/mean", mean);
+  writer.write_doubles("/theory/forward/corr", corr);
+  writer.write_doubles("/theory/backward/var", backward_var);
+  writer.write_attribute("/theory", "formulae", prediction.formulae);
+  writer.write_attribute("/theory", "no_prediction", prediction.no_prediction_text());
+}
+
+}  // namespace proplab

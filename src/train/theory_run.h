@@ -1,0 +1,20 @@
+// train/theory_run: the theoretical predictions for a run's model at initialisation, with the inputs the
+// formulae need measured the way the run will see them (the embedding output's token correlation on the first
+// training batch), and their place in the run file (/theory).
+#pragma once
+
+#include "io/run_file.h"
+#include "theory/model_theory.h"
+#include "train/trainer.h"
+
+namespace proplab {
+
+// Predictions for every probe of spec's model, in the model's probe order. Builds only the embedding tables
+// (not the model), so it is fast for very deep models. UserError for data problems (as run_training).
+theory::ProbePrediction predict_for_run(const RunSpec& spec);
+
+// Writes /theory/forward/{var,mean,corr} and /theory/backward/var [n_probes] with the attributes `formulae` and
+// `no_prediction` (call between RunWriter::create and start).
+void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction);
+
+}  // namespace proplab
