@@ -9,31 +9,16 @@
 #include "models/mlp.h"
 #include "models/transformer.h"
 #include "support/gradcheck.h"
+#include "support/model_testing.h"
 
 namespace proplab {
 
+using testing::check_all_parameters;
+using testing::token_batch;
+
 namespace {
 
-Batch token_batch(int batch, int tokens, int vocab, std::uint64_t seed) {
-  Batch b;
-  b.inputs = Tensor::empty({batch, tokens}, DType::i32);
-  b.targets = Tensor::empty({batch, tokens}, DType::i32);
-  CounterRng rng(seed, stream_id("test.tokens"));
-  for (int i = 0; i < batch * tokens; ++i) {
-    b.inputs.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i, vocab));
-    b.targets.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i + 1, vocab));
-  }
-  return b;
-}
 
-// Checks d(loss)/d(param) for every parameter of `model` against finite differences of `loss`.
-void check_all_parameters(Model& model, const std::function<double()>& loss, const testing::GradCheckOptions& options) {
-  for (auto& p : model.params().all()) {
-    SCOPED_TRACE(p->name);
-    testing::GradCheckResult result = testing::check_gradient(loss, p->value, p->grad, options);
-    EXPECT_GRAD_OK(result);
-  }
-}
 
 }  // namespace
 

@@ -15,8 +15,12 @@
 #include "models/transformer.h"
 #include "nn/parameter.h"
 #include "support/gradcheck.h"
+#include "support/model_testing.h"
 
 namespace proplab {
+
+using testing::check_all_parameters;
+using testing::token_batch;
 
 namespace {
 
@@ -104,17 +108,6 @@ TransformerConfig tiny_transformer(NormPlacement norm) {
   return config;
 }
 
-Batch token_batch(int batch, int tokens, int vocab, std::uint64_t seed) {
-  Batch b;
-  b.inputs = Tensor::empty({batch, tokens}, DType::i32);
-  b.targets = Tensor::empty({batch, tokens}, DType::i32);
-  CounterRng rng(seed, stream_id("test.tokens"));
-  for (int i = 0; i < batch * tokens; ++i) {
-    b.inputs.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i, vocab));
-    b.targets.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i + 1, vocab));
-  }
-  return b;
-}
 
 // Keeps a copy of every forward probe tensor, by probe name.
 class CapturingSink final : public ProbeSink {

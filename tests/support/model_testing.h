@@ -1,0 +1,38 @@
+// Helpers for tests that build whole models (header-only: only test binaries that link the models include it).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "core/rng.h"
+#include "models/model.h"
+#include "support/gradcheck.h"
+
+namespace proplab::testing {
+
+// A token batch [batch, tokens] of inputs and targets drawn uniformly from [0, vocab) under `seed`.
+inline Batch token_batch(int batch, int tokens, int vocab, std::uint64_t seed) {
+  Batch b;
+  b.inputs = Tensor::empty({batch, tokens}, DType::i32);
+  b.targets = Tensor::empty({batch, tokens}, DType::i32);
+  CounterRng rng(seed, stream_id("test.tokens"));
+  for (int i = 0; i < batch * tokens; ++i) {
+    b.inputs.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i, vocab));
+    b.targets.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i + 1, vocab));
+  }
+  return b;
+}
+
+// Checks d(loss)/d(param) — the gradients the model last accumulated — for every parameter against finite
+// differences of `loss`.
+inline void check_all_parameters(Model& model, const std::function<double()>& loss, const GradCheckOptions& options) {
+  for (auto& p : model.params().all()) {
+    SCOPED_TRACE(p->name);
+    GradCheckResult result = check_gradient(loss, p->value, p->grad, options);
+    EXPECT_GRAD_OK(result);
+  }
+}
+
+}  // namespace proplab::testing
