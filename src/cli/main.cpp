@@ -1,5 +1,6 @@
 // proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file; `proplab inspect
-// RUN.h5` summarises a run file; `proplab recover RUN.h5` repairs the run file of a killed run.
+// RUN.h5` summarises a run file; `proplab recover RUN.h5` repairs the run file of a killed run; `proplab theory
+// STUDY.toml` prints the theoretical predictions at initialisation (and compares them with a run).
 //
 // Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
 // written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
@@ -12,6 +13,7 @@
 #include <iostream>
 
 #include "cli/inspect.h"
+#include "cli/theory.h"
 #include "study/run_spec.h"
 #include "study/study.h"
 #include "train/trainer.h"
@@ -64,7 +66,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
              "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
-             "  proplab recover RUN.h5\nRun `proplab <command> --help` for a command's options. Study keys: "
+             "  proplab recover RUN.h5\n  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
+             "Run `proplab <command> --help` for a command's options. Study keys: "
              "docs/studies.md; run files: docs/run-format.md.");
 
   std::string study_path, out_dir;
@@ -112,6 +115,18 @@ int main(int argc, char** argv) {
                  "detail killed). A finished run's file is left unchanged.");
   recover->add_option("run_file", recover_path, "The run file (DIR/<name>.h5)")->required();
 
+  proplab::TheoryOptions theory_options;
+  std::string compare_path;
+  CLI::App* theory = app.add_subcommand(
+      "theory", "Print the predicted statistics of every probe at initialisation (without building the model), "
+                "optionally measured against a run's record at step 0.");
+  theory->add_option("study", theory_options.study_path, "The study file (TOML; see docs/studies.md)")->required();
+  theory->add_option("--set", theory_options.overrides,
+                     "Override a study key, as for `proplab run` (value in TOML syntax). Repeatable.");
+  theory->add_option("--compare", compare_path,
+                     "A run file of this study (with a record at step 0): print measured vs predicted per probe and "
+                     "the residual stream's median and worst relative error");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -127,6 +142,11 @@ int main(int argc, char** argv) {
         inspect_options.step = std::stoll(inspect_step);
       }
       proplab::inspect_run_file(inspect_options, std::cout);
+      return 0;
+    }
+    if (*theory) {
+      theory_options.compare = compare_path;
+      proplab::theory_command(theory_options, std::cout);
       return 0;
     }
     if (*recover) {

@@ -13,6 +13,7 @@ RunSpec to_run_spec(const Study& study) {
   spec.record = study.record;
   spec.parallel = study.parallel;
   spec.device = study.device;
+  spec.theory = study.theory;
   spec.config_toml = study.resolved_toml;
   return spec;
 }

@@ -198,6 +198,8 @@ struct Field {
   std::function<bool(const Study&)> applies;
   std::string selector;
   std::string applies_text;
+  // Whether resolved_toml writes the key (empty: always); false for an optional key that was not given.
+  std::function<bool(const Study&)> present;
 };
 
 struct TableSpec {
@@ -259,6 +261,24 @@ Field real_field(std::string key, Ref ref, RealRange range) {
     if constexpr (std::is_same_v<FieldType<Ref>, float>) return toml_float(float_as_decimal(ref(study)));
     else return toml_float(ref(study));
   };
+  return field;
+}
+
+// An optional number: absent stays absent (and is left out of resolved_toml).
+template <class Ref>
+Field optional_real_field(std::string key, Ref ref, RealRange range) {
+  Field field = named(std::move(key), range.text());
+  field.read = [ref, range](const toml::node& node, Study& study) -> std::string {
+    if (!node.is_number()) return "expected a number, got " + describe(node);
+    const double value = node.is_integer() ? static_cast<double>(node.as_integer()->get())
+                                           : node.as_floating_point()->get();
+    if (!range.contains(value))
+      return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
+    ref(study) = value;
+    return {};
+  };
+  field.write = [ref](const Study& study) { return ref(study) ? toml_float(*ref(study)) : std::string("-"); };
+  field.present = [ref](const Study& study) { return ref(study).has_value(); };
   return field;
 }
 
@@ -524,14 +544,18 @@ std::vector<TableSpec> build_schema() {
            choice_field("type", PROPLAB_MEMBER(device.type), {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}}),
            integer_field("threads", PROPLAB_MEMBER(device.threads), 0, 4096),
        }},
+      {"theory",
+       {
+           transformer(optional_real_field("input_corr", PROPLAB_MEMBER(theory.input_corr), RealRange{-1, 1})),
+       }},
   };
 }
 
 #undef PROPLAB_MEMBER
 
 // The top-level keys, in the order resolved_toml writes them.
-const std::vector<std::string> kTopLevelKeys = {"name",   "seed",     "model",  "scaling", "train",
-                                                "data",   "record",   "parallel", "device", "sweep"};
+const std::vector<std::string> kTopLevelKeys = {"name",   "seed",     "model",  "scaling", "train",  "data",
+                                                "record", "parallel", "device", "theory",  "sweep"};
 
 // ---- the validator -----------------------------------------------------------------------------------------------
 
@@ -971,15 +995,21 @@ std::string Validator::resolved_toml(const Study& study) const {
   std::ostringstream out;
   out << "# proplab study, resolved: every default filled in\n";
   const auto write_fields = [&](const TableSpec& spec) {
+    std::string lines;
     std::set<std::string> written;
     for (const Field& field : spec.fields) {
-      if ((field.applies && !field.applies(study)) || !written.insert(field.key).second) continue;
-      out << field.key << " = " << field.write(study) << "\n";
+      if ((field.applies && !field.applies(study)) || (field.present && !field.present(study)) ||
+          !written.insert(field.key).second)
+        continue;
+      lines += field.key + " = " + field.write(study) + "\n";
     }
+    return lines;
   };
   for (const TableSpec& spec : schema_) {
-    if (!spec.name.empty()) out << "\n[" << spec.name << "]\n";
-    write_fields(spec);
+    const std::string lines = write_fields(spec);
+    // A table of optional keys none of which is set ([theory]) is left out.
+    if (!spec.name.empty() && !lines.empty()) out << "\n[" << spec.name << "]\n";
+    out << lines;
     if (spec.name != "model") continue;
     out << "\n[scaling]\nrule = " << toml_string(study.scaling.rule) << "\n";
     if (const RuleInfo* info = find_rule(study.scaling.rule))

@@ -27,6 +27,7 @@ struct Study {
   RecordConfig record;
   ParallelConfig parallel;
   DeviceConfig device;
+  TheoryConfig theory;
   bool has_sweep = false;      // a [sweep] table is present (proplab run refuses it)
   std::string source_path;     // the study file as given
   std::string resolved_toml;   // the whole study, defaults filled in, as TOML text (stored in run files)

@@ -108,6 +108,7 @@ void expect_same_study(const Study& a, const Study& b) {
   EXPECT_EQ(a.parallel.microbatches, b.parallel.microbatches);
   EXPECT_EQ(a.device.type, b.device.type);
   EXPECT_EQ(a.device.threads, b.device.threads);
+  EXPECT_EQ(a.theory.input_corr, b.theory.input_corr);
   EXPECT_EQ(a.has_sweep, b.has_sweep);
 }
 
@@ -749,6 +750,8 @@ val_fraction = 0.3
 [record]
 forward = ["corr", "chan_var"]
 backward = ["nonfinite"]
+[theory]
+input_corr = -0.1
 [sweep]
 "train.lr" = [0.1, 0.01]
 [sweep.nested]
