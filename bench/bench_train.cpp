@@ -1,7 +1,7 @@
 // bench_train: the engine benchmark. Trains the reference model (transformer, 4 layers, width 256, 4 heads,
 // seq 128, batch 8, vocab 256, fp32, AdamW; ~21 GFLOP per step) and reports, side by side in one run:
 //   - ms/step, tokens/s and achieved GFLOP/s with recording off, every 10 steps and every step (all statistics,
-//     written to a real run file), interleaved round by round so machine noise hits all three alike;
+//     written to a real run file), interleaved step by step so machine noise hits all three alike (medians);
 //   - the sgemm rate measured at the model's own matrix shapes (bench/sgemm_rate.h), as the ceiling;
 //   - the identical model in PyTorch (bench/torch_reference.py, best thread setup, with and without hooks
 //     computing mean/var/max on every module) when /usr/bin/python3 has torch, and the ratios.
@@ -51,7 +51,32 @@ struct Setup {
   std::optional<RunWriter> writer;
   std::vector<Tensor*> grads;
   std::vector<double> seconds;
+  std::vector<double> sink_seconds, record_seconds;  // recorded steps: moments, and parameter stats + file
   std::int64_t step = 0;
+};
+
+// Times every call into the recorder (the probe sink) so the recording cost can be split into its parts.
+class TimedSink final : public ProbeSink {
+ public:
+  explicit TimedSink(Recorder& recorder) : recorder_(recorder) {}
+  void forward(int probe, const Tensor& x, std::int64_t sequences) override {
+    const auto start = std::chrono::steady_clock::now();
+    recorder_.forward(probe, x, sequences);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void backward(int probe, const Tensor& d_x, std::int64_t sequences) override {
+    const auto start = std::chrono::steady_clock::now();
+    recorder_.backward(probe, d_x, sequences);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
+                        float scale) override {
+    recorder_.attention_logits(probe, sums, qkv, heads, scale);
+  }
+  double seconds = 0.0;  // inside the recorder's moment accumulation, summed over calls
+
+ private:
+  Recorder& recorder_;
 };
 
 // A number after `"key":` in JSON text (first occurrence), or nullopt.
@@ -68,7 +93,7 @@ int main(int argc, char** argv) {
   int steps = 10, rounds = 3, warmup = 2, threads_arg = 0, torch_steps = 10;
   bool no_torch = false;
   app.add_option("--steps", steps, "timed steps per setup per round");
-  app.add_option("--rounds", rounds, "rounds (setups interleaved; medians over all rounds)");
+  app.add_option("--rounds", rounds, "rounds (each: --steps steps of every setup, interleaved; an sgemm measurement)");
   app.add_option("--threads", threads_arg, "threads (0: all cores)");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
   app.add_option("--torch-steps", torch_steps, "timed steps per PyTorch thread setup");
@@ -123,17 +148,30 @@ int main(int argc, char** argv) {
       const bool record = s.recorder && s.recorder->records(s.step);
       if (record) s.recorder->begin_step();
       s.model->params().zero_grads();
-      StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? s.recorder.get() : nullptr};
+      std::optional<TimedSink> sink;
+      if (record) sink.emplace(*s.recorder);
+      StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? &*sink : nullptr};
       s.model->forward_backward(b, 1.0f, context);
       ops::clip_grad_norm(s.grads, 1.0);
+      const auto update_start = std::chrono::steady_clock::now();
       if (record) s.recorder->before_update();
       s.optimizer->step(1e-3, record ? &s.recorder->update_norms() : nullptr);
+      double record_seconds = 0.0;
       if (record) {
+        const auto write_start = std::chrono::steady_clock::now();
         s.recorder->after_update();
         s.recorder->write_record(*s.writer, s.step);
+        record_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
       }
+      (void)update_start;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timed) s.seconds.push_back(seconds);
+      if (timed) {
+        s.seconds.push_back(seconds);
+        if (record) {
+          s.sink_seconds.push_back(sink->seconds);
+          s.record_seconds.push_back(record_seconds);
+        }
+      }
     }
   };
   for (Setup& s : setups) run_steps(s, warmup, false);
@@ -147,7 +185,9 @@ int main(int argc, char** argv) {
   dims.batch = batch;
   std::vector<double> sgemm_rates, sgemm_linear_rates;
   for (int r = 0; r < rounds; ++r) {
-    for (Setup& s : setups) run_steps(s, steps, true);
+    // One step of each setup in turn, so bursts of machine noise hit all three alike.
+    for (int i = 0; i < steps; ++i)
+      for (Setup& s : setups) run_steps(s, 1, true);
     const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads(), 5);
     sgemm_rates.push_back(sgemm.step_gflops);
     sgemm_linear_rates.push_back(sgemm.group_gflops(bench::SgemmGroup::linear));
@@ -170,6 +210,9 @@ int main(int argc, char** argv) {
                 flops / t / 1e9);
     if (s.every > 0) std::printf("  overhead %+5.1f%%", 100.0 * (t / off - 1.0));
     std::printf("\n");
+    if (s.every == 1)
+      std::printf("    (per recorded step: %.1f ms accumulating moments, %.1f ms parameter statistics + writing)\n",
+                  median(s.sink_seconds) * 1e3, median(s.record_seconds) * 1e3);
   }
   std::printf("  sgemm at the model's shapes: %.1f GFLOP/s (linear-layer shapes only: %.1f) -> proplab reaches "
               "%.0f%% (%.0f%%)\n",
