@@ -267,8 +267,12 @@ TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
       EXPECT_NEAR(predicted_corr[p], measured_corr.at(0, p), 1e-9) << names[p];
       EXPECT_NEAR(predicted[p], measured.at(0, p), 0.1 * measured.at(0, p)) << names[p];
     }
-    if (names[p] == "blocks.0.attn.logits") EXPECT_TRUE(std::isnan(predicted_grad[p]));
-    if (names[p] == "blocks.1.out") EXPECT_GT(predicted[p], 0.0);
+    if (names[p] == "blocks.0.attn.logits") {
+      EXPECT_TRUE(std::isnan(predicted_grad[p]));
+    }
+    if (names[p] == "blocks.1.out") {
+      EXPECT_GT(predicted[p], 0.0);
+    }
   }
 }
 
