@@ -38,9 +38,7 @@ std::vector<float> random_tensor(std::int64_t n, std::uint64_t stream) {
   return values;
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 struct Timing {
   double median_s = 0.0, best_s = 0.0;
@@ -120,8 +118,8 @@ int main(int argc, char** argv) {
           if (just_written) std::copy(sources[i].begin(), sources[i].end(), tensors[i].begin());
           const auto start = Clock::now();
           probe::MomentSums sums;
-          probe::accumulate(just_written ? tensors[i].data() : sources[i].data(), step[i].sequences,
-                            step[i].tokens, step[i].features, sums, all);
+          probe::accumulate(just_written ? tensors[i].data() : sources[i].data(), step[i].sequences, step[i].tokens,
+                            step[i].features, sums, all);
           sink = sink + probe::finalize(sums).corr;
           total += seconds_since(start);
         }
@@ -129,10 +127,11 @@ int main(int argc, char** argv) {
       }
       std::sort(seconds.begin(), seconds.end());
       const double median = seconds[seconds.size() / 2];
-      std::printf("  threads %d, %-13s median %6.2f ms (best %6.2f ms) per step = %5.2f G elements/s; %4.1f%% of a "
-                  "130 ms step\n",
-                  threads, just_written ? "just written:" : "from memory:", median * 1e3, seconds.front() * 1e3,
-                  step_elements / median / 1e9, 100.0 * median / 0.130);
+      std::printf(
+          "  threads %d, %-13s median %6.2f ms (best %6.2f ms) per step = %5.2f G elements/s; %4.1f%% of a "
+          "130 ms step\n",
+          threads, just_written ? "just written:" : "from memory:", median * 1e3, seconds.front() * 1e3,
+          step_elements / median / 1e9, 100.0 * median / 0.130);
     }
   }
   return 0;

@@ -42,19 +42,21 @@ void print_json(const std::vector<proplab::bench::SgemmStepRate>& steps) {
   std::printf("[\n");
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const auto& step = steps[t];
-    std::printf("  {\"threads\": %d, \"step_gflop\": %.6f, \"step_ms\": %.6f, \"step_gflops\": %.3f, "
-                "\"linear_gflops\": %.3f, \"attention_gflops\": %.3f, \"other_load_cores\": %.3f, \"shapes\": [\n",
-                step.threads, step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
-                step.group_gflops(proplab::bench::SgemmGroup::linear),
-                step.group_gflops(proplab::bench::SgemmGroup::attention), step.other_load_cores);
+    std::printf(
+        "  {\"threads\": %d, \"step_gflop\": %.6f, \"step_ms\": %.6f, \"step_gflops\": %.3f, "
+        "\"linear_gflops\": %.3f, \"attention_gflops\": %.3f, \"other_load_cores\": %.3f, \"shapes\": [\n",
+        step.threads, step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
+        step.group_gflops(proplab::bench::SgemmGroup::linear), step.group_gflops(proplab::bench::SgemmGroup::attention),
+        step.other_load_cores);
     for (std::size_t i = 0; i < step.rates.size(); ++i) {
       const auto& rate = step.rates[i];
       const auto& s = rate.shape;
-      std::printf("    {\"name\": \"%s\", \"group\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"trans_a\": %s, "
-                  "\"trans_b\": %s, \"beta\": %.0f, \"per_step\": %lld, \"us_per_call\": %.3f, \"gflops\": %.3f}%s\n",
-                  s.name.c_str(), group_name(s.group), s.m, s.n, s.k, s.trans_a ? "true" : "false",
-                  s.trans_b ? "true" : "false", s.beta, static_cast<long long>(s.per_step), rate.seconds * 1e6,
-                  rate.gflops, i + 1 < step.rates.size() ? "," : "");
+      std::printf(
+          "    {\"name\": \"%s\", \"group\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"trans_a\": %s, "
+          "\"trans_b\": %s, \"beta\": %.0f, \"per_step\": %lld, \"us_per_call\": %.3f, \"gflops\": %.3f}%s\n",
+          s.name.c_str(), group_name(s.group), s.m, s.n, s.k, s.trans_a ? "true" : "false",
+          s.trans_b ? "true" : "false", s.beta, static_cast<long long>(s.per_step), rate.seconds * 1e6, rate.gflops,
+          i + 1 < step.rates.size() ? "," : "");
     }
     std::printf("  ]}%s\n", t + 1 < steps.size() ? "," : "");
   }

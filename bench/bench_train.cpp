@@ -69,8 +69,7 @@ class TimedSink final : public ProbeSink {
     recorder_.backward(probe, d_x, sequences);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
-                        float scale) override {
+  void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads, float scale) override {
     recorder_.attention_logits(probe, sums, qkv, heads, scale);
   }
   double seconds = 0.0;  // inside the recorder's moment accumulation, summed over calls
@@ -201,9 +200,10 @@ int main(int argc, char** argv) {
   const double off = median(setups[0].seconds);
   const double sgemm_rate = median(sgemm_rates), sgemm_linear = median(sgemm_linear_rates);
   std::printf("proplab engine benchmark: %d threads, %d rounds x %d steps per setup\n", threads(), rounds, steps);
-  std::printf("  model: transformer layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d, %.2f GFLOP/step "
-              "(attention counted as full T x T)\n",
-              m.layers, m.width, m.heads, m.seq_len, batch, m.vocab, flops / 1e9);
+  std::printf(
+      "  model: transformer layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d, %.2f GFLOP/step "
+      "(attention counted as full T x T)\n",
+      m.layers, m.width, m.heads, m.seq_len, batch, m.vocab, flops / 1e9);
   for (const Setup& s : setups) {
     const double t = median(s.seconds);
     std::printf("  %-18s: %7.1f ms/step  %7.0f tokens/s  %6.1f GFLOP/s", s.label.c_str(), t * 1e3, tokens / t,
@@ -214,10 +214,10 @@ int main(int argc, char** argv) {
       std::printf("    (per recorded step: %.1f ms accumulating moments, %.1f ms parameter statistics + writing)\n",
                   median(s.sink_seconds) * 1e3, median(s.record_seconds) * 1e3);
   }
-  std::printf("  sgemm at the model's shapes: %.1f GFLOP/s (linear-layer shapes only: %.1f) -> proplab reaches "
-              "%.0f%% (%.0f%%)\n",
-              sgemm_rate, sgemm_linear, 100.0 * flops / off / 1e9 / sgemm_rate,
-              100.0 * flops / off / 1e9 / sgemm_linear);
+  std::printf(
+      "  sgemm at the model's shapes: %.1f GFLOP/s (linear-layer shapes only: %.1f) -> proplab reaches "
+      "%.0f%% (%.0f%%)\n",
+      sgemm_rate, sgemm_linear, 100.0 * flops / off / 1e9 / sgemm_rate, 100.0 * flops / off / 1e9 / sgemm_linear);
 
   if (!no_torch) {
     std::ostringstream command;
@@ -238,9 +238,10 @@ int main(int argc, char** argv) {
       std::printf("  ratio: proplab %.2fx PyTorch's tokens/s (recording off), %.2fx (recording every step)\n",
                   *torch_ms / 1e3 / off, *torch_ms / 1e3 / median(setups[2].seconds));
       if (const auto hooks = json_number(output, "overhead_percent"))
-        std::printf("  pytorch mean/var/max hooks on every module: overhead %+.1f%% (proplab, all statistics every "
-                    "step: %+.1f%%)\n",
-                    *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
+        std::printf(
+            "  pytorch mean/var/max hooks on every module: overhead %+.1f%% (proplab, all statistics every "
+            "step: %+.1f%%)\n",
+            *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
     }
   }
   return 0;

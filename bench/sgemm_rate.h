@@ -64,8 +64,8 @@ struct SgemmShape {
 
 struct SgemmRate {
   SgemmShape shape;
-  double seconds = 0.0;  // median time of one call
-  double gflops = 0.0;   // shape.flops() / seconds / 1e9
+  double seconds = 0.0;        // median time of one call
+  double gflops = 0.0;         // shape.flops() / seconds / 1e9
   double max_rel_error = 0.0;  // spot check against a double-precision dot product
 };
 
@@ -115,12 +115,12 @@ inline std::vector<SgemmShape> step_sgemm_shapes(const SgemmModelDims& dims, boo
     auto attention = [&](const std::string& name, int m, int n, int k, bool trans_a, bool trans_b) {
       shapes.push_back({"attn." + name, SgemmGroup::attention, m, n, k, trans_a, trans_b, 0.0f, slices});
     };
-    attention("scores.forward", t, t, dh, false, true);    // S = q k^T
-    attention("values.forward", t, dh, t, false, false);   // O = P v
-    attention("d_probs", t, t, dh, false, true);           // d_P = d_O v^T
-    attention("d_v", t, dh, t, true, false);               // d_v = P^T d_O
-    attention("d_q", t, dh, t, false, false);              // d_q = d_S k
-    attention("d_k", t, dh, t, true, false);               // d_k = d_S^T q
+    attention("scores.forward", t, t, dh, false, true);   // S = q k^T
+    attention("values.forward", t, dh, t, false, false);  // O = P v
+    attention("d_probs", t, t, dh, false, true);          // d_P = d_O v^T
+    attention("d_v", t, dh, t, true, false);              // d_v = P^T d_O
+    attention("d_q", t, dh, t, false, false);             // d_q = d_S k
+    attention("d_k", t, dh, t, true, false);              // d_k = d_S^T q
   }
   return shapes;
 }
@@ -171,8 +171,8 @@ inline void run_sgemm(const SgemmShape& s, const float* a, const float* b, float
   // Row-major leading dimensions of the stored (untransposed) matrices.
   const int lda = s.trans_a ? s.m : s.k;
   const int ldb = s.trans_b ? s.k : s.n;
-  cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.m,
-              s.n, s.k, 1.0f, a, lda, b, ldb, s.beta, c, s.n);
+  cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n,
+              s.k, 1.0f, a, lda, b, ldb, s.beta, c, s.n);
 }
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

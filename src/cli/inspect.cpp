@@ -114,8 +114,8 @@ void write_depth_table(std::ostream& out, const RunReader& reader, const Inspect
   const std::size_t probes = names.size();
   if (depths.size() != probes || blocks.size() != probes || kinds.size() != probes) {
     throw UserError(detail::concat("run file '", file_name, "' is malformed: /probes/name, depth, block and kind ",
-                                   "have different lengths (", probes, ", ", depths.size(), ", ", blocks.size(),
-                                   ", ", kinds.size(), ")"));
+                                   "have different lengths (", probes, ", ", depths.size(), ", ", blocks.size(), ", ",
+                                   kinds.size(), ")"));
   }
 
   const std::string direction = options.backward ? "backward" : "forward";
@@ -127,8 +127,8 @@ void write_depth_table(std::ostream& out, const RunReader& reader, const Inspect
   }
   std::string stat = options.stat;
   if (stat.empty()) {
-    stat = std::find(recorded.begin(), recorded.end(), default_stat) != recorded.end() ? default_stat
-                                                                                        : recorded.front();
+    stat =
+        std::find(recorded.begin(), recorded.end(), default_stat) != recorded.end() ? default_stat : recorded.front();
   }
   if (std::find(recorded.begin(), recorded.end(), stat) == recorded.end()) {
     throw UserError(detail::concat("--stat ", stat, ": statistic '", stat, "' is not recorded in ", group, " of '",
@@ -146,8 +146,7 @@ void write_depth_table(std::ostream& out, const RunReader& reader, const Inspect
     out << "\n" << direction << " " << stat << ": no records yet\n";
     return;
   }
-  const std::size_t record =
-      options.has_step ? record_of_step(steps, records, options.step, file_name) : records - 1;
+  const std::size_t record = options.has_step ? record_of_step(steps, records, options.step, file_name) : records - 1;
 
   out << "\n"
       << direction << " " << stat << " at step " << steps[record] << " (record " << record + 1 << " of " << records
@@ -168,10 +167,9 @@ void write_depth_table(std::ostream& out, const RunReader& reader, const Inspect
       << pad("name", name_width) << "  " << right(stat, 13) << "\n";
   for (std::size_t p = 0; p < probes; ++p) {
     const std::string block = blocks[p] < 0 ? "-" : std::to_string(blocks[p]);
-    out << right(std::to_string(depths[p]), 5) << "  " << right(block, 5) << "  " << pad(kinds[p], kind_width)
-        << "  " << pad(names[p], name_width) << "  "
-        << right(format_number("%.6e", values.at(static_cast<std::int64_t>(record), static_cast<std::int64_t>(p))),
-                 13)
+    out << right(std::to_string(depths[p]), 5) << "  " << right(block, 5) << "  " << pad(kinds[p], kind_width) << "  "
+        << pad(names[p], name_width) << "  "
+        << right(format_number("%.6e", values.at(static_cast<std::int64_t>(record), static_cast<std::int64_t>(p))), 13)
         << "\n";
   }
 }
@@ -184,9 +182,10 @@ void inspect_run_file(const InspectOptions& options, std::ostream& out) {
   std::ostringstream report;
   line(report, "run file", file_name);
   if (reader.swmr()) {
-    line(report, "note", detail::concat("opened in SWMR-read mode: the file is still marked open for write, so ",
-                                        "its run is still going or its writer was killed; after a kill, `proplab ",
-                                        "recover ", file_name, "` makes it readable by every HDF5 tool"));
+    line(report, "note",
+         detail::concat("opened in SWMR-read mode: the file is still marked open for write, so ",
+                        "its run is still going or its writer was killed; after a kill, `proplab ", "recover ",
+                        file_name, "` makes it readable by every HDF5 tool"));
   }
   auto attribute = [&](const char* key) {
     return reader.has_attribute(key) ? reader.attribute_string(key) : std::string();

@@ -37,8 +37,8 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
                 bool resume, bool force, std::int64_t stop_after) {
   proplab::Study study = proplab::load_study(study_path, overrides);
   if (study.has_sweep)
-    throw proplab::UserError(study_path + ": this study has a [sweep] table; run it with `proplab sweep " +
-                             study_path + "` (or remove [sweep] to run a single point)");
+    throw proplab::UserError(study_path + ": this study has a [sweep] table; run it with `proplab sweep " + study_path +
+                             "` (or remove [sweep] to run a single point)");
   proplab::RunOptions options;
   options.out_dir = out.empty() ? std::filesystem::path("runs") / study.name : std::filesystem::path(out);
   options.resume = resume;
@@ -52,9 +52,12 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   std::signal(SIGTERM, on_stop_signal);
   proplab::RunSummary summary = proplab::run_training(proplab::to_run_spec(study), options);
   switch (summary.status) {
-    case proplab::RunStatus::completed: return 0;
-    case proplab::RunStatus::diverged: return 3;
-    default: return 4;
+    case proplab::RunStatus::completed:
+      return 0;
+    case proplab::RunStatus::diverged:
+      return 3;
+    default:
+      return 4;
   }
 }
 
@@ -64,11 +67,12 @@ int main(int argc, char** argv) {
   CLI::App app{kDescription, "proplab"};
   app.set_version_flag("--version", kVersion);
   app.require_subcommand(1);
-  app.footer("Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
-             "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
-             "  proplab recover RUN.h5\n  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
-             "Run `proplab <command> --help` for a command's options. Study keys: "
-             "docs/studies.md; run files: docs/run-format.md.");
+  app.footer(
+      "Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
+      "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
+      "  proplab recover RUN.h5\n  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
+      "Run `proplab <command> --help` for a command's options. Study keys: "
+      "docs/studies.md; run files: docs/run-format.md.");
 
   std::string study_path, out_dir;
   std::vector<std::string> overrides;
@@ -110,16 +114,18 @@ int main(int argc, char** argv) {
           "STEP"));
 
   std::string recover_path;
-  CLI::App* recover = app.add_subcommand(
-      "recover", "Make the run file of a killed run readable by every HDF5 tool again (status becomes failed, "
-                 "detail killed). A finished run's file is left unchanged.");
+  CLI::App* recover =
+      app.add_subcommand("recover",
+                         "Make the run file of a killed run readable by every HDF5 tool again (status becomes failed, "
+                         "detail killed). A finished run's file is left unchanged.");
   recover->add_option("run_file", recover_path, "The run file (DIR/<name>.h5)")->required();
 
   proplab::TheoryOptions theory_options;
   std::string compare_path;
   CLI::App* theory = app.add_subcommand(
-      "theory", "Print the predicted statistics of every probe at initialisation (without building the model), "
-                "optionally measured against a run's record at step 0.");
+      "theory",
+      "Print the predicted statistics of every probe at initialisation (without building the model), "
+      "optionally measured against a run's record at step 0.");
   theory->add_option("study", theory_options.study_path, "The study file (TOML; see docs/studies.md)")->required();
   theory->add_option("--set", theory_options.overrides,
                      "Override a study key, as for `proplab run` (value in TOML syntax). Repeatable.");

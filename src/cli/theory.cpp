@@ -92,8 +92,8 @@ void write_predictions(std::ostream& out, const theory::ProbePrediction& predict
   }
   out << "\npredicted at initialisation:\n";
   out << right("depth", 5) << "  " << right("block", 5) << "  " << pad("kind", kind_width) << "  "
-      << pad("name", name_width) << "  " << right("var", number_width) << "  " << right("mean", number_width)
-      << "  " << right("corr", number_width) << "  " << right("backward var", number_width) << "\n";
+      << pad("name", name_width) << "  " << right("var", number_width) << "  " << right("mean", number_width) << "  "
+      << right("corr", number_width) << "  " << right("backward var", number_width) << "\n";
   for (std::size_t i = 0; i < prediction.probes.size(); ++i) {
     const theory::ProbeTheory& p = prediction.probes[i];
     out << right(std::to_string(i), 5) << "  " << right(p.block < 0 ? "-" : std::to_string(p.block), 5) << "  "
@@ -163,11 +163,11 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
   for (const theory::ProbeTheory& p : prediction.probes)
     if (!index.count(p.name)) unmatched.push_back(p.name);
   if (!unmatched.empty() || names.size() != prediction.probes.size())
-    throw UserError(detail::concat(
-        file_name, ": its probes are not those of the study's model (the run has ", names.size(),
-        " probes, the model ", prediction.probes.size(),
-        unmatched.empty() ? std::string() : ", e.g. " + unmatched.front() + " is not in the run",
-        "); compare a run of this study (same model settings)"));
+    throw UserError(
+        detail::concat(file_name, ": its probes are not those of the study's model (the run has ", names.size(),
+                       " probes, the model ", prediction.probes.size(),
+                       unmatched.empty() ? std::string() : ", e.g. " + unmatched.front() + " is not in the run",
+                       "); compare a run of this study (same model settings)"));
 
   const std::size_t probes = names.size();
   const std::vector<double> var = first_record(reader, "/forward/var", probes);
@@ -196,9 +196,8 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
       residual_backward_errors.emplace_back(relative_error(backward_var[r], p.backward_var), p.name);
     }
   }
-  out << "\nresidual stream (" << residual_var_errors.size()
-      << " probes), relative error: forward var " << error_summary(residual_var_errors) << "; backward var "
-      << error_summary(residual_backward_errors) << "\n";
+  out << "\nresidual stream (" << residual_var_errors.size() << " probes), relative error: forward var "
+      << error_summary(residual_var_errors) << "; backward var " << error_summary(residual_backward_errors) << "\n";
 }
 
 }  // namespace
@@ -215,9 +214,9 @@ void theory_command(const TheoryOptions& options, std::ostream& out) {
   line(report, "model", model_text(study));
   line(report, "scaling", study.scaling.rule);
   if (study.model.type == "transformer")
-    line(report, "input corr", study.theory.input_corr ? format_number("%.6g", *study.theory.input_corr) +
-                                                             " (theory.input_corr)"
-                                                       : "measured on the first training batch");
+    line(report, "input corr",
+         study.theory.input_corr ? format_number("%.6g", *study.theory.input_corr) + " (theory.input_corr)"
+                                 : "measured on the first training batch");
   line(report, "formulae", prediction.formulae);
   write_predictions(report, prediction);
   if (prediction.mean_field) write_mean_field(report, *prediction.mean_field);

@@ -33,7 +33,7 @@ std::string concat(const Parts&... parts) {
 }  // namespace proplab
 
 // PROPLAB_CHECK(cond, parts...): throws InternalError naming the invariant, file and line when cond is false.
-#define PROPLAB_CHECK(cond, ...)                                                                              \
-  do {                                                                                                        \
+#define PROPLAB_CHECK(cond, ...)                                                                                   \
+  do {                                                                                                             \
     if (!(cond)) ::proplab::detail::fail_check(#cond, __FILE__, __LINE__, ::proplab::detail::concat(__VA_ARGS__)); \
   } while (0)

@@ -12,9 +12,7 @@
 namespace proplab {
 
 std::size_t dtype_size(DType dtype) { return dtype == DType::bf16 ? 2 : 4; }
-const char* dtype_name(DType dtype) {
-  return dtype == DType::f32 ? "f32" : dtype == DType::i32 ? "i32" : "bf16";
-}
+const char* dtype_name(DType dtype) { return dtype == DType::f32 ? "f32" : dtype == DType::i32 ? "i32" : "bf16"; }
 const char* device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
 
 std::string shape_string(const Shape& shape) {
@@ -204,7 +202,7 @@ void Tensor::copy_from(const Tensor& source) {
     return;
   }
 #ifdef PROPLAB_WITH_CUDA
-  cudaMemcpyKind kind = device_ == Device::cpu      ? cudaMemcpyDeviceToHost
+  cudaMemcpyKind kind = device_ == Device::cpu          ? cudaMemcpyDeviceToHost
                         : source.device_ == Device::cpu ? cudaMemcpyHostToDevice
                                                         : cudaMemcpyDeviceToDevice;
   check_cuda(cudaMemcpy(raw(), source.raw(), bytes, kind), "cudaMemcpy");

@@ -7,12 +7,12 @@
 namespace proplab {
 
 struct DataConfig {
-  std::string kind = "markov";   // uniform | markov | text | tokens | gaussian
-  std::string path;              // text, tokens: the file (relative paths are relative to the study file)
-  double val_fraction = 0.1;     // share of the data held out for evaluation (text, tokens: the file's tail)
-  int markov_successors = 4;     // markov: non-zero transitions per state (sparse chains learn fast)
+  std::string kind = "markov";      // uniform | markov | text | tokens | gaussian
+  std::string path;                 // text, tokens: the file (relative paths are relative to the study file)
+  double val_fraction = 0.1;        // share of the data held out for evaluation (text, tokens: the file's tail)
+  int markov_successors = 4;        // markov: non-zero transitions per state (sparse chains learn fast)
   double markov_temperature = 1.0;  // markov: spread of the transition weights (lower = more peaked)
-  double gaussian_noise = 0.0;   // gaussian: std of noise added to regression targets
+  double gaussian_noise = 0.0;      // gaussian: std of noise added to regression targets
 };
 
 }  // namespace proplab

@@ -89,14 +89,13 @@ std::unique_ptr<TokenDataset> make_uniform_tokens(int vocab, int seq_len, std::u
 
 }  // namespace data_detail
 
-std::unique_ptr<TokenDataset> make_token_dataset(const DataConfig& config, int vocab, int seq_len,
-                                                 std::uint64_t seed) {
+std::unique_ptr<TokenDataset> make_token_dataset(const DataConfig& config, int vocab, int seq_len, std::uint64_t seed) {
   if (seq_len < 1) throw UserError(detail::concat("data: seq_len must be >= 1, got ", seq_len));
   const std::string& kind = config.kind;
   if (kind == "uniform" || kind == "markov") {
     if (vocab < 2)
-      throw UserError(detail::concat("data.kind = \"", kind, "\" needs a vocabulary of at least 2 tokens, got vocab ",
-                                     vocab));
+      throw UserError(
+          detail::concat("data.kind = \"", kind, "\" needs a vocabulary of at least 2 tokens, got vocab ", vocab));
     if (kind == "uniform") return data_detail::make_uniform_tokens(vocab, seq_len, seed);
     return data_detail::make_markov_tokens(config, vocab, seq_len, seed);
   }
@@ -111,8 +110,7 @@ std::unique_ptr<TokenDataset> make_token_dataset(const DataConfig& config, int v
 std::unique_ptr<VectorDataset> make_vector_dataset(const DataConfig& config, int input_dim, int outputs,
                                                    bool classification, std::uint64_t seed) {
   const std::string& kind = config.kind;
-  if (kind == "gaussian")
-    return data_detail::make_gaussian_vectors(config, input_dim, outputs, classification, seed);
+  if (kind == "gaussian") return data_detail::make_gaussian_vectors(config, input_dim, outputs, classification, seed);
   if (kind == "uniform" || kind == "markov" || kind == "text" || kind == "tokens")
     throw UserError(detail::concat("data.kind = \"", kind,
                                    "\" is token data for transformer models; an mlp needs data.kind = \"gaussian\""));

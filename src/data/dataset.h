@@ -75,8 +75,7 @@ class VectorDataset {
 };
 
 // Builds the token data of kind uniform | markov | text | tokens. UserError on a bad config or file.
-std::unique_ptr<TokenDataset> make_token_dataset(const DataConfig& config, int vocab, int seq_len,
-                                                 std::uint64_t seed);
+std::unique_ptr<TokenDataset> make_token_dataset(const DataConfig& config, int vocab, int seq_len, std::uint64_t seed);
 // Builds the vector data of kind gaussian. UserError on a bad config.
 std::unique_ptr<VectorDataset> make_vector_dataset(const DataConfig& config, int input_dim, int outputs,
                                                    bool classification, std::uint64_t seed);
@@ -118,11 +117,11 @@ class MarkovChain {
   int vocab_;
   int successors_;
   double temperature_;
-  std::vector<std::int32_t> next_states_;        // [vocab * successors]
-  std::vector<double> next_probabilities_;       // [vocab * successors]
-  std::vector<double> next_cumulative_;          // [vocab * successors], running sums per state
-  std::vector<double> stationary_;               // [vocab]
-  std::vector<double> stationary_cumulative_;    // [vocab]
+  std::vector<std::int32_t> next_states_;      // [vocab * successors]
+  std::vector<double> next_probabilities_;     // [vocab * successors]
+  std::vector<double> next_cumulative_;        // [vocab * successors], running sums per state
+  std::vector<double> stationary_;             // [vocab]
+  std::vector<double> stationary_cumulative_;  // [vocab]
   double entropy_rate_ = 0.0;
 };
 

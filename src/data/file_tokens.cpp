@@ -74,8 +74,8 @@ class FileTokens final : public TokenDataset {
     train_count_ = static_cast<std::int64_t>(std::floor((1.0 - config.val_fraction) * static_cast<double>(count_)));
     const std::int64_t validation_count = count_ - train_count_;
     if (train_count_ < seq_len_ + 1 || validation_count < seq_len_ + 1)
-      throw UserError(detail::concat(where(path_, format_), ": too short: its ", count_,
-                                     " tokens split into train ", train_count_, " and validation ", validation_count,
+      throw UserError(detail::concat(where(path_, format_), ": too short: its ", count_, " tokens split into train ",
+                                     train_count_, " and validation ", validation_count,
                                      " (data.val_fraction = ", config.val_fraction,
                                      "), and each split needs at least seq_len + 1 = ", seq_len_ + 1, " tokens"));
   }
@@ -149,8 +149,8 @@ class FileTokens final : public TokenDataset {
       if (vocab > 0 && id >= vocab && first_bad < 0) first_bad = i;
     }
     if (first_bad >= 0)
-      throw UserError(detail::concat(where(path_, format_), ": ", text ? "byte value " : "token id ",
-                                     token(first_bad), " at position ", first_bad, " is >= the model's vocab ", vocab,
+      throw UserError(detail::concat(where(path_, format_), ": ", text ? "byte value " : "token id ", token(first_bad),
+                                     " at position ", first_bad, " is >= the model's vocab ", vocab,
                                      " (largest id in the file: ", max_id, "); raise the vocab to at least ",
                                      max_id + 1));
     if (max_id >= std::numeric_limits<std::int32_t>::max())
@@ -161,9 +161,12 @@ class FileTokens final : public TokenDataset {
   std::int64_t token(std::int64_t i) const {
     const unsigned char* p = bytes_.data() + offset_ + static_cast<std::size_t>(i) * width_;
     switch (width_) {
-      case 1: return p[0];
-      case 2: return p[0] | p[1] << 8;
-      default: return read_le32(p);
+      case 1:
+        return p[0];
+      case 2:
+        return p[0] | p[1] << 8;
+      default:
+        return read_le32(p);
     }
   }
 

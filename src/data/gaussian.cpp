@@ -32,12 +32,11 @@ class GaussianVectors final : public VectorDataset {
     PROPLAB_CHECK(y.defined() && y.device() == Device::cpu && y.is_contiguous(),
                   "vector batch targets must be an allocated contiguous CPU tensor");
     if (classification_) {
-      PROPLAB_CHECK(y.dtype() == DType::i32 && y.shape() == Shape{rows}, "classification targets must be i32 [",
-                    rows, "], got ", dtype_name(y.dtype()), " ", shape_string(y.shape()));
+      PROPLAB_CHECK(y.dtype() == DType::i32 && y.shape() == Shape{rows}, "classification targets must be i32 [", rows,
+                    "], got ", dtype_name(y.dtype()), " ", shape_string(y.shape()));
     } else {
-      PROPLAB_CHECK(y.dtype() == DType::f32 && y.shape() == (Shape{rows, outputs_}),
-                    "regression targets must be f32 [", rows, ", ", outputs_, "], got ", dtype_name(y.dtype()), " ",
-                    shape_string(y.shape()));
+      PROPLAB_CHECK(y.dtype() == DType::f32 && y.shape() == (Shape{rows, outputs_}), "regression targets must be f32 [",
+                    rows, ", ", outputs_, "], got ", dtype_name(y.dtype()), " ", shape_string(y.shape()));
     }
     const CounterRng input_rng(seed_, split_stream("data.gaussian.inputs", split));
     const CounterRng noise_rng(seed_, split_stream("data.gaussian.noise", split));
@@ -120,9 +119,10 @@ std::unique_ptr<VectorDataset> make_gaussian_vectors(const DataConfig& config, i
                                                      bool classification, std::uint64_t seed) {
   if (input_dim < 1) throw UserError(detail::concat("gaussian data: input_dim must be >= 1, got ", input_dim));
   if (outputs < (classification ? 2 : 1))
-    throw UserError(detail::concat("gaussian data: ", classification ? "classification needs at least 2 classes"
-                                                                     : "regression needs at least 1 output",
-                                   ", got outputs = ", outputs));
+    throw UserError(detail::concat(
+        "gaussian data: ",
+        classification ? "classification needs at least 2 classes" : "regression needs at least 1 output",
+        ", got outputs = ", outputs));
   if (!(config.gaussian_noise >= 0.0) || !std::isfinite(config.gaussian_noise))
     throw UserError(detail::concat("data.gaussian_noise = ", config.gaussian_noise, " must be >= 0"));
   return std::make_unique<GaussianVectors>(input_dim, outputs, classification, config.gaussian_noise, seed);

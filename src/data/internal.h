@@ -25,8 +25,7 @@ double unit_double(const CounterRng& rng, std::uint64_t index);
 std::int64_t check_token_batch(const Tensor& inputs, const Tensor& targets, int seq_len, std::int64_t index);
 
 std::unique_ptr<TokenDataset> make_uniform_tokens(int vocab, int seq_len, std::uint64_t seed);
-std::unique_ptr<TokenDataset> make_markov_tokens(const DataConfig& config, int vocab, int seq_len,
-                                                 std::uint64_t seed);
+std::unique_ptr<TokenDataset> make_markov_tokens(const DataConfig& config, int vocab, int seq_len, std::uint64_t seed);
 // kind is "text" or "tokens".
 std::unique_ptr<TokenDataset> make_file_tokens(const DataConfig& config, int vocab, int seq_len, std::uint64_t seed);
 std::unique_ptr<VectorDataset> make_gaussian_vectors(const DataConfig& config, int input_dim, int outputs,

@@ -107,9 +107,10 @@ MarkovChain::MarkovChain(int vocab, int successors, double temperature, std::uin
     for (std::size_t j = 0; j < k; ++j) {
       const double p = logits[j] / total;
       if (p == 0.0)
-        throw UserError(detail::concat("data.markov_temperature = ", temperature,
-                                       " is too low: transition probabilities underflow to 0 and the chain falls apart; "
-                                       "use a temperature of about 0.1 or more"));
+        throw UserError(
+            detail::concat("data.markov_temperature = ", temperature,
+                           " is too low: transition probabilities underflow to 0 and the chain falls apart; "
+                           "use a temperature of about 0.1 or more"));
       next_probabilities_[state * k + j] = p;
       running += p;
       next_cumulative_[state * k + j] = running;
@@ -156,9 +157,10 @@ void MarkovChain::compute_stationary() {
   if (!(residual < kStationaryTolerance)) {
     if (vocab_ > kDenseStationaryMaxVocab)
       throw UserError(detail::concat(
-          "markov data (vocab ", vocab_, ", data.markov_successors = ", successors_, ", data.markov_temperature = ",
-          temperature_, "): the chain mixes too slowly for its stationary distribution to converge (||pi P - pi||_1 = ",
-          residual, " after ", iteration, " power iterations) and the vocab is above ", kDenseStationaryMaxVocab,
+          "markov data (vocab ", vocab_, ", data.markov_successors = ", successors_,
+          ", data.markov_temperature = ", temperature_,
+          "): the chain mixes too slowly for its stationary distribution to converge (||pi P - pi||_1 = ", residual,
+          " after ", iteration, " power iterations) and the vocab is above ", kDenseStationaryMaxVocab,
           " for the exact dense solve; raise markov_temperature or markov_successors"));
     std::vector<double> dense(v * v, 0.0);
     for (std::size_t i = 0; i < v; ++i)
@@ -255,8 +257,7 @@ class MarkovTokens final : public TokenDataset {
 
 }  // namespace
 
-std::unique_ptr<TokenDataset> make_markov_tokens(const DataConfig& config, int vocab, int seq_len,
-                                                 std::uint64_t seed) {
+std::unique_ptr<TokenDataset> make_markov_tokens(const DataConfig& config, int vocab, int seq_len, std::uint64_t seed) {
   return std::make_unique<MarkovTokens>(MarkovChain(vocab, config.markov_successors, config.markov_temperature, seed),
                                         seq_len, seed);
 }

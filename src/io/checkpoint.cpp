@@ -66,18 +66,17 @@ class CheckpointFileWriter {
   }
 
   void group(const char* path) {
-    H5Handle created(h5_check(H5Gcreate2(file_, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2",
-                              file_name_, path));
+    H5Handle created(
+        h5_check(H5Gcreate2(file_, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2", file_name_, path));
     created.close(file_name_);
   }
 
   // A dataset of `file_type` with dataspace `space` holding `data` (as `memory_type`).
   void dataset(const std::string& path, hid_t file_type, hid_t memory_type, hid_t space, const void* data) {
-    H5Handle created(h5_check(H5Dcreate2(file_, path.c_str(), file_type, space, link_properties_.get(),
-                                         H5P_DEFAULT, H5P_DEFAULT),
-                              "H5Dcreate2", file_name_, path));
-    h5_check(H5Dwrite(created.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dwrite", file_name_,
-             path);
+    H5Handle created(
+        h5_check(H5Dcreate2(file_, path.c_str(), file_type, space, link_properties_.get(), H5P_DEFAULT, H5P_DEFAULT),
+                 "H5Dcreate2", file_name_, path));
+    h5_check(H5Dwrite(created.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "H5Dwrite", file_name_, path);
     created.close(file_name_);
   }
 
@@ -113,11 +112,10 @@ struct CheckpointFileReader {
       H5Eclear2(H5E_DEFAULT);
       throw UserError(detail::concat("'", file_name, "' is not an HDF5 file, so not a proplab checkpoint"));
     }
-    file = H5Handle(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "",
-                             ErrorKind::user));
+    file = H5Handle(
+        h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "", ErrorKind::user));
     const std::string not_a_checkpoint = detail::concat("'", file_name, "' is not a proplab checkpoint (its root ",
-                                                        "attribute 'format' is not \"", checkpoint_format_name,
-                                                        "\")");
+                                                        "attribute 'format' is not \"", checkpoint_format_name, "\")");
     if (!io_detail::h5_has_attribute(file.get(), "format", file_name)) throw UserError(not_a_checkpoint);
     if (io_detail::h5_read_string_attribute(file.get(), "format", file_name) != checkpoint_format_name) {
       throw UserError(not_a_checkpoint);
@@ -150,12 +148,11 @@ struct CheckpointFileReader {
 
   Shape shape(hid_t dataset, const std::string& path) const {
     H5Handle space(h5_check(H5Dget_space(dataset), "H5Dget_space", file_name, path));
-    const int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name,
-                              path);
+    const int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name, path);
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
     if (rank > 0) {
-      h5_check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims",
-               file_name, path);
+      h5_check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims", file_name,
+               path);
     }
     return Shape(dims.begin(), dims.end());
   }
@@ -189,8 +186,8 @@ struct CheckpointFileReader {
         throw UserError(detail::concat("'", path, "' in checkpoint '", file_name, "' is not an integer"));
       }
       std::int64_t value = 0;
-      h5_check(H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &value), "H5Dread",
-               file_name, path);
+      h5_check(H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &value), "H5Dread", file_name,
+               path);
       checkpoint.ints[name] = value;
     }
     for (const std::string& name : dataset_names(group_floats)) {
@@ -200,8 +197,8 @@ struct CheckpointFileReader {
         throw UserError(detail::concat("'", path, "' in checkpoint '", file_name, "' is not a float"));
       }
       double value = 0;
-      h5_check(H5Dread(dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &value), "H5Dread",
-               file_name, path);
+      h5_check(H5Dread(dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &value), "H5Dread", file_name,
+               path);
       checkpoint.floats[name] = value;
     }
     for (const std::string& name : dataset_names(group_strings)) {
@@ -220,9 +217,7 @@ struct CheckpointFileReader {
 
 std::int64_t Checkpoint::int_value(const std::string& name) const { return lookup(ints, name, "int64 scalar"); }
 double Checkpoint::float_value(const std::string& name) const { return lookup(floats, name, "float64 scalar"); }
-const std::string& Checkpoint::string_value(const std::string& name) const {
-  return lookup(strings, name, "string");
-}
+const std::string& Checkpoint::string_value(const std::string& name) const { return lookup(strings, name, "string"); }
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
   const std::string file_name = path.string();
@@ -284,8 +279,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
     file.close(temporary);
     io_detail::fsync_path(temporary, false);
     if (std::rename(temporary.c_str(), file_name.c_str()) != 0) {
-      throw UserError(detail::concat("cannot rename checkpoint '", temporary, "' to '", file_name,
-                                     "': ", std::strerror(errno)));
+      throw UserError(
+          detail::concat("cannot rename checkpoint '", temporary, "' to '", file_name, "': ", std::strerror(errno)));
     }
     const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
     io_detail::fsync_path(directory.string(), true);

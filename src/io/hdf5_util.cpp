@@ -64,14 +64,22 @@ H5Handle& H5Handle::operator=(H5Handle&& other) noexcept {
 namespace {
 herr_t close_id(hid_t id) {
   switch (H5Iget_type(id)) {
-    case H5I_FILE: return H5Fclose(id);
-    case H5I_GROUP: return H5Gclose(id);
-    case H5I_DATASET: return H5Dclose(id);
-    case H5I_DATASPACE: return H5Sclose(id);
-    case H5I_DATATYPE: return H5Tclose(id);
-    case H5I_ATTR: return H5Aclose(id);
-    case H5I_GENPROP_LST: return H5Pclose(id);
-    default: return H5Idec_ref(id) < 0 ? -1 : 0;
+    case H5I_FILE:
+      return H5Fclose(id);
+    case H5I_GROUP:
+      return H5Gclose(id);
+    case H5I_DATASET:
+      return H5Dclose(id);
+    case H5I_DATASPACE:
+      return H5Sclose(id);
+    case H5I_DATATYPE:
+      return H5Tclose(id);
+    case H5I_ATTR:
+      return H5Aclose(id);
+    case H5I_GENPROP_LST:
+      return H5Pclose(id);
+    default:
+      return H5Idec_ref(id) < 0 ? -1 : 0;
   }
 }
 }  // namespace
@@ -102,8 +110,8 @@ bool h5_path_exists(hid_t file, const std::string& path, const std::string& file
       if (next < path.size()) {
         // Only a group can have members: "/train/loss/x" does not exist when /train/loss is a dataset.
         H5O_info_t info;
-        h5_check(H5Oget_info_by_name2(file, prefix.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT),
-                 "H5Oget_info_by_name2", file_name, prefix);
+        h5_check(H5Oget_info_by_name2(file, prefix.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT), "H5Oget_info_by_name2",
+                 file_name, prefix);
         if (info.type != H5O_TYPE_GROUP) return false;
       }
     }
@@ -136,9 +144,8 @@ void h5_write_string_attribute(hid_t object, const std::string& name, const std:
 
 void h5_write_int_attribute(hid_t object, const std::string& name, std::int64_t value, const std::string& file_name) {
   H5Handle space(h5_check(H5Screate(H5S_SCALAR), "H5Screate", file_name, name));
-  H5Handle attribute(h5_check(
-      H5Acreate2(object, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), "H5Acreate2",
-      file_name, name));
+  H5Handle attribute(h5_check(H5Acreate2(object, name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                              "H5Acreate2", file_name, name));
   h5_check(H5Awrite(attribute.get(), H5T_NATIVE_INT64, &value), "H5Awrite", file_name, name);
   attribute.close(file_name);
 }
@@ -147,8 +154,8 @@ void h5_overwrite_string_attribute(hid_t object, const std::string& name, const 
                                    const std::string& file_name) {
   H5Handle attribute(h5_check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", file_name, name));
   H5Handle type(h5_check(H5Aget_type(attribute.get()), "H5Aget_type", file_name, name));
-  PROPLAB_CHECK(H5Tget_class(type.get()) == H5T_STRING && h5_check(H5Tis_variable_str(type.get()),
-                                                                   "H5Tis_variable_str", file_name, name) == 0,
+  PROPLAB_CHECK(H5Tget_class(type.get()) == H5T_STRING &&
+                    h5_check(H5Tis_variable_str(type.get()), "H5Tis_variable_str", file_name, name) == 0,
                 "attribute '", name, "' is a fixed-length string");
   const std::size_t size = H5Tget_size(type.get());
   if (size == 0) h5_fail("H5Tget_size", file_name, name, ErrorKind::internal);
@@ -203,16 +210,15 @@ std::vector<std::string> read_strings(hid_t file_type, std::size_t count, const 
 }
 
 std::size_t element_count(hid_t space, const std::string& file_name, const std::string& object) {
-  const hssize_t count = h5_check(H5Sget_simple_extent_npoints(space), "H5Sget_simple_extent_npoints", file_name,
-                                  object);
+  const hssize_t count =
+      h5_check(H5Sget_simple_extent_npoints(space), "H5Sget_simple_extent_npoints", file_name, object);
   return static_cast<std::size_t>(count);
 }
 
 }  // namespace
 
 std::string h5_read_string_attribute(hid_t object, const std::string& name, const std::string& file_name) {
-  H5Handle attribute(h5_check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", file_name, name,
-                              ErrorKind::user));
+  H5Handle attribute(h5_check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", file_name, name, ErrorKind::user));
   H5Handle type(h5_check(H5Aget_type(attribute.get()), "H5Aget_type", file_name, name));
   H5Handle space(h5_check(H5Aget_space(attribute.get()), "H5Aget_space", file_name, name));
   if (element_count(space.get(), file_name, name) != 1) {
@@ -225,8 +231,7 @@ std::string h5_read_string_attribute(hid_t object, const std::string& name, cons
 }
 
 std::int64_t h5_read_int_attribute(hid_t object, const std::string& name, const std::string& file_name) {
-  H5Handle attribute(h5_check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", file_name, name,
-                              ErrorKind::user));
+  H5Handle attribute(h5_check(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen", file_name, name, ErrorKind::user));
   H5Handle type(h5_check(H5Aget_type(attribute.get()), "H5Aget_type", file_name, name));
   H5Handle space(h5_check(H5Aget_space(attribute.get()), "H5Aget_space", file_name, name));
   if (H5Tget_class(type.get()) != H5T_INTEGER || element_count(space.get(), file_name, name) != 1) {
@@ -276,7 +281,6 @@ void fsync_path(const std::string& path, bool directory) {
   }
 }
 
-
 void require_run_format(hid_t root, const std::string& file_name) {
   const std::string not_a_run = detail::concat("'", file_name, "' is not a proplab run file (its root attribute ",
                                                "'format' is not \"", run_format_name, "\")");
@@ -293,10 +297,10 @@ void require_run_format(hid_t root, const std::string& file_name) {
   }
   const std::int64_t version = h5_read_int_attribute(root, "format_version", file_name);
   if (version != run_format_version) {
-    throw UserError(detail::concat("run file '", file_name, "' has format_version ", version,
-                                   "; this build of proplab reads format_version ", run_format_version,
-                                   version > run_format_version ? " (the file is from a newer proplab)"
-                                                                : " (the file is from an older proplab)"));
+    throw UserError(detail::concat(
+        "run file '", file_name, "' has format_version ", version, "; this build of proplab reads format_version ",
+        run_format_version,
+        version > run_format_version ? " (the file is from a newer proplab)" : " (the file is from an older proplab)"));
   }
 }
 

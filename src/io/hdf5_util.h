@@ -89,8 +89,7 @@ std::int64_t h5_read_int_attribute(hid_t object, const std::string& name, const 
 std::vector<std::string> h5_attribute_names(hid_t object, const std::string& file_name);
 
 // Reads a whole 1-D string dataset (fixed or variable length).
-std::vector<std::string> h5_read_string_dataset(hid_t dataset, const std::string& file_name,
-                                                const std::string& object);
+std::vector<std::string> h5_read_string_dataset(hid_t dataset, const std::string& file_name, const std::string& object);
 
 // fsync(2) a file or directory so a rename that follows is durable; InternalError on failure.
 void fsync_path(const std::string& path, bool directory);

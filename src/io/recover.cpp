@@ -162,8 +162,8 @@ RecoverResult recover_run_file(const fs::path& path) {
 
   if (!run_file_marked_open(path)) {
     // A closed file: only checked, never written.
-    H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "",
-                           ErrorKind::user));
+    H5Handle file(
+        h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "", ErrorKind::user));
     io_detail::require_run_format(file.get(), file_name);
     result.status_before = result.status_after = read_status(file.get(), file_name);
     file.close(file_name);
@@ -226,10 +226,9 @@ void rewrite_run_status(const fs::path& path, RunStatus status, const std::strin
   require_regular_file(path);
   H5Quiet quiet;
   H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
-  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
-           file_name);
-  H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen (read-write)", file_name,
-                         "", ErrorKind::user));
+  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
+  H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen (read-write)", file_name, "",
+                         ErrorKind::user));
   io_detail::require_run_format(file.get(), file_name);
   io_detail::h5_overwrite_string_attribute(file.get(), "status", run_status_name(status), file_name);
   io_detail::h5_overwrite_string_attribute(file.get(), "status_detail", fit_to(detail, run_status_detail_size),

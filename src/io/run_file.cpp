@@ -21,10 +21,14 @@ using io_detail::H5Quiet;
 
 const char* run_status_name(RunStatus status) {
   switch (status) {
-    case RunStatus::running: return "running";
-    case RunStatus::completed: return "completed";
-    case RunStatus::diverged: return "diverged";
-    case RunStatus::failed: return "failed";
+    case RunStatus::running:
+      return "running";
+    case RunStatus::completed:
+      return "completed";
+    case RunStatus::diverged:
+      return "diverged";
+    case RunStatus::failed:
+      return "failed";
   }
   return "unknown";
 }
@@ -123,16 +127,15 @@ struct RunWriter::Impl {
   }
 
   void require_new_path(const std::string& path_in_file) const {
-    PROPLAB_CHECK(!path_in_file.empty() && path_in_file[0] == '/' && path_in_file.back() != '/',
-                  "dataset path '", path_in_file, "' is absolute and names an object");
+    PROPLAB_CHECK(!path_in_file.empty() && path_in_file[0] == '/' && path_in_file.back() != '/', "dataset path '",
+                  path_in_file, "' is absolute and names an object");
     PROPLAB_CHECK(!io_detail::h5_path_exists(file.get(), path_in_file, file_name), "dataset '", path_in_file,
                   "' does not exist yet in '", file_name, "'");
   }
 
   std::size_t add_series(const std::string& path_in_file, int rank, std::int64_t columns, bool is_int) {
     require_new_path(path_in_file);
-    PROPLAB_CHECK(rank == 1 || columns >= 1, "series '", path_in_file, "' has at least one column, not ",
-                  columns);
+    PROPLAB_CHECK(rank == 1 || columns >= 1, "series '", path_in_file, "' has at least one column, not ", columns);
     const hsize_t dims[2] = {0, static_cast<hsize_t>(columns)};
     const hsize_t max_dims[2] = {H5S_UNLIMITED, static_cast<hsize_t>(columns)};
     hsize_t chunk[2] = {chunk_rows_1d, static_cast<hsize_t>(columns)};
@@ -181,8 +184,8 @@ struct RunWriter::Impl {
     const hsize_t count[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(entry.columns)};
     h5_check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
              "H5Sselect_hyperslab", file_name, entry.path);
-    H5Handle memory_space(h5_check(H5Screate_simple(entry.rank, count, nullptr), "H5Screate_simple", file_name,
-                                   entry.path));
+    H5Handle memory_space(
+        h5_check(H5Screate_simple(entry.rank, count, nullptr), "H5Screate_simple", file_name, entry.path));
     const void* data = entry.is_int ? static_cast<const void*>(entry.pending_ints.data())
                                     : static_cast<const void*>(entry.pending_doubles.data());
     h5_check(H5Dwrite(entry.dataset.get(), entry.is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE, memory_space.get(),
@@ -253,8 +256,7 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
   if (header.threads < 0) throw InternalError(detail::concat("RunHeader.threads is ", header.threads, " (< 0)"));
   if (options.flush_every < 1 || !(options.flush_interval_s >= 0.0)) {
     throw InternalError(detail::concat("RunWriterOptions: flush_every (", options.flush_every,
-                                       ") must be >= 1 and flush_interval_s (", options.flush_interval_s,
-                                       ") >= 0"));
+                                       ") must be >= 1 and flush_interval_s (", options.flush_interval_s, ") >= 0"));
   }
   std::error_code error;
   const bool exists = std::filesystem::exists(path, error);
@@ -269,8 +271,8 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
   if (path.has_parent_path()) {
     std::filesystem::create_directories(path.parent_path(), error);
     if (error) {
-      throw UserError(detail::concat("cannot create directory '", path.parent_path().string(), "' for run file: ",
-                                     error.message()));
+      throw UserError(detail::concat("cannot create directory '", path.parent_path().string(),
+                                     "' for run file: ", error.message()));
     }
   }
 
@@ -283,13 +285,12 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
     H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
     h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
              file_name);
-    impl->file = H5Handle(h5_check(H5Fcreate(file_name.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL,
-                                             H5P_DEFAULT, access.get()),
-                                   "H5Fcreate", file_name, "", ErrorKind::user));
+    impl->file = H5Handle(
+        h5_check(H5Fcreate(file_name.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, access.get()),
+                 "H5Fcreate", file_name, "", ErrorKind::user));
   }
   try {
-    impl->link_properties =
-        H5Handle(h5_check(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", file_name));
+    impl->link_properties = H5Handle(h5_check(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate", file_name));
     h5_check(H5Pset_create_intermediate_group(impl->link_properties.get(), 1), "H5Pset_create_intermediate_group",
              file_name);
     const hid_t root = impl->file.get();
@@ -378,8 +379,8 @@ void RunWriter::write_attribute(const std::string& object_path, const std::strin
   impl_->require_layout_phase("write_attribute");
   H5Quiet quiet;
   const std::string& file_name = impl_->file_name;
-  H5Handle object(h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name,
-                           object_path));
+  H5Handle object(
+      h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name, object_path));
   io_detail::h5_write_string_attribute(object.get(), name, value, value.size(), file_name);
   object.close(file_name);
 }
@@ -430,8 +431,8 @@ void RunWriter::append_row(SeriesId series, const double* values) {
 
 void RunWriter::append_row(const std::string& path, const double* values) {
   const auto found = impl_->series_by_path.find(path);
-  PROPLAB_CHECK(found != impl_->series_by_path.end(), "series '", path, "' was created in run file '",
-                impl_->file_name, "'");
+  PROPLAB_CHECK(found != impl_->series_by_path.end(), "series '", path, "' was created in run file '", impl_->file_name,
+                "'");
   append_row(SeriesId{found->second}, values);
 }
 
@@ -459,14 +460,13 @@ void RunWriter::finish(RunStatus status, const std::string& detail) {
   impl_->write_all();
   impl_->close_all();
   H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
-  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
-           file_name);
+  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
   // SWMR readers (a GUI, h5py with swmr=True) hold a shared lock for as long as they have the file open, which
   // would make this read-write open fail. This process is the run's only writer, and a SWMR reader retries
   // metadata whose checksum does not match, so it sees either the old or the new attribute values.
   h5_check(H5Pset_file_locking(access.get(), false, true), "H5Pset_file_locking", file_name);
-  H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen", file_name, "",
-                         ErrorKind::user));
+  H5Handle file(
+      h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen", file_name, "", ErrorKind::user));
   io_detail::h5_overwrite_string_attribute(file.get(), "status", run_status_name(status), file_name);
   io_detail::h5_overwrite_string_attribute(file.get(), "status_detail", fit_to(detail, run_status_detail_size),
                                            file_name);

@@ -38,20 +38,20 @@ struct RunReader::Impl {
     if (info.type != H5O_TYPE_DATASET) {
       throw UserError(detail::concat("'", dataset_path, "' in run file '", file_name, "' is not a dataset"));
     }
-    H5Handle dataset(h5_check(H5Dopen2(file.get(), dataset_path.c_str(), H5P_DEFAULT), "H5Dopen2", file_name,
-                              dataset_path));
+    H5Handle dataset(
+        h5_check(H5Dopen2(file.get(), dataset_path.c_str(), H5P_DEFAULT), "H5Dopen2", file_name, dataset_path));
     if (swmr) h5_check(H5Drefresh(dataset.get()), "H5Drefresh", file_name, dataset_path);
     return dataset;
   }
 
   std::vector<hsize_t> shape_of(hid_t dataset, const std::string& dataset_path) const {
     H5Handle space(h5_check(H5Dget_space(dataset), "H5Dget_space", file_name, dataset_path));
-    const int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name,
-                              dataset_path);
+    const int rank =
+        h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name, dataset_path);
     std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
     if (rank > 0) {
-      h5_check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims",
-               file_name, dataset_path);
+      h5_check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), "H5Sget_simple_extent_dims", file_name,
+               dataset_path);
     }
     return dims;
   }
@@ -70,8 +70,7 @@ struct RunReader::Impl {
 
   // Reads all of a numeric dataset into `buffer` (sized by the caller) as `memory_type`.
   void read_all(hid_t dataset, hid_t memory_type, void* buffer, const std::string& dataset_path) const {
-    h5_check(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer), "H5Dread", file_name,
-             dataset_path);
+    h5_check(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer), "H5Dread", file_name, dataset_path);
   }
 
   std::vector<double> read_doubles(const std::string& dataset_path) const {
@@ -110,8 +109,8 @@ namespace {
 
 hid_t open_file(const std::string& file_name, bool swmr) {
   const unsigned flags = swmr ? (H5F_ACC_RDONLY | H5F_ACC_SWMR_READ) : H5F_ACC_RDONLY;
-  return h5_check(H5Fopen(file_name.c_str(), flags, H5P_DEFAULT), swmr ? "H5Fopen (SWMR read)" : "H5Fopen",
-                  file_name, "", ErrorKind::user);
+  return h5_check(H5Fopen(file_name.c_str(), flags, H5P_DEFAULT), swmr ? "H5Fopen (SWMR read)" : "H5Fopen", file_name,
+                  "", ErrorKind::user);
 }
 
 }  // namespace
@@ -137,7 +136,9 @@ RunReader RunReader::open(const std::filesystem::path& path, RunOpenMode mode) {
   impl->path = path;
   impl->file_name = file_name;
   switch (mode) {
-    case RunOpenMode::normal: impl->file = H5Handle(open_file(file_name, false)); break;
+    case RunOpenMode::normal:
+      impl->file = H5Handle(open_file(file_name, false));
+      break;
     case RunOpenMode::swmr:
       impl->file = H5Handle(open_file(file_name, true));
       impl->swmr = true;
@@ -191,8 +192,8 @@ std::string RunReader::attribute_string(const std::string& object_path, const st
   if (!io_detail::h5_path_exists(impl_->file.get(), object_path, file_name)) {
     throw UserError(detail::concat("run file '", file_name, "' has no object '", object_path, "'"));
   }
-  H5Handle object(h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name,
-                           object_path));
+  H5Handle object(
+      h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name, object_path));
   if (impl_->swmr) h5_check(H5Orefresh(object.get()), "H5Orefresh", file_name, object_path);
   return io_detail::h5_read_string_attribute(object.get(), name, file_name);
 }
@@ -277,8 +278,8 @@ TrainCurves RunReader::read_train() const {
   curves.grad_norm = impl_->read_doubles("/train/grad_norm");
   curves.tokens_per_s = impl_->read_doubles("/train/tokens_per_s");
   curves.wall_time = impl_->read_doubles("/train/wall_time");
-  const std::size_t rows = std::min({curves.step.size(), curves.loss.size(), curves.lr.size(),
-                                     curves.grad_norm.size(), curves.tokens_per_s.size(), curves.wall_time.size()});
+  const std::size_t rows = std::min({curves.step.size(), curves.loss.size(), curves.lr.size(), curves.grad_norm.size(),
+                                     curves.tokens_per_s.size(), curves.wall_time.size()});
   curves.step.resize(rows);
   for (auto* column : {&curves.loss, &curves.lr, &curves.grad_norm, &curves.tokens_per_s, &curves.wall_time}) {
     column->resize(rows);

@@ -4,9 +4,12 @@ namespace proplab {
 
 const char* norm_placement_name(NormPlacement placement) {
   switch (placement) {
-    case NormPlacement::pre: return "pre";
-    case NormPlacement::post: return "post";
-    case NormPlacement::none: return "none";
+    case NormPlacement::pre:
+      return "pre";
+    case NormPlacement::post:
+      return "post";
+    case NormPlacement::none:
+      return "none";
   }
   return "?";
 }
@@ -15,11 +18,16 @@ const char* norm_kind_name(NormKind kind) { return kind == NormKind::layernorm ?
 
 const char* activation_name(ops::Activation activation) {
   switch (activation) {
-    case ops::Activation::identity: return "linear";
-    case ops::Activation::relu: return "relu";
-    case ops::Activation::tanh: return "tanh";
-    case ops::Activation::gelu_tanh: return "gelu";
-    case ops::Activation::gelu_erf: return "gelu_erf";
+    case ops::Activation::identity:
+      return "linear";
+    case ops::Activation::relu:
+      return "relu";
+    case ops::Activation::tanh:
+      return "tanh";
+    case ops::Activation::gelu_tanh:
+      return "gelu";
+    case ops::Activation::gelu_erf:
+      return "gelu_erf";
   }
   return "?";
 }

@@ -12,7 +12,8 @@ Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t se
     layers_.push_back(nn::Linear::create(params_, "layers." + std::to_string(l), in, config.width,
                                          l == 0 ? ParamRole::mlp_input : ParamRole::mlp_hidden, true, l));
     if (config.residual && l > 0)
-      residuals_.push_back(ResidualSite::create(params_, "layers." + std::to_string(l), rule->residual(l, Branch::mlp), l));
+      residuals_.push_back(
+          ResidualSite::create(params_, "layers." + std::to_string(l), rule->residual(l, Branch::mlp), l));
   }
   readout_ = nn::Linear::create(params_, "readout", config.width, config.outputs, ParamRole::readout, true, -1);
   auto add_probe = [&](const std::string& name, int block, ProbeKind kind) {
@@ -73,9 +74,10 @@ double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepCon
   if (sink) sink->forward(probe_readout_, output_, rows);
   const bool backward = grad_scale != 0.0f;
   Tensor* d_output = backward ? &d_output_ : nullptr;
-  const double loss = config_.head == MlpHead::regression
-                          ? ops::mse_loss(output_, batch.targets, d_output, grad_scale)
-                          : ops::softmax_cross_entropy(output_, batch.targets.reshape({x.dim(0)}), d_output, grad_scale);
+  const double loss =
+      config_.head == MlpHead::regression
+          ? ops::mse_loss(output_, batch.targets, d_output, grad_scale)
+          : ops::softmax_cross_entropy(output_, batch.targets.reshape({x.dim(0)}), d_output, grad_scale);
   if (!backward) return loss;
 
   if (sink) sink->backward(probe_readout_, d_output_, rows);

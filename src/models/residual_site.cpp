@@ -2,12 +2,12 @@
 
 namespace proplab {
 
-ResidualSite ResidualSite::create(ParameterStore& store, const std::string& name, const ResidualSpec& spec,
-                                  int block) {
+ResidualSite ResidualSite::create(ParameterStore& store, const std::string& name, const ResidualSpec& spec, int block) {
   ResidualSite site;
   site.lambda = spec.lambda;
   site.beta = spec.beta;
-  if (spec.learnable_lambda) site.lambda_param = &store.add(name + ".lambda", {1}, ParamRole::residual_scale, 1, 1, block);
+  if (spec.learnable_lambda)
+    site.lambda_param = &store.add(name + ".lambda", {1}, ParamRole::residual_scale, 1, 1, block);
   if (spec.learnable_beta) site.beta_param = &store.add(name + ".beta", {1}, ParamRole::residual_scale, 1, 1, block);
   return site;
 }

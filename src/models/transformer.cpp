@@ -10,9 +10,7 @@ namespace proplab {
 namespace {
 
 // A view of the first numel(shape) elements of a flat scratch tensor, with the given shape.
-Tensor view_of(const Tensor& flat, const Shape& shape) {
-  return flat.slice(0, 0, shape_numel(shape)).reshape(shape);
-}
+Tensor view_of(const Tensor& flat, const Shape& shape) { return flat.slice(0, 0, shape_numel(shape)).reshape(shape); }
 
 }  // namespace
 
@@ -35,7 +33,8 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
       s.is_attention = which == 0;
       const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
       if (normed)
-        s.norm = nn::Norm::create(params_, prefix + ".norm", d, config.norm_kind, config.norm_affine, config.norm_eps, l);
+        s.norm =
+            nn::Norm::create(params_, prefix + ".norm", d, config.norm_kind, config.norm_affine, config.norm_eps, l);
       if (s.is_attention) {
         // Q, K and V are each a D→D projection packed side by side: fan-out per projection is D.
         s.in_proj = nn::Linear::create(params_, prefix + ".qkv", d, 3 * d, ParamRole::attn_qkv, config.bias, l);
@@ -45,7 +44,8 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
         s.in_proj = nn::Linear::create(params_, prefix + ".fc", d, f, ParamRole::ffn_in, config.bias, l);
         s.out_proj = nn::Linear::create(params_, prefix + ".proj", f, d, ParamRole::ffn_out, config.bias, l);
       }
-      s.residual = ResidualSite::create(params_, prefix, rule->residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
+      s.residual =
+          ResidualSite::create(params_, prefix, rule->residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
       sublayers_.push_back(std::move(s));
     }
   }
@@ -71,8 +71,8 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
     }
     s.probe_branch = add_probe(prefix + ".out", l, ProbeKind::branch);
     if (post) s.probe_sum = add_probe(prefix + ".sum", l, ProbeKind::residual);
-    s.probe_result = add_probe("blocks." + std::to_string(l) + (s.is_attention ? ".mid" : ".out"), l,
-                               ProbeKind::residual);
+    s.probe_result =
+        add_probe("blocks." + std::to_string(l) + (s.is_attention ? ".mid" : ".out"), l, ProbeKind::residual);
   }
   if (has_final_norm_) probe_final_ = add_probe("final_norm.out", -1, ProbeKind::norm);
   probe_logits_ = add_probe("head.logits", -1, ProbeKind::logits);

@@ -35,7 +35,7 @@ class Transformer final : public Model {
   // One residual sublayer (attention or FFN) with its saved activations.
   struct Sublayer {
     bool is_attention = false;
-    nn::Norm norm;  // used when placement != none
+    nn::Norm norm;        // used when placement != none
     nn::Linear in_proj;   // qkv (D→3D) or fc (D→F)
     nn::Linear out_proj;  // attention output (D→D) or FFN projection (F→D)
     ResidualSite residual;
@@ -48,7 +48,7 @@ class Transformer final : public Model {
     int probe_branch = -1;  // branch output (after dropout)
     int probe_result = -1;  // the sublayer's output: blocks.l.mid or blocks.l.out
     // Saved activations.
-    Tensor normed;    // pre: Norm(x_in) [R, D]
+    Tensor normed;  // pre: Norm(x_in) [R, D]
     nn::Norm::Saved norm_saved;
     Tensor hidden;    // qkv [R, 3D] or FFN pre-activation u [R, F]
     Tensor probs;     // attention probabilities [B, H, T, T]
@@ -58,8 +58,8 @@ class Transformer final : public Model {
   };
 
   void sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context, int site);
-  void sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
-                         const StepContext& context, int site);
+  void sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in, const StepContext& context,
+                         int site);
   void ensure_buffers(std::int64_t batch, std::int64_t tokens);
   bool dropout_active(const StepContext& context) const { return context.training && config_.dropout > 0; }
   std::uint64_t dropout_stream(const StepContext& context, int site) const;
@@ -86,7 +86,7 @@ class Transformer final : public Model {
   std::vector<Tensor> stream_;  // residual stream: stream_[i] is the input of sublayer i; back() the last output
   Tensor final_;                // after the final norm [R, D]
   nn::Norm::Saved final_saved_;
-  Tensor logits_, d_logits_;    // [R, V]
+  Tensor logits_, d_logits_;  // [R, V]
   Tensor targets_flat_;
   // Gradient scratch.
   Tensor d_stream_, d_branch_, d_dropped_, d_mixed_, d_hidden_, d_normed_, d_tmp_;

@@ -2,8 +2,8 @@
 
 namespace proplab::nn {
 
-Linear Linear::create(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out,
-                      ParamRole role, bool with_bias, int block) {
+Linear Linear::create(ParameterStore& store, const std::string& name, std::int64_t in, std::int64_t out, ParamRole role,
+                      bool with_bias, int block) {
   Linear layer;
   layer.weight = &store.add(name + ".weight", {out, in}, role, in, out, block);
   if (with_bias) layer.bias = &store.add(name + ".bias", {out}, ParamRole::bias, in, out, block);

@@ -40,8 +40,8 @@ struct Norm {
     Tensor rstd;  // [rows]
   };
 
-  static Norm create(ParameterStore& store, const std::string& name, std::int64_t features, NormKind kind,
-                     bool affine, float eps, int block);
+  static Norm create(ParameterStore& store, const std::string& name, std::int64_t features, NormKind kind, bool affine,
+                     float eps, int block);
   // Allocates saved statistics for `rows` rows.
   Saved make_saved(std::int64_t rows) const;
   void forward(const Tensor& x, Tensor& y, Saved& saved) const;

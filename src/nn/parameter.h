@@ -30,8 +30,8 @@ struct Parameter {
 class ParameterStore {
  public:
   // Adds a parameter of the given shape (values uninitialised until init()).
-  Parameter& add(const std::string& name, const Shape& shape, ParamRole role, std::int64_t fan_in,
-                 std::int64_t fan_out, int block = -1);
+  Parameter& add(const std::string& name, const Shape& shape, ParamRole role, std::int64_t fan_in, std::int64_t fan_out,
+                 int block = -1);
   // Initialises every parameter from the rule (InitSpec) and the seed; sets lr multipliers.
   void init(const ScalingRule& rule, std::uint64_t seed);
   void zero_grads();

@@ -137,9 +137,7 @@ inline float gelu_tanh_grad(float x) {
 
 inline float gelu_erf(float x) { return x * normal_cdf(x); }
 
-inline float gelu_erf_grad(float x) {
-  return normal_cdf(x) + x * normal_pdf(x);
-}
+inline float gelu_erf_grad(float x) { return normal_cdf(x) + x * normal_pdf(x); }
 
 void expect_pointwise(const char* op, const Tensor& x, const Tensor& other, const char* other_name) {
   expect_shape(op, "x", x, x.shape());

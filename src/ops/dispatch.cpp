@@ -5,8 +5,7 @@
 namespace proplab::ops {
 
 void missing_device_impl(const char* op, Device device) {
-  throw UserError(std::string("op '") + op + "' has no " + device_name(device) +
-                  " implementation in this build");
+  throw UserError(std::string("op '") + op + "' has no " + device_name(device) + " implementation in this build");
 }
 
 Device common_device(const char* op, std::initializer_list<const Tensor*> tensors) {

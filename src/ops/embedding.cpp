@@ -83,8 +83,8 @@ void embedding_backward(const Tensor& tokens, const Tensor& d_y, Tensor& d_token
   expect_shape(op, "d_y", d_y, {batch, seq, features});
   expect_shape(op, "d_token_table", d_token_table, d_token_table.shape());
   if (d_pos_table) {
-    PROPLAB_CHECK(d_pos_table->ndim() == 2 && d_pos_table->dim(0) >= seq && d_pos_table->dim(1) == features,
-                  "op '", op, "': d_pos_table must be [T_max >= ", seq, ", ", features, "], got ",
+    PROPLAB_CHECK(d_pos_table->ndim() == 2 && d_pos_table->dim(0) >= seq && d_pos_table->dim(1) == features, "op '", op,
+                  "': d_pos_table must be [T_max >= ", seq, ", ", features, "], got ",
                   shape_string(d_pos_table->shape()));
     expect_shape(op, "d_pos_table", *d_pos_table, d_pos_table->shape());
   }

@@ -101,15 +101,15 @@ void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, T
       std::fill(d_x->f32(), d_x->f32() + d_x->numel(), 0.0f);
     } else {
       // d_x [rows, in] = d_y [rows, out] · W [out, in]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, d_y.f32(), n_out,
-                  weight.f32(), n_in, 0.0f, d_x->f32(), n_in);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, d_y.f32(), n_out, weight.f32(), n_in,
+                  0.0f, d_x->f32(), n_in);
     }
   }
   if (rows == 0 || out_features == 0) return;
   if (in_features > 0) {
     // d_W [out, in] += d_y^T [out, rows] · x [rows, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, m, 1.0f, d_y.f32(), n_out, x.f32(), n_in,
-                1.0f, d_weight.f32(), n_in);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, m, 1.0f, d_y.f32(), n_out, x.f32(), n_in, 1.0f,
+                d_weight.f32(), n_in);
   }
   if (d_bias) add_column_sums(d_y.f32(), rows, out_features, d_bias->f32());
 }

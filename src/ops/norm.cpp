@@ -83,8 +83,8 @@ void combine_partials(const double* partial, std::int64_t chunks, std::int64_t f
 }
 
 template <bool kGamma, bool kBeta>
-void layernorm_forward_rows(const float* x, const float* gamma, const float* beta, float eps, RowShape shape,
-                            float* y, float* mean, float* rstd) {
+void layernorm_forward_rows(const float* x, const float* gamma, const float* beta, float eps, RowShape shape, float* y,
+                            float* mean, float* rstd) {
   const std::int64_t d = shape.features;
   const float inv_d = 1.0f / static_cast<float>(d);
 #pragma omp parallel for schedule(static) if (shape.rows * d > kParallelMin)
@@ -116,9 +116,9 @@ void layernorm_forward_rows(const float* x, const float* gamma, const float* bet
 
 // d_x (overwrite) and, when d_gamma_partial/d_beta_partial are given, the per-chunk parameter partials.
 template <bool kGamma>
-void layernorm_backward_rows(const float* x, const float* gamma, const float* mean, const float* rstd,
-                             const float* d_y, RowShape shape, RowChunks chunks, float* d_x,
-                             double* d_gamma_partial, double* d_beta_partial) {
+void layernorm_backward_rows(const float* x, const float* gamma, const float* mean, const float* rstd, const float* d_y,
+                             RowShape shape, RowChunks chunks, float* d_x, double* d_gamma_partial,
+                             double* d_beta_partial) {
   const std::int64_t d = shape.features;
   const float inv_d = 1.0f / static_cast<float>(d);
 #pragma omp parallel for schedule(static) if (shape.rows * d > kParallelMin)
@@ -222,8 +222,8 @@ void rmsnorm_backward_rows(const float* x, const float* gamma, const float* rstd
 
 }  // namespace
 
-void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y,
-                       Tensor& mean, Tensor& rstd) {
+void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y, Tensor& mean,
+                       Tensor& rstd) {
   constexpr const char* op = "layernorm_forward";
   const RowShape shape = row_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {shape.features});
@@ -238,14 +238,18 @@ void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
 
   const float* g = gamma ? gamma->f32() : nullptr;
   const float* b = beta ? beta->f32() : nullptr;
-  if (g && b) layernorm_forward_rows<true, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
-  else if (g) layernorm_forward_rows<true, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
-  else if (b) layernorm_forward_rows<false, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
-  else layernorm_forward_rows<false, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+  if (g && b)
+    layernorm_forward_rows<true, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+  else if (g)
+    layernorm_forward_rows<true, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+  else if (b)
+    layernorm_forward_rows<false, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+  else
+    layernorm_forward_rows<false, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
 }
 
-void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& d_y, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta) {
+void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
+                        Tensor& d_x, Tensor* d_gamma, Tensor* d_beta) {
   constexpr const char* op = "layernorm_backward";
   const RowShape shape = row_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {shape.features});
@@ -266,8 +270,8 @@ void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
   double* gamma_partial = d_gamma ? scratch : nullptr;
   double* beta_partial = d_beta ? scratch + partial_size : nullptr;
   if (gamma)
-    layernorm_backward_rows<true>(x.f32(), gamma->f32(), mean.f32(), rstd.f32(), d_y.f32(), shape, chunks,
-                                  d_x.f32(), gamma_partial, beta_partial);
+    layernorm_backward_rows<true>(x.f32(), gamma->f32(), mean.f32(), rstd.f32(), d_y.f32(), shape, chunks, d_x.f32(),
+                                  gamma_partial, beta_partial);
   else
     layernorm_backward_rows<false>(x.f32(), nullptr, mean.f32(), rstd.f32(), d_y.f32(), shape, chunks, d_x.f32(),
                                    gamma_partial, beta_partial);
@@ -286,8 +290,10 @@ void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y,
   if (device == Device::cuda) missing_device_impl(op, device);
   if (shape.features == 0) return;
 
-  if (gamma) rmsnorm_forward_rows<true>(x.f32(), gamma->f32(), eps, shape, y.f32(), rstd.f32());
-  else rmsnorm_forward_rows<false>(x.f32(), nullptr, eps, shape, y.f32(), rstd.f32());
+  if (gamma)
+    rmsnorm_forward_rows<true>(x.f32(), gamma->f32(), eps, shape, y.f32(), rstd.f32());
+  else
+    rmsnorm_forward_rows<false>(x.f32(), nullptr, eps, shape, y.f32(), rstd.f32());
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, const Tensor& d_y, Tensor& d_x,
@@ -305,11 +311,9 @@ void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, 
   if (shape.features == 0 || shape.rows == 0) return;
 
   const RowChunks chunks = row_chunks(shape.rows);
-  double* gamma_partial =
-      d_gamma ? partial_scratch(static_cast<std::size_t>(chunks.count * shape.features)) : nullptr;
+  double* gamma_partial = d_gamma ? partial_scratch(static_cast<std::size_t>(chunks.count * shape.features)) : nullptr;
   if (gamma)
-    rmsnorm_backward_rows<true>(x.f32(), gamma->f32(), rstd.f32(), d_y.f32(), shape, chunks, d_x.f32(),
-                                gamma_partial);
+    rmsnorm_backward_rows<true>(x.f32(), gamma->f32(), rstd.f32(), d_y.f32(), shape, chunks, d_x.f32(), gamma_partial);
   else
     rmsnorm_backward_rows<false>(x.f32(), nullptr, rstd.f32(), d_y.f32(), shape, chunks, d_x.f32(), nullptr);
   if (d_gamma) combine_partials(gamma_partial, chunks.count, shape.features, d_gamma->f32());

@@ -46,10 +46,10 @@ void embedding_backward(const Tensor& tokens, const Tensor& d_y, Tensor& d_token
 
 // ---- normalisation over the last dimension; x [rows, D] -------------------------------------------------------
 // LayerNorm: y = (x - mean) * rstd (* gamma + beta). Saves mean [rows], rstd [rows] for backward.
-void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y,
-                       Tensor& mean, Tensor& rstd);
-void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& d_y, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
+void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y, Tensor& mean,
+                       Tensor& rstd);
+void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
+                        Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
 // RMSNorm: y = x * rstd (* gamma), rstd = 1/sqrt(mean(x²) + eps). Saves rstd [rows].
 void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd);
 void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, const Tensor& d_y, Tensor& d_x,
@@ -87,14 +87,16 @@ void residual_backward(const Tensor& x, const Tensor& f, const Tensor& d_y, floa
 void dropout_forward(const Tensor& x, float p, std::uint64_t seed, std::uint64_t stream, Tensor& y);
 void dropout_backward(const Tensor& d_y, float p, std::uint64_t seed, std::uint64_t stream, Tensor& d_x);
 
-// ---- losses ----------------------------------------------------------------------------------------------------------
-// Softmax cross-entropy over the last dim of logits [rows, V] against targets i32 [rows]. Returns the mean loss
-// over rows (double). When d_logits is given it is overwritten with grad_scale * (softmax - onehot) / rows.
+// ---- losses
+// ---------------------------------------------------------------------------------------------------------- Softmax
+// cross-entropy over the last dim of logits [rows, V] against targets i32 [rows]. Returns the mean loss over rows
+// (double). When d_logits is given it is overwritten with grad_scale * (softmax - onehot) / rows.
 double softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* d_logits, float grad_scale = 1.0f);
 // Mean squared error 0.5*mean((pred - target)²) over all elements; d_pred = grad_scale*(pred - target)/numel.
 double mse_loss(const Tensor& pred, const Tensor& target, Tensor* d_pred, float grad_scale = 1.0f);
 
-// ---- optimizers (in place on one parameter tensor) --------------------------------------------------------------------
+// ---- optimizers (in place on one parameter tensor)
+// --------------------------------------------------------------------
 struct AdamWHyper {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -121,9 +123,10 @@ struct SgdHyper {
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
                 UpdateNorms* norms = nullptr);
 
-// ---- global gradient-norm clipping -------------------------------------------------------------------------------------
-// Returns the global L2 norm over all grads (double, deterministic order); when max_norm > 0 and the norm
-// exceeds it, scales every grad by max_norm / norm.
+// ---- global gradient-norm clipping
+// ------------------------------------------------------------------------------------- Returns the global L2 norm over
+// all grads (double, deterministic order); when max_norm > 0 and the norm exceeds it, scales every grad by max_norm /
+// norm.
 double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm);
 
 }  // namespace proplab::ops

@@ -72,16 +72,19 @@ void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, c
   const float* g = grad.f32();
   float* m_data = m.f32();
   float* v_data = v.f32();
-  for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
+  for_blocks_measured(
+      param.numel(), p,
+      [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
-    for (std::int64_t i = begin; i < end; ++i) {
-      const float m_i = beta1 * m_data[i] + one_minus_beta1 * g[i];
-      const float v_i = beta2 * v_data[i] + one_minus_beta2 * g[i] * g[i];
-      m_data[i] = m_i;
-      v_data[i] = v_i;
-      p[i] = p[i] * decay - step_size * m_i / (std::sqrt(v_i) * inv_sqrt_bc2 + eps);
-    }
-  }, norms);
+        for (std::int64_t i = begin; i < end; ++i) {
+          const float m_i = beta1 * m_data[i] + one_minus_beta1 * g[i];
+          const float v_i = beta2 * v_data[i] + one_minus_beta2 * g[i] * g[i];
+          m_data[i] = m_i;
+          v_data[i] = v_i;
+          p[i] = p[i] * decay - step_size * m_i / (std::sqrt(v_i) * inv_sqrt_bc2 + eps);
+        }
+      },
+      norms);
 }
 
 // As torch.optim.SGD (dampening 0): g = grad + wd*param; buf = momentum*buf + g; the step uses
@@ -92,23 +95,29 @@ void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, 
   float* p = param.f32();
   const float* g = grad.f32();
   if (momentum == 0.0f) {
-    for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
+    for_blocks_measured(
+        param.numel(), p,
+        [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
-      for (std::int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
-    }, norms);
+          for (std::int64_t i = begin; i < end; ++i) p[i] -= lr * (g[i] + weight_decay * p[i]);
+        },
+        norms);
     return;
   }
   float* buf = momentum_buffer.f32();
   const bool nesterov = hyper.nesterov;
-  for_blocks_measured(param.numel(), p, [=](std::int64_t begin, std::int64_t end) {
+  for_blocks_measured(
+      param.numel(), p,
+      [=](std::int64_t begin, std::int64_t end) {
 #pragma omp simd
-    for (std::int64_t i = begin; i < end; ++i) {
-      const float g_i = g[i] + weight_decay * p[i];
-      const float buf_i = momentum * buf[i] + g_i;
-      buf[i] = buf_i;
-      p[i] -= lr * (nesterov ? g_i + momentum * buf_i : buf_i);
-    }
-  }, norms);
+        for (std::int64_t i = begin; i < end; ++i) {
+          const float g_i = g[i] + weight_decay * p[i];
+          const float buf_i = momentum * buf[i] + g_i;
+          buf[i] = buf_i;
+          p[i] -= lr * (nesterov ? g_i + momentum * buf_i : buf_i);
+        }
+      },
+      norms);
 }
 
 }  // namespace
@@ -129,8 +138,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   adamw_update_cpu(param, grad, m, v, hyper, norms);
 }
 
-void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
-                UpdateNorms* norms) {
+void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper, UpdateNorms* norms) {
   const char* op = "sgd_update";
   PROPLAB_CHECK(param.defined(), "op '", op, "': param is undefined");
   expect_shape(op, "param", param, param.shape());

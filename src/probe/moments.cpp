@@ -122,8 +122,8 @@ void accumulate_rows(const float* __restrict x, Index rows, Index features, doub
         }
       }
       if constexpr (kMax) {
-        const std::uint32_t a = std::max(std::max(abs_bits(x0[f]), abs_bits(x1[f])),
-                                         std::max(abs_bits(x2[f]), abs_bits(x3[f])));
+        const std::uint32_t a =
+            std::max(std::max(abs_bits(x0[f]), abs_bits(x1[f])), std::max(abs_bits(x2[f]), abs_bits(x3[f])));
         max_bits[f] = std::max(max_bits[f], a);
       }
     }
@@ -215,7 +215,7 @@ struct ChunkSums {
 // Buffers of one accumulate() call, owned by the calling thread and reused by its later calls.
 struct CallBuffers {
   std::vector<ChunkSums> chunk_sums;
-  std::vector<double> partials;  // [chunks][2][padded F]: per-feature Σd, Σd² of each chunk (when kept)
+  std::vector<double> partials;     // [chunks][2][padded F]: per-feature Σd, Σd² of each chunk (when kept)
   std::vector<double> block_norms;  // [sequences][merge blocks]: split mode's ‖S_b‖² per feature block
 };
 
@@ -270,8 +270,8 @@ void run_chunk(const Problem& p, Index chunk) {
         // Sum this sequence on its own to form ‖S_b‖², then add it into the chunk's feature sums.
         double* seq_sum = scratch.seq_sum;
         std::fill(seq_sum, seq_sum + F, 0.0);
-        accumulate_rows<kSums, kHigher, kMax>(xb, p.tokens, F, p.shift, seq_sum, sum_sq, scratch.cube,
-                                              scratch.quad, scratch.max_bits);
+        accumulate_rows<kSums, kHigher, kMax>(xb, p.tokens, F, p.shift, seq_sum, sum_sq, scratch.cube, scratch.quad,
+                                              scratch.max_bits);
         out.seq_sum_norm_sq += ordered_sum_sq(seq_sum, F);
         for (Index f = 0; f < F; ++f) sum[f] += seq_sum[f];
       } else {
@@ -284,8 +284,8 @@ void run_chunk(const Problem& p, Index chunk) {
     const Index b = chunk / p.plan.pieces_per_sequence;
     const Index first_row = (chunk % p.plan.pieces_per_sequence) * p.plan.rows_per_piece;
     const Index rows = std::min(p.tokens, first_row + p.plan.rows_per_piece) - first_row;
-    accumulate_rows<kSums, kHigher, kMax>(p.x + b * sequence_elements + first_row * F, rows, F, p.shift, sum,
-                                          sum_sq, scratch.cube, scratch.quad, scratch.max_bits);
+    accumulate_rows<kSums, kHigher, kMax>(p.x + b * sequence_elements + first_row * F, rows, F, p.shift, sum, sum_sq,
+                                          scratch.cube, scratch.quad, scratch.max_bits);
   }
   if constexpr (kSums) {
     out.sum = ordered_sum(sum, F);
@@ -494,15 +494,24 @@ std::vector<std::string> StatSelection::names() const {
 
 double Moments::value(Stat stat) const {
   switch (stat) {
-    case Stat::mean: return mean;
-    case Stat::var: return var;
-    case Stat::rms: return rms;
-    case Stat::max_abs: return max_abs;
-    case Stat::kurtosis: return kurtosis;
-    case Stat::nonfinite: return nonfinite;
-    case Stat::corr: return corr;
-    case Stat::chan_mean_sq: return chan_mean_sq;
-    case Stat::chan_var: return chan_var;
+    case Stat::mean:
+      return mean;
+    case Stat::var:
+      return var;
+    case Stat::rms:
+      return rms;
+    case Stat::max_abs:
+      return max_abs;
+    case Stat::kurtosis:
+      return kurtosis;
+    case Stat::nonfinite:
+      return nonfinite;
+    case Stat::corr:
+      return corr;
+    case Stat::chan_mean_sq:
+      return chan_mean_sq;
+    case Stat::chan_var:
+      return chan_var;
   }
   PROPLAB_CHECK(false, "unknown Stat ", static_cast<int>(stat));
   return kNaN;
@@ -524,8 +533,8 @@ void MomentSums::merge(const MomentSums& other) {
     return;
   }
   PROPLAB_CHECK(tokens_per_sequence == other.tokens_per_sequence && features == other.features,
-                "merged moment sums must share [*, T, F]: T ", tokens_per_sequence, " vs ",
-                other.tokens_per_sequence, ", F ", features, " vs ", other.features);
+                "merged moment sums must share [*, T, F]: T ", tokens_per_sequence, " vs ", other.tokens_per_sequence,
+                ", F ", features, " vs ", other.features);
   PROPLAB_CHECK(selection == other.selection, "merged moment sums must hold the same statistics");
   const Needs needs = needs_for(selection);
   const double T = static_cast<double>(tokens_per_sequence);
@@ -545,8 +554,7 @@ void MomentSums::merge(const MomentSums& other) {
       sum_sq += other.sum_sq - 2.0 * h * other.sum + n * h2;
       if (needs.higher) {
         sum_cube += other.sum_cube - 3.0 * h * other.sum_sq + 3.0 * h2 * other.sum - n * h3;
-        sum_quad += other.sum_quad - 4.0 * h * other.sum_cube + 6.0 * h2 * other.sum_sq - 4.0 * h3 * other.sum +
-                    n * h4;
+        sum_quad += other.sum_quad - 4.0 * h * other.sum_cube + 6.0 * h2 * other.sum_sq - 4.0 * h3 * other.sum + n * h4;
       }
       if (needs.seq) {
         // Σ_b ‖S_b - T·h·1‖² = Σ_b ‖S_b‖² - 2·T·h·Σe + B·T²·F·h².
@@ -573,8 +581,8 @@ void MomentSums::merge(const MomentSums& other) {
   sequences += other.sequences;
 }
 
-void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features,
-                MomentSums& into, const StatSelection& which) {
+void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features, MomentSums& into,
+                const StatSelection& which) {
   PROPLAB_CHECK(sequences >= 0 && tokens >= 1 && features >= 1, "accumulate needs B >= 0, T >= 1, F >= 1, got [",
                 sequences, ", ", tokens, ", ", features, "]");
   if (!into.empty()) {
@@ -636,8 +644,8 @@ void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const
   if (x.numel() == 0) return;
   const std::int64_t features = x.ndim() == 0 ? 1 : x.dim(-1);
   const std::int64_t rows = x.numel() / features;
-  PROPLAB_CHECK(rows % sequences == 0, "rows (", rows, ") of ", shape_string(x.shape()),
-                " do not split into ", sequences, " sequences");
+  PROPLAB_CHECK(rows % sequences == 0, "rows (", rows, ") of ", shape_string(x.shape()), " do not split into ",
+                sequences, " sequences");
   accumulate(x.f32(), sequences, rows / sequences, features, into, which);
 }
 

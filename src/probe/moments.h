@@ -67,16 +67,16 @@ class StatSelection {
 // d = x - shift. A default-constructed MomentSums is empty (count 0) and takes its shape, selection and shift
 // from the first accumulate() or merge().
 struct MomentSums {
-  std::int64_t count = 0;                // elements
-  std::int64_t sequences = 0;            // B, summed over accumulated tensors
-  std::int64_t tokens_per_sequence = 0;  // T
-  std::int64_t features = 0;             // F
-  StatSelection selection;               // what the sums below support
-  double shift = 0.0;                    // every sum below is of d = x - shift
+  std::int64_t count = 0;                                          // elements
+  std::int64_t sequences = 0;                                      // B, summed over accumulated tensors
+  std::int64_t tokens_per_sequence = 0;                            // T
+  std::int64_t features = 0;                                       // F
+  StatSelection selection;                                         // what the sums below support
+  double shift = 0.0;                                              // every sum below is of d = x - shift
   double sum = 0.0, sum_sq = 0.0, sum_cube = 0.0, sum_quad = 0.0;  // Σd, Σd², Σd³ (kurtosis), Σd⁴ (kurtosis)
-  double max_abs = 0.0;                  // max |x| (max_abs): NaN if any NaN was seen
-  std::int64_t nonfinite = 0;            // NaN/±Inf elements (nonfinite)
-  double seq_sum_norm_sq = 0.0;          // Σ_b ‖Σ_t d_bt‖² (corr)
+  double max_abs = 0.0;                                            // max |x| (max_abs): NaN if any NaN was seen
+  std::int64_t nonfinite = 0;                                      // NaN/±Inf elements (nonfinite)
+  double seq_sum_norm_sq = 0.0;                                    // Σ_b ‖Σ_t d_bt‖² (corr)
   std::vector<double> feature_sum, feature_sum_sq;  // [F]: Σ_{b,t} d_btf, Σ_{b,t} d_btf² (chan statistics)
 
   bool empty() const { return count == 0; }
@@ -107,8 +107,8 @@ struct Moments {
 
 // Adds the statistics `which` of x (sequences · tokens · features f32 elements, row-major [B, T, F]) into
 // `into`. `into` must be empty or hold sums of the same T, F and selection.
-void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features,
-                MomentSums& into, const StatSelection& which);
+void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features, MomentSums& into,
+                const StatSelection& which);
 // The same for a contiguous f32 CPU tensor viewed as [sequences, rows / sequences, last dimension].
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which);
 

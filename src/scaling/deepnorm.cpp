@@ -21,17 +21,21 @@ class DeepNormRule final : public ScalingRule {
   InitSpec init(const ParamInfo& param) const override {
     switch (param.role) {
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
       case ParamRole::norm_gain:
-      case ParamRole::residual_scale: return InitSpec::constant(1.0);
+      case ParamRole::residual_scale:
+        return InitSpec::constant(1.0);
       case ParamRole::attn_qkv: {
         const double base = base_of(param);
         return InitSpec::normal_row_blocks({base, base, base * beta_init_});  // Q, K, V
       }
       case ParamRole::attn_out:
       case ParamRole::ffn_in:
-      case ParamRole::ffn_out: return InitSpec::normal_std(base_of(param) * beta_init_);
-      default: return InitSpec::normal_std(base_of(param));
+      case ParamRole::ffn_out:
+        return InitSpec::normal_std(base_of(param) * beta_init_);
+      default:
+        return InitSpec::normal_std(base_of(param));
     }
   }
   ResidualSpec residual(int, Branch) const override { return {alpha_, 1.0, false, false}; }

@@ -24,11 +24,15 @@ class DepthMupRule final : public ScalingRule {
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
     switch (param.role) {
       case ParamRole::token_embedding:
-      case ParamRole::position_embedding: return InitSpec::normal_std(embed_std_);
+      case ParamRole::position_embedding:
+        return InitSpec::normal_std(embed_std_);
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
-      case ParamRole::norm_gain: return InitSpec::constant(1.0);
-      default: return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
+      case ParamRole::norm_gain:
+        return InitSpec::constant(1.0);
+      default:
+        return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
     }
   }
   ResidualSpec residual(int, Branch) const override { return {1.0, branch_scale_, false, false}; }

@@ -28,11 +28,15 @@ class MupRule final : public ScalingRule {
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
     switch (param.role) {
       case ParamRole::token_embedding:
-      case ParamRole::position_embedding: return InitSpec::normal_std(embed_std_);
+      case ParamRole::position_embedding:
+        return InitSpec::normal_std(embed_std_);
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
-      case ParamRole::norm_gain: return InitSpec::constant(1.0);
-      default: return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
+      case ParamRole::norm_gain:
+        return InitSpec::constant(1.0);
+      default:
+        return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
     }
   }
   ResidualSpec residual(int, Branch) const override { return {}; }
@@ -43,8 +47,10 @@ class MupRule final : public ScalingRule {
       case ParamRole::attn_out:
       case ParamRole::ffn_in:
       case ParamRole::ffn_out:
-      case ParamRole::mlp_hidden: return 1.0 / width_mult_;
-      default: return 1.0;
+      case ParamRole::mlp_hidden:
+        return 1.0 / width_mult_;
+      default:
+        return 1.0;
     }
   }
   double output_multiplier() const override { return 1.0 / width_mult_; }
@@ -67,9 +73,10 @@ const RuleInfo kMup{
     [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
       const bool zero_readout = rule_util::whole_param(config, "zero_readout", 1) != 0;
       if (zero_readout && shape.type == "transformer" && shape.transformer.tie_embeddings)
-        throw UserError("model.tie_embeddings = true conflicts with scaling.zero_readout = true: the tied readout "
-                        "is the token embedding, which cannot start at zero; allowed: model.tie_embeddings = false "
-                        "or scaling.zero_readout = false");
+        throw UserError(
+            "model.tie_embeddings = true conflicts with scaling.zero_readout = true: the tied readout "
+            "is the token embedding, which cannot start at zero; allowed: model.tie_embeddings = false "
+            "or scaling.zero_readout = false");
       const int width = shape.type == "mlp" ? shape.mlp.width : shape.transformer.width;
       return std::make_unique<MupRule>(width / config.params.at("base_width"), zero_readout,
                                        config.params.at("embed_std"), shape);

@@ -9,19 +9,32 @@ namespace proplab {
 
 const char* param_role_name(ParamRole role) {
   switch (role) {
-    case ParamRole::token_embedding: return "token_embedding";
-    case ParamRole::position_embedding: return "position_embedding";
-    case ParamRole::attn_qkv: return "attn_qkv";
-    case ParamRole::attn_out: return "attn_out";
-    case ParamRole::ffn_in: return "ffn_in";
-    case ParamRole::ffn_out: return "ffn_out";
-    case ParamRole::readout: return "readout";
-    case ParamRole::mlp_input: return "mlp_input";
-    case ParamRole::mlp_hidden: return "mlp_hidden";
-    case ParamRole::bias: return "bias";
-    case ParamRole::norm_gain: return "norm_gain";
-    case ParamRole::norm_bias: return "norm_bias";
-    case ParamRole::residual_scale: return "residual_scale";
+    case ParamRole::token_embedding:
+      return "token_embedding";
+    case ParamRole::position_embedding:
+      return "position_embedding";
+    case ParamRole::attn_qkv:
+      return "attn_qkv";
+    case ParamRole::attn_out:
+      return "attn_out";
+    case ParamRole::ffn_in:
+      return "ffn_in";
+    case ParamRole::ffn_out:
+      return "ffn_out";
+    case ParamRole::readout:
+      return "readout";
+    case ParamRole::mlp_input:
+      return "mlp_input";
+    case ParamRole::mlp_hidden:
+      return "mlp_hidden";
+    case ParamRole::bias:
+      return "bias";
+    case ParamRole::norm_gain:
+      return "norm_gain";
+    case ParamRole::norm_bias:
+      return "norm_bias";
+    case ParamRole::residual_scale:
+      return "residual_scale";
   }
   return "?";
 }
@@ -39,11 +52,14 @@ InitSpec mlp_mean_field_init(const ParamInfo& param, const MlpConfig& mlp) {
   switch (param.role) {
     case ParamRole::mlp_input:
     case ParamRole::mlp_hidden:
-    case ParamRole::readout: return InitSpec::normal_std(std::sqrt(mlp.sigma_w2 / static_cast<double>(param.fan_in)));
+    case ParamRole::readout:
+      return InitSpec::normal_std(std::sqrt(mlp.sigma_w2 / static_cast<double>(param.fan_in)));
     case ParamRole::bias:
       return mlp.sigma_b2 > 0 ? InitSpec::normal_std(std::sqrt(mlp.sigma_b2)) : InitSpec::constant(0);
-    case ParamRole::residual_scale: return InitSpec::constant(1.0);
-    default: return InitSpec::constant(0);
+    case ParamRole::residual_scale:
+      return InitSpec::constant(1.0);
+    default:
+      return InitSpec::constant(0);
   }
 }
 
@@ -76,7 +92,8 @@ std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelS
   }
   ScalingConfig filled = config;
   for (const auto& [key, value] : config.params) {
-    auto doc = std::find_if(info->params.begin(), info->params.end(), [&](const RuleParamDoc& d) { return d.key == key; });
+    auto doc =
+        std::find_if(info->params.begin(), info->params.end(), [&](const RuleParamDoc& d) { return d.key == key; });
     if (doc == info->params.end())
       throw UserError("scaling." + key + ": not a parameter of rule \"" + info->name + "\"");
     if (!(value >= doc->min_value && value <= doc->max_value)) {

@@ -21,13 +21,13 @@ enum class ParamRole {
   token_embedding,
   position_embedding,
   attn_qkv,
-  attn_out,     // attention output projection (a residual branch's last matrix)
+  attn_out,  // attention output projection (a residual branch's last matrix)
   ffn_in,
-  ffn_out,      // FFN output projection (a residual branch's last matrix)
-  readout,      // untied LM head or MLP readout
-  mlp_input,    // MLP first layer (input_dim -> width)
-  mlp_hidden,   // MLP hidden layers
-  bias,         // every bias vector
+  ffn_out,     // FFN output projection (a residual branch's last matrix)
+  readout,     // untied LM head or MLP readout
+  mlp_input,   // MLP first layer (input_dim -> width)
+  mlp_hidden,  // MLP hidden layers
+  bias,        // every bias vector
   norm_gain,
   norm_bias,
   residual_scale,  // learnable lambda / beta scalars

@@ -31,9 +31,12 @@ inline void require_transformer(const ModelShape& shape, const std::string& rule
 // which links after scaling; scaling depends on core only.)
 inline const char* norm_key_value(NormPlacement placement) {
   switch (placement) {
-    case NormPlacement::pre: return "pre";
-    case NormPlacement::post: return "post";
-    case NormPlacement::none: return "none";
+    case NormPlacement::pre:
+      return "pre";
+    case NormPlacement::post:
+      return "post";
+    case NormPlacement::none:
+      return "none";
   }
   return "?";
 }
@@ -44,8 +47,8 @@ inline void require_norm(const ModelShape& shape, const std::string& rule, NormP
   if (shape.type != "transformer" || shape.transformer.norm == required) return;
   const std::string wanted = norm_key_value(required);
   throw UserError("model.norm = \"" + std::string(norm_key_value(shape.transformer.norm)) +
-                  "\" conflicts with scaling rule \"" + rule + "\", which requires model.norm = \"" + wanted +
-                  "\" (" + why + "); allowed: model.norm = \"" + wanted + "\"");
+                  "\" conflicts with scaling rule \"" + rule + "\", which requires model.norm = \"" + wanted + "\" (" +
+                  why + "); allowed: model.norm = \"" + wanted + "\"");
 }
 
 // Throws for an MLP without residual connections (a rule that weights residual branches has nothing to weight).
@@ -79,9 +82,12 @@ class LearnableBranchRule final : public ScalingRule {
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
     switch (param.role) {
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
-      case ParamRole::norm_gain: return InitSpec::constant(1.0);
-      default: return InitSpec::normal_std(xavier_std(param));
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
+      case ParamRole::norm_gain:
+        return InitSpec::constant(1.0);
+      default:
+        return InitSpec::normal_std(xavier_std(param));
     }
   }
   ResidualSpec residual(int, Branch) const override { return {1.0, alpha0_, false, true}; }

@@ -20,10 +20,14 @@ class StandardRule final : public ScalingRule {
       case ParamRole::ffn_out:
         return InitSpec::normal_std(std_ / std::sqrt(2.0 * shape_.transformer.layers));
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
-      case ParamRole::norm_gain: return InitSpec::constant(1.0);
-      case ParamRole::residual_scale: return InitSpec::constant(1.0);
-      default: return InitSpec::normal_std(std_);
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
+      case ParamRole::norm_gain:
+        return InitSpec::constant(1.0);
+      case ParamRole::residual_scale:
+        return InitSpec::constant(1.0);
+      default:
+        return InitSpec::normal_std(std_);
     }
   }
   ResidualSpec residual(int, Branch) const override { return {}; }
@@ -33,13 +37,12 @@ class StandardRule final : public ScalingRule {
   ModelShape shape_;
 };
 
-const RuleInfo kStandard{
-    "standard",
-    "GPT-2: N(0, 0.02²) weights, residual output projections 0.02/√(2N), λ = β = 1",
-    {{"std", 0.02, 1e-8, 10.0, "std of every weight matrix and embedding"}},
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
-      return std::make_unique<StandardRule>(config.params.at("std"), shape);
-    }};
+const RuleInfo kStandard{"standard",
+                         "GPT-2: N(0, 0.02²) weights, residual output projections 0.02/√(2N), λ = β = 1",
+                         {{"std", 0.02, 1e-8, 10.0, "std of every weight matrix and embedding"}},
+                         [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+                           return std::make_unique<StandardRule>(config.params.at("std"), shape);
+                         }};
 PROPLAB_REGISTER_RULE(kStandard);
 
 }  // namespace

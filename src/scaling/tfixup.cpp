@@ -21,16 +21,22 @@ class TFixupRule final : public ScalingRule {
     const double xavier = rule_util::xavier_std(param);
     switch (param.role) {
       case ParamRole::token_embedding:
-      case ParamRole::position_embedding: return InitSpec::normal_std(scale_ / std::sqrt(static_cast<double>(width_)));
-      case ParamRole::attn_qkv: return InitSpec::normal_row_blocks({xavier, xavier, xavier * scale_});  // Q, K, V
+      case ParamRole::position_embedding:
+        return InitSpec::normal_std(scale_ / std::sqrt(static_cast<double>(width_)));
+      case ParamRole::attn_qkv:
+        return InitSpec::normal_row_blocks({xavier, xavier, xavier * scale_});  // Q, K, V
       case ParamRole::attn_out:
       case ParamRole::ffn_in:
-      case ParamRole::ffn_out: return InitSpec::normal_std(xavier * scale_);
+      case ParamRole::ffn_out:
+        return InitSpec::normal_std(xavier * scale_);
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
       case ParamRole::norm_gain:
-      case ParamRole::residual_scale: return InitSpec::constant(1.0);
-      default: return InitSpec::normal_std(xavier);
+      case ParamRole::residual_scale:
+        return InitSpec::constant(1.0);
+      default:
+        return InitSpec::normal_std(xavier);
     }
   }
   ResidualSpec residual(int, Branch) const override { return {}; }
@@ -46,8 +52,7 @@ const RuleInfo kTFixup{
     {},
     [](const ScalingConfig&, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_transformer(shape, "tfixup", "transformers");
-      rule_util::require_norm(shape, "tfixup", NormPlacement::none,
-                              "T-Fixup's initialisation replaces LayerNorm");
+      rule_util::require_norm(shape, "tfixup", NormPlacement::none, "T-Fixup's initialisation replaces LayerNorm");
       return std::make_unique<TFixupRule>(std::pow(9.0 * shape.transformer.layers, -0.25), shape.transformer.width);
     }};
 PROPLAB_REGISTER_RULE(kTFixup);

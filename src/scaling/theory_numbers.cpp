@@ -66,8 +66,8 @@ theory::MlpNumbers mlp_numbers(const ScalingRule& rule, const MlpConfig& config)
     const std::int64_t in = l == 0 ? config.input_dim : config.width;
     const std::string prefix = "layers." + std::to_string(l);
     theory::MlpLayerNumbers layer;
-    const double w = std_of(rule, l == 0 ? ParamRole::mlp_input : ParamRole::mlp_hidden, in, config.width, l,
-                            prefix + ".weight");
+    const double w =
+        std_of(rule, l == 0 ? ParamRole::mlp_input : ParamRole::mlp_hidden, in, config.width, l, prefix + ".weight");
     const double bias = std_of(rule, ParamRole::bias, in, config.width, l, prefix + ".bias");
     layer.weight_var = w * w;
     layer.bias_var = bias * bias;

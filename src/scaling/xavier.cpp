@@ -14,9 +14,11 @@ class XavierRule final : public ScalingRule {
   InitSpec init(const ParamInfo& param) const override {
     switch (param.role) {
       case ParamRole::bias:
-      case ParamRole::norm_bias: return InitSpec::constant(0.0);
+      case ParamRole::norm_bias:
+        return InitSpec::constant(0.0);
       case ParamRole::norm_gain:
-      case ParamRole::residual_scale: return InitSpec::constant(1.0);
+      case ParamRole::residual_scale:
+        return InitSpec::constant(1.0);
       default:
         return InitSpec::normal_std(std::sqrt(2.0 / static_cast<double>(param.fan_in + param.fan_out)));
     }

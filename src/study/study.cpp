@@ -40,7 +40,7 @@ namespace fs = std::filesystem;
 
 constexpr std::int64_t kMaxInt64 = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kMaxSteps = 1'000'000'000'000;  // steps and every step interval
-constexpr std::int64_t kMaxDim = 1 << 20;               // widths, vocabularies, sequence lengths, batches
+constexpr std::int64_t kMaxDim = 1 << 20;              // widths, vocabularies, sequence lengths, batches
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // ---- text helpers ------------------------------------------------------------------------------------------------
@@ -118,16 +118,26 @@ std::string toml_string_array(const std::vector<std::string>& items) {
 // What a node is, for "expected X, got Y" messages.
 std::string describe(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "string " + toml_string(node.as_string()->get());
-    case toml::node_type::integer: return "integer " + std::to_string(node.as_integer()->get());
-    case toml::node_type::floating_point: return "float " + toml_float(node.as_floating_point()->get());
-    case toml::node_type::boolean: return node.as_boolean()->get() ? "boolean true" : "boolean false";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "string " + toml_string(node.as_string()->get());
+    case toml::node_type::integer:
+      return "integer " + std::to_string(node.as_integer()->get());
+    case toml::node_type::floating_point:
+      return "float " + toml_float(node.as_floating_point()->get());
+    case toml::node_type::boolean:
+      return node.as_boolean()->get() ? "boolean true" : "boolean false";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
@@ -140,8 +150,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
     row[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
       const std::size_t above = row[j];
-      const bool same = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
-                        std::tolower(static_cast<unsigned char>(b[j - 1]));
+      const bool same =
+          std::tolower(static_cast<unsigned char>(a[i - 1])) == std::tolower(static_cast<unsigned char>(b[j - 1]));
       row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (same ? 0 : 1)});
       diagonal = above;
     }
@@ -250,16 +260,18 @@ Field real_field(std::string key, Ref ref, RealRange range) {
   Field field = named(std::move(key), range.text());
   field.read = [ref, range](const toml::node& node, Study& study) -> std::string {
     if (!node.is_number()) return "expected a number, got " + describe(node);
-    const double value = node.is_integer() ? static_cast<double>(node.as_integer()->get())
-                                           : node.as_floating_point()->get();
+    const double value =
+        node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
     if (!range.contains(value))
       return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
     ref(study) = static_cast<FieldType<Ref>>(value);
     return {};
   };
   field.write = [ref](const Study& study) {
-    if constexpr (std::is_same_v<FieldType<Ref>, float>) return toml_float(float_as_decimal(ref(study)));
-    else return toml_float(ref(study));
+    if constexpr (std::is_same_v<FieldType<Ref>, float>)
+      return toml_float(float_as_decimal(ref(study)));
+    else
+      return toml_float(ref(study));
   };
   return field;
 }
@@ -270,8 +282,8 @@ Field optional_real_field(std::string key, Ref ref, RealRange range) {
   Field field = named(std::move(key), range.text());
   field.read = [ref, range](const toml::node& node, Study& study) -> std::string {
     if (!node.is_number()) return "expected a number, got " + describe(node);
-    const double value = node.is_integer() ? static_cast<double>(node.as_integer()->get())
-                                           : node.as_floating_point()->get();
+    const double value =
+        node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
     if (!range.contains(value))
       return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
     ref(study) = value;
@@ -397,11 +409,12 @@ std::string check_name(const std::string& name) {
 
 std::string check_not_empty(const std::string& text) { return text.empty() ? "is empty" : ""; }
 
-const std::vector<std::string> kActivationStatistics = {"mean",     "var",  "rms",          "max_abs",  "kurtosis",
+const std::vector<std::string> kActivationStatistics = {"mean",      "var",  "rms",          "max_abs", "kurtosis",
                                                         "nonfinite", "corr", "chan_mean_sq", "chan_var"};
 const std::vector<std::string> kParamStatistics = {"weight_rms", "grad_rms", "update_ratio"};
 
-#define PROPLAB_MEMBER(member) [](auto& study) -> auto& { return study.member; }
+#define PROPLAB_MEMBER(member) \
+  [](auto& study) -> auto& { return study.member; }
 
 // Every table but [scaling] (checked against the rule registry) and [sweep] (free-form), in reading order:
 // selectors (model.type, data.kind, train.optimizer) come before the keys that depend on them.
@@ -426,9 +439,8 @@ std::vector<TableSpec> build_schema() {
   const auto data_kind = [](Field field, std::vector<std::string> kinds) {
     std::vector<std::string> quoted;
     for (const auto& kind : kinds) quoted.push_back(toml_string(kind));
-    return when(std::move(field), "data.kind", "data.kind = " + join(quoted, " or "), [kinds](const Study& s) {
-      return std::find(kinds.begin(), kinds.end(), s.data.kind) != kinds.end();
-    });
+    return when(std::move(field), "data.kind", "data.kind = " + join(quoted, " or "),
+                [kinds](const Study& s) { return std::find(kinds.begin(), kinds.end(), s.data.kind) != kinds.end(); });
   };
   const RealRange non_negative{0, kInf};
   const RealRange unit_open{0, 1, false, true};  // [0, 1)
@@ -455,10 +467,9 @@ std::vector<TableSpec> build_schema() {
            transformer(bool_field("norm_affine", PROPLAB_MEMBER(model.transformer.norm_affine))),
            transformer(real_field("norm_eps", PROPLAB_MEMBER(model.transformer.norm_eps), RealRange{0, 1, true})),
            transformer(bool_field("bias", PROPLAB_MEMBER(model.transformer.bias))),
-           transformer(choice_field("activation", PROPLAB_MEMBER(model.transformer.activation),
-                                    {{"gelu", Activation::gelu_tanh},
-                                     {"gelu_erf", Activation::gelu_erf},
-                                     {"relu", Activation::relu}})),
+           transformer(choice_field(
+               "activation", PROPLAB_MEMBER(model.transformer.activation),
+               {{"gelu", Activation::gelu_tanh}, {"gelu_erf", Activation::gelu_erf}, {"relu", Activation::relu}})),
            transformer(real_field("dropout", PROPLAB_MEMBER(model.transformer.dropout), unit_open)),
            transformer(integer_field("vocab", PROPLAB_MEMBER(model.transformer.vocab), 2, kMaxDim)),
            transformer(integer_field("seq_len", PROPLAB_MEMBER(model.transformer.seq_len), 1, kMaxDim)),
@@ -509,16 +520,16 @@ std::vector<TableSpec> build_schema() {
                          {"text", "text"},
                          {"tokens", "tokens"},
                          {"gaussian", "gaussian"}}),
-           data_kind(string_field("path", PROPLAB_MEMBER(data.path),
-                                  "a readable file (relative paths start at the study file's directory)",
-                                  check_not_empty),
-                     {"text", "tokens"}),
+           data_kind(
+               string_field("path", PROPLAB_MEMBER(data.path),
+                            "a readable file (relative paths start at the study file's directory)", check_not_empty),
+               {"text", "tokens"}),
            real_field("val_fraction", PROPLAB_MEMBER(data.val_fraction), RealRange{0, 1, true, true}),
            data_kind(integer_field("markov_successors", PROPLAB_MEMBER(data.markov_successors), 1, kMaxDim),
                      {"markov"}),
-           data_kind(real_field("markov_temperature", PROPLAB_MEMBER(data.markov_temperature),
-                                RealRange{0, 1000, true}),
-                     {"markov"}),
+           data_kind(
+               real_field("markov_temperature", PROPLAB_MEMBER(data.markov_temperature), RealRange{0, 1000, true}),
+               {"markov"}),
            data_kind(real_field("gaussian_noise", PROPLAB_MEMBER(data.gaussian_noise), RealRange{0, 1000}),
                      {"gaussian"}),
        }},
@@ -554,7 +565,7 @@ std::vector<TableSpec> build_schema() {
 #undef PROPLAB_MEMBER
 
 // The top-level keys, in the order resolved_toml writes them.
-const std::vector<std::string> kTopLevelKeys = {"name",   "seed",     "model",  "scaling", "train",  "data",
+const std::vector<std::string> kTopLevelKeys = {"name",   "seed",     "model",  "scaling", "train", "data",
                                                 "record", "parallel", "device", "theory",  "sweep"};
 
 // ---- the validator -----------------------------------------------------------------------------------------------
@@ -618,8 +629,9 @@ class Validator {
 
 void Validator::apply_override(toml::table& root, const std::string& text) {
   const Where where{"--set " + text, true};
-  const std::string allowed = "key.path=value with a TOML value (8, 1e-3, true, \"text\", [\"a\", \"b\"]) or a bare "
-                              "word taken as a string, e.g. model.layers=8 or scaling.rule=xavier";
+  const std::string allowed =
+      "key.path=value with a TOML value (8, 1e-3, true, \"text\", [\"a\", \"b\"]) or a bare "
+      "word taken as a string, e.g. model.layers=8 or scaling.rule=xavier";
   const auto equals = text.find('=');
   if (equals == std::string::npos) return add_at(where, "malformed override: no '='; allowed: " + allowed);
   const std::string key = trim(text.substr(0, equals));
@@ -644,8 +656,7 @@ void Validator::apply_override(toml::table& root, const std::string& text) {
       return add_at(where, key + ": malformed value: " + std::string(error.description()) + "; allowed: " + allowed);
     parsed.insert_or_assign("value", value_text);
   }
-  if (parsed.size() != 1)
-    return add_at(where, key + ": malformed value: more than one value; allowed: " + allowed);
+  if (parsed.size() != 1) return add_at(where, key + ": malformed value: more than one value; allowed: " + allowed);
 
   toml::table* table = &root;
   std::string prefix;
@@ -775,8 +786,7 @@ void Validator::read_table(const TableSpec& spec, const toml::node* node, Study&
         add(path, value,
             "only valid when " + join(contexts, " or ") + ", but " + field.selector + " is " +
                 current_value(field.selector),
-            "for " + field.selector + " = " + current_value(field.selector) + ": " +
-                join(applicable_keys(), ", "));
+            "for " + field.selector + " = " + current_value(field.selector) + ": " + join(applicable_keys(), ", "));
       failed_.insert(path);
       continue;
     }
@@ -837,8 +847,8 @@ void Validator::read_scaling(const toml::node* node, Study& study) {
       const std::string name(key.str());
       const std::string path = "scaling." + name;
       if (name == "rule") continue;
-      const auto doc = std::find_if(info->params.begin(), info->params.end(),
-                                    [&](const RuleParamDoc& d) { return d.key == name; });
+      const auto doc =
+          std::find_if(info->params.begin(), info->params.end(), [&](const RuleParamDoc& d) { return d.key == name; });
       if (doc == info->params.end()) {
         const auto suggestion = closest(name, param_keys);
         add(path, &value,
@@ -889,8 +899,7 @@ void Validator::check_data_file(Study& study) {
                                              : "a readable file of little-endian uint16 token ids (even size)";
   const toml::node* node = lookup("data.path");
   if (!fs::is_regular_file(path, error)) {
-    add("data.path", node, quoted + (fs::exists(path, error) ? " is not a regular file" : " does not exist"),
-        allowed);
+    add("data.path", node, quoted + (fs::exists(path, error) ? " is not a regular file" : " does not exist"), allowed);
     return;
   }
   if (!std::ifstream(path, std::ios::binary)) {
@@ -910,8 +919,8 @@ void Validator::check_data_file(Study& study) {
   const std::int64_t window = study.model.transformer.seq_len + 1;
   if (train < window || count - train < window)
     add("data.path", node,
-        quoted + " is too short: its " + std::to_string(count) + " tokens split into train " +
-            std::to_string(train) + " and validation " + std::to_string(count - train) +
+        quoted + " is too short: its " + std::to_string(count) + " tokens split into train " + std::to_string(train) +
+            " and validation " + std::to_string(count - train) +
             " (data.val_fraction = " + shortest(study.data.val_fraction) + ")",
         "a file whose splits each hold at least model.seq_len + 1 = " + std::to_string(window) + " tokens",
         {"model.seq_len"});
@@ -1031,8 +1040,8 @@ Study run_validation(const std::string& toml_text, const std::string& source_nam
     root = toml::parse(std::string_view(toml_text), std::string_view(source_name));
   } catch (const toml::parse_error& error) {
     throw UserError(source_name + ":" + std::to_string(error.source().begin.line) + ":" +
-                    std::to_string(error.source().begin.column) + ": TOML syntax error: " +
-                    std::string(error.description()));
+                    std::to_string(error.source().begin.column) +
+                    ": TOML syntax error: " + std::string(error.description()));
   }
   Validator validator(source_name, base_dir);
   for (const auto& text : overrides) validator.apply_override(root, text);

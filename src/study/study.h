@@ -28,9 +28,9 @@ struct Study {
   ParallelConfig parallel;
   DeviceConfig device;
   TheoryConfig theory;
-  bool has_sweep = false;      // a [sweep] table is present (proplab run refuses it)
-  std::string source_path;     // the study file as given
-  std::string resolved_toml;   // the whole study, defaults filled in, as TOML text (stored in run files)
+  bool has_sweep = false;     // a [sweep] table is present (proplab run refuses it)
+  std::string source_path;    // the study file as given
+  std::string resolved_toml;  // the whole study, defaults filled in, as TOML text (stored in run files)
 };
 
 // Loads, applies overrides ("model.layers=8", "train.lr=1e-3", "scaling.rule=\"xavier\""), validates.

@@ -45,7 +45,7 @@ CausalSums causal_sums(std::int64_t length, double logit_var, double query_corr)
     uniform_self += 1.0 / n;
     score += s_n * (1.0 - 1.0 / n);
     cross_uniform += 2.0 * static_cast<double>(t) / n;  // pairs whose later query is t: Σ_s w_ts w_t's = 1/(t+1)
-    grad_cross += static_cast<double>(t) / n;            // key pairs s ≠ s' ≤ t, both weighted 1/(t+1)
+    grad_cross += static_cast<double>(t) / n;           // key pairs s ≠ s' ≤ t, both weighted 1/(t+1)
   }
   sums.self = self / l;
   sums.score = score / l;
@@ -72,13 +72,13 @@ CausalSums causal_sums(std::int64_t length, double logit_var, double query_corr)
 
 // The residual stream and the saved signals of one sublayer, for the backward pass.
 struct SublayerState {
-  Signal input;       // x entering the sublayer
-  Signal branch_in;   // what the branch reads (Norm(x) for pre, else x)
-  Signal hidden;      // FFN pre-activation
-  Signal v, q, k;     // attention projections
+  Signal input;      // x entering the sublayer
+  Signal branch_in;  // what the branch reads (Norm(x) for pre, else x)
+  Signal hidden;     // FFN pre-activation
+  Signal v, q, k;    // attention projections
   CausalSums sums;
   double logit_var = 0.0;
-  Signal sum;         // post: λx + βf before the norm
+  Signal sum;  // post: λx + βf before the norm
   int probe_input = -1, probe_norm = -1, probe_hidden = -1, probe_mixed = -1, probe_branch = -1, probe_sum = -1,
       probe_result = -1;
 };
@@ -225,11 +225,11 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
         const double mixed_var = s.v.var * (shared + (1.0 - shared) * s.sums.self);
         const double mixed_cov = s.v.var * (shared + (1.0 - shared) * s.sums.cross);
         const Signal mixed{0.0, mixed_var, mixed_var > 0 ? clamp_unit(mixed_cov / mixed_var) : 1.0};
-        branch = linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std,
-                                bn.attn_out_bias_std * bn.attn_out_bias_std);
+        branch =
+            linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
       } else {
-        s.hidden = linear_forward(s.branch_in, d, bn.ffn_in_std * bn.ffn_in_std,
-                                  bn.ffn_in_bias_std * bn.ffn_in_bias_std);
+        s.hidden =
+            linear_forward(s.branch_in, d, bn.ffn_in_std * bn.ffn_in_std, bn.ffn_in_bias_std * bn.ffn_in_bias_std);
         s.probe_hidden = b.add(prefix + ".preact", "preact", l);
         b.set_forward(s.probe_hidden, s.hidden);
         const Signal mixed = s.hidden.var > 0 ? activation_forward(phi, s.hidden, rule)
@@ -299,8 +299,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       const double dv_cov = d_mixed.var * (s.sums.grad_cross + d_mixed.corr * s.sums.grad_pair);
       // Query and key paths, through the logits' gradient w_ts(g_t·v_s - Σ_s' w_ts' g_t·v_s'): only the parts of
       // v and k that vary across keys reach it.
-      const double score_var = numbers.logit_scale * numbers.logit_scale * static_cast<double>(head_dim) *
-                               d_mixed.var * s.v.var * (1.0 - s.v.corr) * s.sums.score;
+      const double score_var = numbers.logit_scale * numbers.logit_scale * static_cast<double>(head_dim) * d_mixed.var *
+                               s.v.var * (1.0 - s.v.corr) * s.sums.score;
       const double dq_var = score_var * s.k.var * (1.0 - s.k.corr);
       const double dk_var = score_var * s.q.var;
       const double dx_var = static_cast<double>(d) * (bn.v_std * bn.v_std * dv_var + bn.q_std * bn.q_std * dq_var +
@@ -310,8 +310,10 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     } else {
       const GradSignal d_mixed = linear_backward(d_branch, d, bn.ffn_out_std * bn.ffn_out_std);
       b.set_backward(s.probe_mixed, d_mixed);
-      const GradSignal d_hidden = s.hidden.var > 0 ? activation_backward(phi, s.hidden, d_mixed, rule)
-                                                   : GradSignal{d_mixed.var * std::pow(activation_derivative(phi, s.hidden.mean), 2), d_mixed.corr};
+      const GradSignal d_hidden =
+          s.hidden.var > 0
+              ? activation_backward(phi, s.hidden, d_mixed, rule)
+              : GradSignal{d_mixed.var * std::pow(activation_derivative(phi, s.hidden.mean), 2), d_mixed.corr};
       b.set_backward(s.probe_hidden, d_hidden);
       d_branch_in = linear_backward(d_hidden, f, bn.ffn_in_std * bn.ffn_in_std);
     }
@@ -379,7 +381,9 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
   } else {
     // d(0.5·mean (y - t)²)/dy = (y - t)/numel with targets independent of the output.
     const double numel = static_cast<double>(rows) * static_cast<double>(c.outputs);
-    g = GradSignal{(out.var + out.mean * out.mean + inputs.target_second_moment) / (numel * numel) * inputs.grad_scale * inputs.grad_scale, 0.0};
+    g = GradSignal{(out.var + out.mean * out.mean + inputs.target_second_moment) / (numel * numel) * inputs.grad_scale *
+                       inputs.grad_scale,
+                   0.0};
   }
   b.set_backward(probe_out, g);
   g = linear_backward(GradSignal{g.var * numbers.output_multiplier * numbers.output_multiplier, 0.0}, c.outputs,
@@ -393,8 +397,9 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       d_post = residual_branch_backward(g, ln.residual.beta);
     }
     b.set_backward(s.probe_post, d_post);
-    const GradSignal d_pre = s.pre.var > 0 ? activation_backward(phi, s.pre, d_post, rule)
-                                           : GradSignal{d_post.var * std::pow(activation_derivative(phi, s.pre.mean), 2), 0.0};
+    const GradSignal d_pre = s.pre.var > 0
+                                 ? activation_backward(phi, s.pre, d_post, rule)
+                                 : GradSignal{d_post.var * std::pow(activation_derivative(phi, s.pre.mean), 2), 0.0};
     b.set_backward(s.probe_pre, d_pre);
     if (l > 0) {
       const GradSignal d_in = linear_backward(d_pre, c.width, ln.weight_var);
@@ -435,8 +440,8 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
     b.prediction.mean_field = summary;
   }
   b.prediction.formulae =
-      "forward: linear_forward (q map), activation_forward(" + std::string(activation_name(phi)) +
-      ")" + (c.residual ? ", residual_forward" : "") +
+      "forward: linear_forward (q map), activation_forward(" + std::string(activation_name(phi)) + ")" +
+      (c.residual ? ", residual_forward" : "") +
       "; backward: " + (c.head == MlpHead::classification ? "softmax cross-entropy" : "mean squared error") +
       " gradient, linear/activation" + (c.residual ? "/residual" : "") +
       " backward maps; mean field: MeanField q*, c*, chi1 (Poole et al. 2016, Schoenholz et al. 2017)";

@@ -48,9 +48,9 @@ struct TransformerNumbers {
   double token_embed_std = 0.0;
   double position_embed_std = 0.0;
   std::vector<TransformerBlockNumbers> blocks;  // config.layers entries
-  double logit_scale = 0.0;        // attention logit scale (1/√d_head by default)
-  double output_multiplier = 1.0;  // on the head's logits
-  double readout_std = 0.0;        // untied head only
+  double logit_scale = 0.0;                     // attention logit scale (1/√d_head by default)
+  double output_multiplier = 1.0;               // on the head's logits
+  double readout_std = 0.0;                     // untied head only
 };
 
 struct MlpLayerNumbers {
@@ -105,8 +105,8 @@ struct MeanFieldSummary {
 };
 
 struct ProbePrediction {
-  std::vector<ProbeTheory> probes;  // the model's probe order
-  std::string formulae;             // which maps were used (stored as the run file's `formulae` attribute)
+  std::vector<ProbeTheory> probes;             // the model's probe order
+  std::string formulae;                        // which maps were used (stored as the run file's `formulae` attribute)
   std::optional<MeanFieldSummary> mean_field;  // MLPs only
 
   // The probe with this name, or nullptr.

@@ -13,21 +13,21 @@ enum class ScheduleKind { constant, cosine };
 
 struct TrainConfig {
   std::int64_t steps = 200;
-  int batch = 8;                   // sequences (or samples) per optimizer step, before accumulation split
-  int grad_accum = 1;              // micro-batches per step; batch must be divisible by it
+  int batch = 8;       // sequences (or samples) per optimizer step, before accumulation split
+  int grad_accum = 1;  // micro-batches per step; batch must be divisible by it
   double lr = 1e-3;
   OptimizerKind optimizer = OptimizerKind::adamw;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double momentum = 0.9;           // sgd
-  bool nesterov = false;           // sgd
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
   ScheduleKind schedule = ScheduleKind::constant;
-  std::int64_t warmup = 0;         // linear warmup steps
-  double min_lr_ratio = 0.1;       // cosine: final lr = lr * min_lr_ratio
+  std::int64_t warmup = 0;    // linear warmup steps
+  double min_lr_ratio = 0.1;  // cosine: final lr = lr * min_lr_ratio
   double weight_decay = 0.0;
-  double grad_clip = 1.0;          // global norm; 0 disables
-  std::int64_t eval_every = 100;   // 0 disables periodic eval (the final eval still runs)
+  double grad_clip = 1.0;         // global norm; 0 disables
+  std::int64_t eval_every = 100;  // 0 disables periodic eval (the final eval still runs)
   int eval_batches = 4;
   std::int64_t checkpoint_every = 0;  // 0: only at the end
 };

@@ -34,7 +34,9 @@ probe::StatSelection selection_from(const std::vector<std::string>& names, const
   return probe::StatSelection::parse(names, std::string("record.") + what);
 }
 
-double rms_of(const Tensor& t) { return std::sqrt(ops::sum_squares(t) / static_cast<double>(std::max<std::int64_t>(t.numel(), 1))); }
+double rms_of(const Tensor& t) {
+  return std::sqrt(ops::sum_squares(t) / static_cast<double>(std::max<std::int64_t>(t.numel(), 1)));
+}
 
 std::vector<std::int64_t> ints_of(const std::vector<ProbeInfo>& probes, int ProbeInfo::*field) {
   std::vector<std::int64_t> out;
@@ -56,7 +58,8 @@ Recorder::Recorder(const RecordConfig& config, const std::vector<ProbeInfo>& pro
     for (const std::string& name : config.params) {
       auto it = std::find(names.begin(), names.end(), name);
       if (it == names.end())
-        throw UserError("record.params: unknown statistic \"" + name + "\"; allowed: weight_rms, grad_rms, update_ratio");
+        throw UserError("record.params: unknown statistic \"" + name +
+                        "\"; allowed: weight_rms, grad_rms, update_ratio");
       param_stats_.push_back(static_cast<ParamStat>(it - names.begin()));
     }
   }
@@ -101,8 +104,10 @@ void Recorder::copy_history(const RunReader& previous, RunWriter& writer, std::i
   const auto& stats = probe::stat_names();
   std::size_t f = 0, b = 0;
   for (std::size_t i = 0; i < stats.size(); ++i) {
-    if (forward_stats_.has(static_cast<probe::Stat>(i))) series.emplace_back("/forward/" + std::string(stats[i]), forward_series_[f++]);
-    if (backward_stats_.has(static_cast<probe::Stat>(i))) series.emplace_back("/backward/" + std::string(stats[i]), backward_series_[b++]);
+    if (forward_stats_.has(static_cast<probe::Stat>(i)))
+      series.emplace_back("/forward/" + std::string(stats[i]), forward_series_[f++]);
+    if (backward_stats_.has(static_cast<probe::Stat>(i)))
+      series.emplace_back("/backward/" + std::string(stats[i]), backward_series_[b++]);
   }
   for (std::size_t i = 0; i < param_stats_.size(); ++i)
     series.emplace_back("/params/" + param_stat_names()[static_cast<int>(param_stats_[i])], param_series_[i]);
@@ -111,7 +116,8 @@ void Recorder::copy_history(const RunReader& previous, RunWriter& writer, std::i
   for (std::size_t r = 0; r < steps.size() && steps[r] < before_step; ++r) {
     writer.append_int(steps_series_, steps[r]);
     for (std::size_t s = 0; s < series.size(); ++s) {
-      if (static_cast<std::int64_t>(r) < data[s].rows) writer.append_row(series[s].second, &data[s].values[r * data[s].columns]);
+      if (static_cast<std::int64_t>(r) < data[s].rows)
+        writer.append_row(series[s].second, &data[s].values[r * data[s].columns]);
     }
   }
 }
@@ -129,8 +135,8 @@ void Recorder::accumulate_into(probe::MomentSums& sums, const Tensor& x, std::in
                                const probe::StatSelection& which) {
   const std::int64_t features = x.dim(-1);
   const std::int64_t rows = x.numel() / features;
-  PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "probe tensor ", shape_string(x.shape()), " with ",
-                sequences, " sequences");
+  PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "probe tensor ", shape_string(x.shape()), " with ", sequences,
+                " sequences");
   probe::accumulate(x.f32(), sequences, rows / sequences, features, sums, which);
 }
 
@@ -171,7 +177,8 @@ void Recorder::after_update() {
     for (std::size_t s = 0; s < param_stats_.size(); ++s) {
       if (param_stats_[s] == ParamStat::weight_rms) param_rows_[s][i] = std::sqrt(before_sq / n);
       // ‖W_after − W_before‖ / ‖W_before‖ over the tensor.
-      if (param_stats_[s] == ParamStat::update_ratio) param_rows_[s][i] = std::sqrt(delta_sq / std::max(before_sq, 1e-300));
+      if (param_stats_[s] == ParamStat::update_ratio)
+        param_rows_[s][i] = std::sqrt(delta_sq / std::max(before_sq, 1e-300));
     }
   }
 }

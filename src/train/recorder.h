@@ -53,8 +53,9 @@ class Recorder final : public ProbeSink {
   // Instead of an update (a step that diverged before it): weights measured as they are, update 0.
   void skip_update();
   void after_update();
-  // Appends the step's rows and flushes the file (SWMR readers see the record at once). Returns "" or, when some statistic is non-finite, the first probe (in depth order,
-  // forward before backward) or parameter that went non-finite, e.g. "blocks.3.attn.out (forward)".
+  // Appends the step's rows and flushes the file (SWMR readers see the record at once). Returns "" or, when some
+  // statistic is non-finite, the first probe (in depth order, forward before backward) or parameter that went
+  // non-finite, e.g. "blocks.3.attn.out (forward)".
   std::string write_record(RunWriter& writer, std::int64_t step);
 
   // ProbeSink
@@ -64,7 +65,8 @@ class Recorder final : public ProbeSink {
                         float logit_scale) override;
 
  private:
-  void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences, const probe::StatSelection& which);
+  void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences,
+                       const probe::StatSelection& which);
 
   RecordConfig config_;
   std::vector<ProbeInfo> probes_;
@@ -74,7 +76,7 @@ class Recorder final : public ProbeSink {
   std::vector<ParamStat> param_stats_;
   std::vector<probe::MomentSums> forward_sums_, backward_sums_;
   std::vector<bool> forward_seen_, backward_seen_;
-  std::vector<ops::UpdateNorms> update_norms_;  // per parameter, filled by the optimizer's update
+  std::vector<ops::UpdateNorms> update_norms_;   // per parameter, filled by the optimizer's update
   std::vector<std::vector<double>> param_rows_;  // [stat][param]
   // Series ids.
   SeriesId steps_series_;

@@ -19,7 +19,8 @@ double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
   const TransformerConfig& m = spec.model.transformer;
   const std::int64_t micro = spec.train.batch / spec.train.grad_accum;
   auto data = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
-  Tensor inputs = Tensor::empty({micro, m.seq_len}, DType::i32), targets = Tensor::empty({micro, m.seq_len}, DType::i32);
+  Tensor inputs = Tensor::empty({micro, m.seq_len}, DType::i32),
+         targets = Tensor::empty({micro, m.seq_len}, DType::i32);
   data->batch(Split::train, 0, inputs, targets);
   Tensor token = Tensor::empty({m.vocab, m.width}), position = Tensor::empty({m.seq_len, m.width});
   init_tensor(token, rule.init(ParamInfo{ParamRole::token_embedding, m.vocab, m.width, -1, "embed.token.weight"}),

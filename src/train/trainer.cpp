@@ -28,9 +28,8 @@ class RunData {
       const TransformerConfig& m = spec.model.transformer;
       tokens_ = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
       if (tokens_->vocab() > m.vocab)
-        throw UserError("data: the data uses " + std::to_string(tokens_->vocab()) +
-                        " token ids but model.vocab is " + std::to_string(m.vocab) + "; allowed: model.vocab >= " +
-                        std::to_string(tokens_->vocab()));
+        throw UserError("data: the data uses " + std::to_string(tokens_->vocab()) + " token ids but model.vocab is " +
+                        std::to_string(m.vocab) + "; allowed: model.vocab >= " + std::to_string(tokens_->vocab()));
       batch_.inputs = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
       batch_.targets = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
     } else {
@@ -38,7 +37,8 @@ class RunData {
       const bool classification = m.head == MlpHead::classification;
       vectors_ = make_vector_dataset(spec.data, m.input_dim, m.outputs, classification, spec.seed);
       batch_.inputs = Tensor::empty({micro_batch, m.input_dim});
-      batch_.targets = classification ? Tensor::empty({micro_batch}, DType::i32) : Tensor::empty({micro_batch, m.outputs});
+      batch_.targets =
+          classification ? Tensor::empty({micro_batch}, DType::i32) : Tensor::empty({micro_batch, m.outputs});
     }
   }
 
@@ -85,11 +85,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
 
   // Everything that can fail on user input happens before the run file exists.
   if (spec.device.type == "cuda")
-    throw UserError("device.type: training on CUDA is not available in this version (only the residual-combine "
-                    "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
+    throw UserError(
+        "device.type: training on CUDA is not available in this version (only the residual-combine "
+        "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
   if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp != 1 || spec.parallel.microbatches != 1)
-    throw UserError("parallel: distributed training is not available in this version; allowed: dp = tp = pp = "
-                    "microbatches = 1");
+    throw UserError(
+        "parallel: distributed training is not available in this version; allowed: dp = tp = pp = "
+        "microbatches = 1");
   set_threads(spec.device.threads);
   const std::int64_t micro = tc.batch / tc.grad_accum;
   RunData data(spec, micro);
@@ -123,7 +125,6 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     start_step = loaded.int_value("step");
     optimizer.set_steps_taken(loaded.int_value("optimizer_steps"));
     model->after_parameter_load();
-
   }
 
   RunHeader header;
@@ -188,9 +189,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     save_checkpoint(summary.checkpoint, checkpoint);
   };
 
-  if (log) *log << "proplab: " << spec.name << ": " << data.describe() << "; " << model->params().count_elements()
-                << " parameters; " << threads() << " threads" << (start_step > 0 ? "; resuming at step " + std::to_string(start_step) : "")
-                << "\n";
+  if (log)
+    *log << "proplab: " << spec.name << ": " << data.describe() << "; " << model->params().count_elements()
+         << " parameters; " << threads() << " threads"
+         << (start_step > 0 ? "; resuming at step " + std::to_string(start_step) : "") << "\n";
   std::ostream silent(nullptr);
   Progress progress(log ? *log : silent, options.terminal, tc.steps);
   const auto run_start = clock::now();
@@ -226,8 +228,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         context.micro_step = static_cast<std::uint64_t>(index);
         context.training = true;
         context.sink = record ? &recorder : nullptr;
-        total += model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum),
-                                         context);
+        total +=
+            model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum), context);
       }
       return total / tc.grad_accum;
     };
@@ -248,7 +250,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       status = RunStatus::diverged;
       detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
                std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
-      writer.append_train({step, loss, lr, grad_norm, 0.0, wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+      writer.append_train({step, loss, lr, grad_norm, 0.0,
+                           wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
       ++step;
       break;
     }

@@ -86,8 +86,8 @@ class CliTest : public ::testing::Test {
     ASSERT_TRUE(fs::is_regular_file(binary_)) << "PROPLAB_BINARY = " << binary_ << " is not a file";
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     static std::atomic<int> counter{0};
-    base_ = fs::temp_directory_path() / ("proplab_cli_" + std::to_string(getpid()) + "_" + info->name() + "_" +
-                                         std::to_string(counter++));
+    base_ = fs::temp_directory_path() /
+            ("proplab_cli_" + std::to_string(getpid()) + "_" + info->name() + "_" + std::to_string(counter++));
     fs::remove_all(base_);
     work_ = base_ / "work";
     capture_ = base_ / "capture";

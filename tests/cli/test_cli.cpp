@@ -144,8 +144,8 @@ TEST_F(CliTest, WidthNotDivisibleByHeads) {
 
 TEST_F(CliTest, MissingDataFileIsNamed) {
   write_file("bad.toml", "name = \"x\"\n\n[data]\nkind = \"text\"\npath = \"missing.txt\"\n");
-  expect_bad_input({"run", "bad.toml"}, {"bad.toml:5: data.path:", "missing.txt", "does not exist",
-                                         "allowed: a readable, non-empty file"});
+  expect_bad_input({"run", "bad.toml"},
+                   {"bad.toml:5: data.path:", "missing.txt", "does not exist", "allowed: a readable, non-empty file"});
 }
 
 TEST_F(CliTest, TomlSyntaxErrorHasLineAndColumn) {
@@ -166,9 +166,9 @@ TEST_F(CliTest, BadOverridesAreLocatedAtTheOverride) {
 
 TEST_F(CliTest, EveryProblemIsReportedAtOnceInLineOrderOverridesLast) {
   write_file("bad.toml", "name = \"x\"\n[model]\nlayer = 2\n[train]\nlr = \"fast\"\n");
-  const CliResult result = expect_bad_input({"run", "bad.toml", "--set", "train.steps=0"},
-                                            {"bad.toml:3: model.layer:", "bad.toml:5: train.lr:",
-                                             "--set train.steps=0: train.steps:"});
+  const CliResult result =
+      expect_bad_input({"run", "bad.toml", "--set", "train.steps=0"},
+                       {"bad.toml:3: model.layer:", "bad.toml:5: train.lr:", "--set train.steps=0: train.steps:"});
   const std::size_t first = result.err.find("bad.toml:3:"), second = result.err.find("bad.toml:5:"),
                     third = result.err.find("--set train.steps=0");
   EXPECT_LT(first, second);
@@ -180,9 +180,7 @@ TEST_F(CliTest, StudyWithSweepIsSentToProplabSweep) {
   expect_bad_input({"run", "sweep.toml"}, {"sweep.toml", "[sweep]", "proplab sweep sweep.toml"});
 }
 
-TEST_F(CliTest, MissingStudyFileIsNamed) {
-  expect_bad_input({"run", "nowhere.toml"}, {"nowhere.toml"});
-}
+TEST_F(CliTest, MissingStudyFileIsNamed) { expect_bad_input({"run", "nowhere.toml"}, {"nowhere.toml"}); }
 
 // ---- Command line ----
 
@@ -195,8 +193,8 @@ TEST_F(CliTest, HelpListsTheRunCommandAndItsOptions) {
   const CliResult help = run({"run", "--help"});
   EXPECT_EQ(help.exit_code, 0) << describe(help);
   for (const char* option : {"--set", "--out", "--resume", "--force", "--stop-after", "study"})
-    EXPECT_NE(help.out.find(option), std::string::npos) << "`proplab run --help` does not mention " << option
-                                                         << ":\n" << help.out;
+    EXPECT_NE(help.out.find(option), std::string::npos) << "`proplab run --help` does not mention " << option << ":\n"
+                                                        << help.out;
   EXPECT_TRUE(list_tree(work_).empty());
 }
 
@@ -209,10 +207,10 @@ TEST_F(CliTest, VersionPrintsTheVersion) {
 TEST_F(CliTest, CommandLineErrorsExitWithTwo) {
   write_file("tiny.toml", kTinyStudy);
   const std::vector<std::vector<std::string>> bad = {
-      {"run", "tiny.toml", "--bogus"},        // unknown option
-      {},                                     // no subcommand
-      {"frobnicate"},                         // unknown subcommand
-      {"run"},                                // no study
+      {"run", "tiny.toml", "--bogus"},  // unknown option
+      {},                               // no subcommand
+      {"frobnicate"},                   // unknown subcommand
+      {"run"},                          // no study
       {"run", "tiny.toml", "--stop-after", "-1"},
       {"run", "tiny.toml", "--stop-after", "ten"},
   };

@@ -458,8 +458,8 @@ TEST_F(InspectRecoverTest, KilledRunIsRecoveredWithEveryFlushedRow) {
   const bool h5dump = fs::exists(kH5dump), h5py = have_h5py();
   if (h5dump) expect_h5dump_header(run_file);
   if (h5py) {
-    expect_h5py_check(run_file, {"--status", "failed", "--detail", "killed", "--train-rows",
-                                 std::to_string(rows_after_kill)});
+    expect_h5py_check(run_file,
+                      {"--status", "failed", "--detail", "killed", "--train-rows", std::to_string(rows_after_kill)});
   }
   if (!h5dump || !h5py) {
     GTEST_SKIP() << "checked with proplab only: " << (h5dump ? "" : "/usr/bin/h5dump is missing (hdf5-tools); ")
@@ -475,12 +475,11 @@ TEST_F(InspectRecoverTest, FinishedRunFileMatchesTheLayoutInH5pyAndH5dump) {
   ASSERT_TRUE(RunReader::open(run_file).exists("/steps")) << "a finished run has its statistics";
   if (fs::exists(kH5dump)) expect_h5dump_header(run_file);
   if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 cannot import h5py (python3-h5py): layout not checked with h5py";
-  std::vector<std::string> args = {"--status", "completed", "--train-rows", "20", "--eval-rows", "2",
-                                   "--expect-stats"};
+  std::vector<std::string> args = {"--status", "completed", "--train-rows", "20", "--eval-rows", "2", "--expect-stats"};
   expect_h5py_check(run_file, args);
   // The statistics layout itself, on a file that has it (the fixture), so the script's statistics checks run.
-  expect_h5py_check(write_statistics_fixture(), {"--status", "completed", "--train-rows", "11", "--eval-rows", "1",
-                                                 "--expect-stats"});
+  expect_h5py_check(write_statistics_fixture(),
+                    {"--status", "completed", "--train-rows", "11", "--eval-rows", "1", "--expect-stats"});
 }
 
 TEST_F(InspectRecoverTest, RecordedQuickstartRunOpensInH5pyAndH5dump) {

@@ -60,8 +60,7 @@ TEST_F(TheoryCli, TinyTransformerPrintsEveryProbeWithPredictions) {
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   for (const char* name : {"embed.out", "blocks.0.in", "blocks.0.attn.norm", "blocks.0.attn.logits",
                            "blocks.0.attn.out", "blocks.0.mid", "blocks.0.ffn.norm", "blocks.0.ffn.preact",
-                           "blocks.0.ffn.postact", "blocks.0.ffn.out", "blocks.0.out", "final_norm.out",
-                           "head.logits"})
+                           "blocks.0.ffn.postact", "blocks.0.ffn.out", "blocks.0.out", "final_norm.out", "head.logits"})
     EXPECT_FALSE(row_with(result.out, name).empty()) << name << " missing from\n" << result.out;
   // depth, block, kind, name, var, mean, corr, backward var.
   const std::vector<std::string> row = row_with(result.out, "blocks.0.out");

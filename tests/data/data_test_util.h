@@ -24,7 +24,8 @@ struct TokenBatch {
 };
 
 inline TokenBatch token_batch(const TokenDataset& data, Split split, std::int64_t index, std::int64_t rows) {
-  TokenBatch batch{Tensor::empty({rows, data.seq_len()}, DType::i32), Tensor::empty({rows, data.seq_len()}, DType::i32)};
+  TokenBatch batch{Tensor::empty({rows, data.seq_len()}, DType::i32),
+                   Tensor::empty({rows, data.seq_len()}, DType::i32)};
   data.batch(split, index, batch.inputs, batch.targets);
   return batch;
 }
@@ -40,9 +41,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            (std::string("proplab_data_") + info->test_suite_name() + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
+    path_ = std::filesystem::temp_directory_path() / (std::string("proplab_data_") + info->test_suite_name() + "_" +
+                                                      info->name() + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

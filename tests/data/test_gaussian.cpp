@@ -73,8 +73,8 @@ TEST(GaussianData, InputsAreStandardNormalAndBatchesArePure) {
   EXPECT_NEAR(sum / n, 0.0, 0.03);
   EXPECT_NEAR(square / n, 1.0, 0.05);
   EXPECT_EQ(batch.x.to_vector(), vector_batch(*data, Split::train, 2, 512).x.to_vector());
-  EXPECT_EQ(batch.y.to_vector(), vector_batch(*make_vector_dataset(gaussian_config(), 16, 3, false, 4), Split::train,
-                                               2, 512).y.to_vector());
+  EXPECT_EQ(batch.y.to_vector(),
+            vector_batch(*make_vector_dataset(gaussian_config(), 16, 3, false, 4), Split::train, 2, 512).y.to_vector());
   EXPECT_NE(batch.x.to_vector(), vector_batch(*data, Split::train, 3, 512).x.to_vector());
   EXPECT_NE(batch.x.to_vector(), vector_batch(*data, Split::validation, 2, 512).x.to_vector());
   // Micro-batches stack to the full batch.

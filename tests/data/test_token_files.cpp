@@ -68,8 +68,8 @@ TEST(TextData, WindowsAreSubstringsOfTheirSplit) {
         std::string window;
         for (int t = 0; t < 16; ++t) window.push_back(static_cast<char>(batch.inputs.i32()[b * 16 + t]));
         window.push_back(static_cast<char>(batch.targets.i32()[b * 16 + 15]));
-        EXPECT_NE(region.find(window), std::string::npos) << split_name(split) << " window '" << window
-                                                          << "' is not inside its split";
+        EXPECT_NE(region.find(window), std::string::npos)
+            << split_name(split) << " window '" << window << "' is not inside its split";
         windows.insert(window);
       }
     }

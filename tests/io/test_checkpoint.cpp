@@ -38,9 +38,13 @@ Checkpoint sample_checkpoint() {
   checkpoint.tensors["adam/m/embed.weight"] = random_tensor({16, 8}, 3);
   checkpoint.tensors["residual_scale"] = Tensor::from_vector({}, {0.70710677f});  // rank 0
   Tensor special = Tensor::empty({7});
-  const float values[7] = {-0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(),
-                           std::numeric_limits<float>::quiet_NaN(), 1.0f / 3.0f};
+  const float values[7] = {-0.0f,
+                           std::numeric_limits<float>::denorm_min(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::quiet_NaN(),
+                           1.0f / 3.0f};
   std::memcpy(special.f32(), values, sizeof values);
   checkpoint.tensors["special"] = special;
   checkpoint.ints["step"] = 1200;
@@ -163,8 +167,7 @@ TEST(Checkpoint, ReplacingKeepsTheOldFileUntilTheNewOneIsComplete) {
 
 TEST(Checkpoint, RefusesFilesThatAreNotCheckpoints) {
   ScratchDirectory dir;
-  EXPECT_NE(user_error_message([&] { read_checkpoint(dir / "missing.h5"); }).find("does not exist"),
-            std::string::npos);
+  EXPECT_NE(user_error_message([&] { read_checkpoint(dir / "missing.h5"); }).find("does not exist"), std::string::npos);
   const auto text = dir / "text.h5";
   std::ofstream(text) << "not hdf5";
   EXPECT_NE(user_error_message([&] { read_checkpoint(text); }).find("is not an HDF5 file"), std::string::npos);
@@ -173,8 +176,7 @@ TEST(Checkpoint, RefusesFilesThatAreNotCheckpoints) {
   RunHeader header;
   header.proplab_version = "test";
   RunWriter::create(run, header, false).finish(RunStatus::completed, "");
-  EXPECT_NE(user_error_message([&] { read_checkpoint(run); }).find("is not a proplab checkpoint"),
-            std::string::npos);
+  EXPECT_NE(user_error_message([&] { read_checkpoint(run); }).find("is not a proplab checkpoint"), std::string::npos);
 }
 
 TEST(Checkpoint, InvalidNamesAndNonContiguousTensorsAreInternalErrors) {

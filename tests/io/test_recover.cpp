@@ -43,7 +43,8 @@ RunWriterOptions manual_flush() {
 }
 
 TrainRow row_at(std::int64_t step) {
-  return {step, 4.0 / (1.0 + 0.01 * static_cast<double>(step)), 1e-3, std::sqrt(2.0 + static_cast<double>(step)),
+  return {step,   4.0 / (1.0 + 0.01 * static_cast<double>(step)),
+          1e-3,   std::sqrt(2.0 + static_cast<double>(step)),
           1000.0, 0.5 * static_cast<double>(step)};
 }
 
@@ -134,8 +135,7 @@ TEST(Recover, KilledSwmrWriterBecomesAPlainlyReadableFailedRun) {
   EXPECT_FALSE(reader.swmr());
   EXPECT_EQ(reader.status(), RunStatus::failed);
   EXPECT_EQ(reader.attribute_string("status_detail"), "killed");
-  EXPECT_TRUE(std::regex_match(reader.attribute_string("end_time"),
-                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+  EXPECT_TRUE(std::regex_match(reader.attribute_string("end_time"), std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
       << reader.attribute_string("end_time");
   EXPECT_EQ(reader.attribute_string("config"), recover_header().config);
   expect_recovered_contents(reader);
@@ -200,8 +200,7 @@ TEST(Recover, LiveWriterIsRefusedAndUndisturbed) {
   writer.flush();
   ASSERT_TRUE(run_file_marked_open(path));
   const std::string message = user_error_message([&] { recover_run_file(path); });
-  EXPECT_NE(message.find("open for writing by process " + std::to_string(::getpid())), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("open for writing by process " + std::to_string(::getpid())), std::string::npos) << message;
   EXPECT_NE(message.find("still going"), std::string::npos) << message;
 
   for (int step = 10; step < 20; ++step) writer.append_train(row_at(step));

@@ -121,8 +121,7 @@ TEST(RunFile, WriteFinishAndReadBackEveryValue) {
   EXPECT_EQ(reader.status(), RunStatus::completed);
   EXPECT_EQ(reader.attribute_string("status_detail"), "reached 150 steps");
   EXPECT_EQ(reader.attribute_string("start_time"), header.start_time);
-  EXPECT_TRUE(std::regex_match(reader.attribute_string("end_time"),
-                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+  EXPECT_TRUE(std::regex_match(reader.attribute_string("end_time"), std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
       << reader.attribute_string("end_time");
   EXPECT_EQ(reader.attribute_string("host"), header.host);
   EXPECT_EQ(reader.attribute_string("device"), header.device);
@@ -130,9 +129,8 @@ TEST(RunFile, WriteFinishAndReadBackEveryValue) {
   EXPECT_EQ(reader.attribute_string("layout"), header.layout);
   const auto names = reader.attribute_names();
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()),
-            (std::set<std::string>{"format", "format_version", "proplab_version", "config", "status",
-                                   "status_detail", "start_time", "end_time", "host", "device", "threads",
-                                   "layout"}));
+            (std::set<std::string>{"format", "format_version", "proplab_version", "config", "status", "status_detail",
+                                   "start_time", "end_time", "host", "device", "threads", "layout"}));
 
   const TrainCurves train = reader.read_train();
   ASSERT_EQ(train.size(), 150u);
@@ -179,12 +177,9 @@ TEST(RunFile, WriteFinishAndReadBackEveryValue) {
   EXPECT_FALSE(reader.exists("/probes/mlp/entropy"));
   EXPECT_FALSE(reader.exists("/train/loss/below_a_dataset"));
 
-  EXPECT_NE(user_error_message([&] { reader.read_doubles("/train/nope"); }).find("/train/nope"),
-            std::string::npos);
-  EXPECT_NE(user_error_message([&] { reader.read_ints("/train/loss"); }).find("not an integer"),
-            std::string::npos);
-  EXPECT_NE(user_error_message([&] { reader.read_2d("/train/loss"); }).find("rank 1, expected 2"),
-            std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_doubles("/train/nope"); }).find("/train/nope"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_ints("/train/loss"); }).find("not an integer"), std::string::npos);
+  EXPECT_NE(user_error_message([&] { reader.read_2d("/train/loss"); }).find("rank 1, expected 2"), std::string::npos);
   EXPECT_NE(user_error_message([&] { reader.read_doubles("/train"); }).find("not a dataset"), std::string::npos);
   EXPECT_NE(user_error_message([&] { reader.attribute_int("nope"); }).find("nope"), std::string::npos);
 }
@@ -310,8 +305,7 @@ void write_foreign_file(const std::filesystem::path& path, const char* format, s
 
 TEST(RunReader, RefusesFilesThatAreNotProplabRuns) {
   ScratchDirectory dir;
-  EXPECT_NE(user_error_message([&] { RunReader::open(dir / "missing.h5"); }).find("does not exist"),
-            std::string::npos);
+  EXPECT_NE(user_error_message([&] { RunReader::open(dir / "missing.h5"); }).find("does not exist"), std::string::npos);
 
   const auto text = dir / "notes.h5";
   std::ofstream(text) << "just some text, not HDF5\n";
@@ -414,8 +408,7 @@ class ChildReader {
   }
 
  private:
-  [[noreturn]] static void serve(const std::filesystem::path& path, RunOpenMode mode, int request_fd,
-                                 int result_fd) {
+  [[noreturn]] static void serve(const std::filesystem::path& path, RunOpenMode mode, int request_fd, int result_fd) {
     std::optional<RunReader> reader;
     char command = 0;
     while (read_exactly(request_fd, &command, 1) && command == 'r') {
@@ -430,8 +423,7 @@ class ChildReader {
         if (reader->exists("/forward/act_mean")) {
           observation.series_rows = reader->dataset_shape("/forward/act_mean")[0];
         }
-        std::strncpy(observation.status, reader->attribute_string("status").c_str(),
-                     sizeof observation.status - 1);
+        std::strncpy(observation.status, reader->attribute_string("status").c_str(), sizeof observation.status - 1);
         observation.ok = 1;
       } catch (const std::exception& error) {
         std::strncpy(observation.error, error.what(), sizeof observation.error - 1);

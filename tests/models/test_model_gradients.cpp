@@ -16,11 +16,7 @@ namespace proplab {
 using testing::check_all_parameters;
 using testing::token_batch;
 
-namespace {
-
-
-
-}  // namespace
+namespace {}  // namespace
 
 class TransformerGradient : public ::testing::TestWithParam<std::tuple<NormPlacement, std::string>> {};
 
@@ -38,8 +34,8 @@ TEST_P(TransformerGradient, MatchesFiniteDifferences) {
   ScalingConfig scaling;
   scaling.rule = rule;
   if (rule == "custom") {
-    scaling.params = {{"lambda", 0.8}, {"beta", 0.6}, {"learnable_lambda", 1}, {"learnable_beta", 1},
-                      {"embed_std", 0.5}, {"hidden_std", 0.4}, {"out_proj_std", 0.3}, {"bias_std", 0.1}};
+    scaling.params = {{"lambda", 0.8},    {"beta", 0.6},       {"learnable_lambda", 1}, {"learnable_beta", 1},
+                      {"embed_std", 0.5}, {"hidden_std", 0.4}, {"out_proj_std", 0.3},   {"bias_std", 0.1}};
   } else if (rule == "standard") {
     scaling.params = {{"std", 0.3}};  // larger than GPT-2's 0.02 so every gradient is well above f32 noise
   }
@@ -52,7 +48,8 @@ TEST_P(TransformerGradient, MatchesFiniteDifferences) {
   options.rtol = 3e-2;
   options.atol = 2e-4;
   options.max_elements = 40;
-  check_all_parameters(model, [&] { return model.evaluate(batch); }, options);
+  check_all_parameters(
+      model, [&] { return model.evaluate(batch); }, options);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -90,7 +87,8 @@ TEST(TransformerGradientVariants, RmsNormGeluErfDropoutAndAccumulation) {
   options.rtol = 3e-2;
   options.atol = 2e-4;
   options.max_elements = 40;
-  check_all_parameters(model, [&] { return model.forward_backward(batch, 0.0f, context); }, options);
+  check_all_parameters(
+      model, [&] { return model.forward_backward(batch, 0.0f, context); }, options);
 
   // Parameter gradients accumulate across calls (micro-batches).
   std::vector<float> once = model.params().all()[0]->grad.to_vector();
@@ -134,7 +132,8 @@ TEST_P(MlpGradient, MatchesFiniteDifferences) {
   options.rtol = 3e-2;
   options.atol = 2e-4;
   options.max_elements = 40;
-  check_all_parameters(model, [&] { return model.evaluate(batch); }, options);
+  check_all_parameters(
+      model, [&] { return model.evaluate(batch); }, options);
 }
 
 INSTANTIATE_TEST_SUITE_P(Forms, MlpGradient,

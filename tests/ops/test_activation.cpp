@@ -24,11 +24,16 @@ constexpr Activation kAll[] = {Activation::identity, Activation::relu, Activatio
 
 std::string name(Activation kind) {
   switch (kind) {
-    case Activation::identity: return "identity";
-    case Activation::relu: return "relu";
-    case Activation::tanh: return "tanh";
-    case Activation::gelu_tanh: return "gelu_tanh";
-    case Activation::gelu_erf: return "gelu_erf";
+    case Activation::identity:
+      return "identity";
+    case Activation::relu:
+      return "relu";
+    case Activation::tanh:
+      return "tanh";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::gelu_erf:
+      return "gelu_erf";
   }
   return "?";
 }
@@ -37,22 +42,29 @@ constexpr double kPi = 3.141592653589793;
 
 double naive_value(Activation kind, double x) {
   switch (kind) {
-    case Activation::identity: return x;
-    case Activation::relu: return x > 0 ? x : 0.0;
-    case Activation::tanh: return std::tanh(x);
+    case Activation::identity:
+      return x;
+    case Activation::relu:
+      return x > 0 ? x : 0.0;
+    case Activation::tanh:
+      return std::tanh(x);
     case Activation::gelu_tanh:
       // x/2 (1 + tanh u) written as x σ(2u): in the negative tail 1 + tanh u cancels to 0 even in double.
       return x / (1.0 + std::exp(-2.0 * std::sqrt(2.0 / kPi) * (x + 0.044715 * x * x * x)));
-    case Activation::gelu_erf: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+    case Activation::gelu_erf:
+      return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
   }
   return 0.0;
 }
 
 double naive_derivative(Activation kind, double x) {
   switch (kind) {
-    case Activation::identity: return 1.0;
-    case Activation::relu: return x > 0 ? 1.0 : 0.0;
-    case Activation::tanh: return 1.0 - std::tanh(x) * std::tanh(x);
+    case Activation::identity:
+      return 1.0;
+    case Activation::relu:
+      return x > 0 ? 1.0 : 0.0;
+    case Activation::tanh:
+      return 1.0 - std::tanh(x) * std::tanh(x);
     case Activation::gelu_tanh: {
       const double k = std::sqrt(2.0 / kPi);
       const double t = std::tanh(k * (x + 0.044715 * x * x * x));
@@ -72,8 +84,7 @@ Tensor sweep_inputs() {
     values.push_back(tiny);
     values.push_back(-tiny);
   }
-  for (float v : {0.625f, -0.625f, 0.62499f, 0.62501f, 40.0f, -40.0f, 1e4f, -1e4f, 1e20f, -1e20f})
-    values.push_back(v);
+  for (float v : {0.625f, -0.625f, 0.62499f, 0.62501f, 40.0f, -40.0f, 1e4f, -1e4f, 1e20f, -1e20f}) values.push_back(v);
   return Tensor::from_vector({static_cast<std::int64_t>(values.size())}, values);
 }
 

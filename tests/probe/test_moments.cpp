@@ -123,8 +123,7 @@ double literal_corr(const std::vector<float>& x, const Shape3& s) {
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t u = 0; u < T; ++u) {
         double inner = 0.0;
-        for (std::int64_t f = 0; f < F; ++f)
-          inner += (x[(b * T + t) * F + f] - mu) * (x[(b * T + u) * F + f] - mu);
+        for (std::int64_t f = 0; f < F; ++f) inner += (x[(b * T + t) * F + f] - mu) * (x[(b * T + u) * F + f] - mu);
         if (t == u)
           norm_sum += inner;
         else
@@ -159,8 +158,8 @@ Moments one_shot(const std::vector<float>& x, const Shape3& s, const StatSelecti
 }
 
 // Whole-sequence chunks, several chunks, split sequences (T·F above a chunk), odd sizes and F = 1.
-const std::vector<Shape3> kShapes = {{3, 17, 33}, {40, 16, 256}, {2, 100, 1024}, {4, 50, 1},
-                                     {2, 70001, 1}, {5, 7, 3},   {1, 300, 700}};
+const std::vector<Shape3> kShapes = {{3, 17, 33},   {40, 16, 256}, {2, 100, 1024}, {4, 50, 1},
+                                     {2, 70001, 1}, {5, 7, 3},     {1, 300, 700}};
 
 TEST(Moments, HandComputedExample) {
   // Tokens (1, 2) and (3, 4): μ = 2.5, centred tokens (-1.5, -0.5) and (0.5, 1.5).
@@ -304,8 +303,7 @@ void expect_bitwise_equal(const MomentSums& a, const MomentSums& b, const std::s
   if (a.feature_sum.empty()) return;
   EXPECT_EQ(std::memcmp(a.feature_sum.data(), b.feature_sum.data(), a.feature_sum.size() * sizeof(double)), 0)
       << what << " feature_sum";
-  EXPECT_EQ(std::memcmp(a.feature_sum_sq.data(), b.feature_sum_sq.data(), a.feature_sum.size() * sizeof(double)),
-            0)
+  EXPECT_EQ(std::memcmp(a.feature_sum_sq.data(), b.feature_sum_sq.data(), a.feature_sum.size() * sizeof(double)), 0)
       << what << " feature_sum_sq";
 }
 
@@ -377,8 +375,8 @@ TEST(Moments, CountsNonFiniteElements) {
     for (const auto& [index, value] : c.inserts) x[index] = value;
     for (const StatSelection& which : selections) {
       const Moments m = one_shot(x, s, which);
-      const std::string what = std::to_string(c.inserts.size()) + " inserted, stats " +
-                               std::to_string(which.names().size());
+      const std::string what =
+          std::to_string(c.inserts.size()) + " inserted, stats " + std::to_string(which.names().size());
       EXPECT_EQ(m.nonfinite, static_cast<double>(c.inserts.size())) << what;
       if (which.has(Stat::max_abs)) {
         if (std::isnan(c.max_abs)) {

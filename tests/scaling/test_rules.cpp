@@ -72,8 +72,8 @@ TEST(XavierRule, Glorot) {
 TEST(CustomRule, TakesEveryNumberFromTheStudy) {
   ScalingConfig config;
   config.rule = "custom";
-  config.params = {{"lambda", 0.9}, {"beta", 0.3}, {"learnable_beta", 1}, {"out_proj_std", 0.001},
-                   {"logit_scale", 0.5}};
+  config.params = {
+      {"lambda", 0.9}, {"beta", 0.3}, {"learnable_beta", 1}, {"out_proj_std", 0.001}, {"logit_scale", 0.5}};
   auto rule = make_rule(config, transformer_shape(2));
   ResidualSpec r = rule->residual(0, Branch::attention);
   EXPECT_DOUBLE_EQ(r.lambda, 0.9);

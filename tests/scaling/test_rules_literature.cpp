@@ -108,7 +108,6 @@ TransformerConfig tiny_transformer(NormPlacement norm) {
   return config;
 }
 
-
 // Keeps a copy of every forward probe tensor, by probe name.
 class CapturingSink final : public ProbeSink {
  public:
@@ -180,8 +179,8 @@ TEST(ReZeroAndSkipInit, LearnableBranchWeightFromAlpha0AndXavierInit) {
     for (double alpha0 : {0.0, 0.3}) {
       for (int layers : {2, 64}) {
         for (int d : {32, 256}) {
-          SCOPED_TRACE(std::string(name) + ", alpha0 " + std::to_string(alpha0) + ", layers " +
-                       std::to_string(layers) + ", width " + std::to_string(d));
+          SCOPED_TRACE(std::string(name) + ", alpha0 " + std::to_string(alpha0) + ", layers " + std::to_string(layers) +
+                       ", width " + std::to_string(d));
           Params params;
           if (alpha0 != 0) params["alpha0"] = alpha0;  // 0 is the default
           auto rule = rule_for(name, transformer_shape(layers, d, NormPlacement::none), params);
@@ -479,16 +478,16 @@ TEST_P(LiteratureRuleGradient, MatchesFiniteDifferences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachRule, LiteratureRuleGradient,
-    ::testing::Values(GradientCase{"deepnorm", NormPlacement::post, {}},
-                      GradientCase{"rezero", NormPlacement::none, {{"alpha0", 0.5}}},
-                      GradientCase{"skipinit", NormPlacement::none, {{"alpha0", 0.5}}},
-                      GradientCase{"tfixup", NormPlacement::none, {}},
-                      GradientCase{"depth_mup", NormPlacement::pre, {{"a", 1.5}, {"embed_std", 0.5}}},
-                      GradientCase{"depth_mup", NormPlacement::none, {{"embed_std", 0.5}}},
-                      GradientCase{"mup", NormPlacement::pre, {{"base_width", 4}}}),
-    [](const auto& info) { return info.param.rule + "_" + norm_placement_name(info.param.norm); });
+INSTANTIATE_TEST_SUITE_P(EachRule, LiteratureRuleGradient,
+                         ::testing::Values(GradientCase{"deepnorm", NormPlacement::post, {}},
+                                           GradientCase{"rezero", NormPlacement::none, {{"alpha0", 0.5}}},
+                                           GradientCase{"skipinit", NormPlacement::none, {{"alpha0", 0.5}}},
+                                           GradientCase{"tfixup", NormPlacement::none, {}},
+                                           GradientCase{
+                                               "depth_mup", NormPlacement::pre, {{"a", 1.5}, {"embed_std", 0.5}}},
+                                           GradientCase{"depth_mup", NormPlacement::none, {{"embed_std", 0.5}}},
+                                           GradientCase{"mup", NormPlacement::pre, {{"base_width", 4}}}),
+                         [](const auto& info) { return info.param.rule + "_" + norm_placement_name(info.param.norm); });
 
 TEST(LiteratureRules, ReZeroAndSkipInitAtZeroStartAsTheIdentity) {
   for (const char* name : {"rezero", "skipinit"}) {

@@ -26,10 +26,10 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 }  // namespace
 
 TEST(StudyScalingRules, ReZeroWithPreNormFailsAtLoadNamingModelNorm) {
-  const std::string message =
-      load_error("name = \"x\"\n[model]\nnorm = \"pre\"\n[scaling]\nrule = \"rezero\"\n");
-  EXPECT_TRUE(contains(message, "test.toml:5: scaling.rule: rule \"rezero\" rejects this study: model.norm = \"pre\" "
-                                "conflicts with scaling rule \"rezero\", which requires model.norm = \"none\""))
+  const std::string message = load_error("name = \"x\"\n[model]\nnorm = \"pre\"\n[scaling]\nrule = \"rezero\"\n");
+  EXPECT_TRUE(contains(message,
+                       "test.toml:5: scaling.rule: rule \"rezero\" rejects this study: model.norm = \"pre\" "
+                       "conflicts with scaling rule \"rezero\", which requires model.norm = \"none\""))
       << message;
   EXPECT_TRUE(contains(message, "; allowed: model.norm = \"none\"")) << message;
   // The default placement (pre) conflicts too; none is accepted, with the rule's parameter.
@@ -42,13 +42,14 @@ TEST(StudyScalingRules, ReZeroWithPreNormFailsAtLoadNamingModelNorm) {
 
 TEST(StudyScalingRules, OtherRuleConflictsAreReportedAtLoad) {
   const std::string deepnorm = load_error("name = \"x\"\n[scaling]\nrule = \"deepnorm\"\n");
-  EXPECT_TRUE(contains(deepnorm, "model.norm = \"pre\" conflicts with scaling rule \"deepnorm\", which requires "
-                                 "model.norm = \"post\""))
+  EXPECT_TRUE(contains(deepnorm,
+                       "model.norm = \"pre\" conflicts with scaling rule \"deepnorm\", which requires "
+                       "model.norm = \"post\""))
       << deepnorm;
   const std::string tfixup = load_error("name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"tfixup\"\n");
   EXPECT_TRUE(contains(tfixup, "requires model.norm = \"none\"")) << tfixup;
-  const std::string form = load_error(
-      "name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"deepnorm\"\nform = 0.5\n");
+  const std::string form =
+      load_error("name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"deepnorm\"\nform = 0.5\n");
   EXPECT_TRUE(contains(form, "scaling.form: 0.5 is not a whole number")) << form;
   const std::string mlp = load_error("name = \"x\"\n[model]\ntype = \"mlp\"\n[scaling]\nrule = \"skipinit\"\n");
   EXPECT_TRUE(contains(mlp, "model.residual = false: scaling rule \"skipinit\"")) << mlp;

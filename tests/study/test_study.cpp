@@ -146,8 +146,8 @@ class StudyFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("proplab_study_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    dir_ =
+        fs::temp_directory_path() / ("proplab_study_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -262,8 +262,8 @@ threads = 2
   EXPECT_FLOAT_EQ(t.norm_eps, 1e-6f);
   EXPECT_EQ(study.scaling.rule, "custom");
   EXPECT_EQ(study.scaling.params.at("lambda"), 0.5);
-  EXPECT_EQ(study.scaling.params.at("beta"), 2.0);              // integer accepted as a number
-  EXPECT_EQ(study.scaling.params.at("learnable_beta"), 1.0);    // true = 1
+  EXPECT_EQ(study.scaling.params.at("beta"), 2.0);            // integer accepted as a number
+  EXPECT_EQ(study.scaling.params.at("learnable_beta"), 1.0);  // true = 1
   // Parameters left out take the rule's defaults.
   for (const RuleParamDoc& doc : find_rule("custom")->params) {
     if (doc.key != "lambda" && doc.key != "beta" && doc.key != "learnable_beta") {
@@ -361,8 +361,7 @@ TEST(Study, MissingValuesTakeTheDocumentedDefaults) {
 TEST_F(StudyFiles, UnknownKeySuggestsTheClosestKnownKey) {
   const std::string path = write("typo.toml", "name = \"x\"\n\n[model]\nlayer = 8\n");
   const std::string message = error_of([&] { load_study(path); });
-  EXPECT_TRUE(contains(message, path + ":4: model.layer: unknown key (did you mean `layers`?); allowed: "))
-      << message;
+  EXPECT_TRUE(contains(message, path + ":4: model.layer: unknown key (did you mean `layers`?); allowed: ")) << message;
   EXPECT_TRUE(contains(message, "layers, width, heads")) << message;
   // A misspelt table, at the top level.
   const std::string table = error_of([] { parse("name = \"x\"\n[trian]\nsteps = 3\n"); });
@@ -378,8 +377,7 @@ TEST(Study, KeysOfTheOtherModelTypeAreErrorsNamingTheType) {
   const std::string optimizer = error_of([] { parse("name = \"x\"\n[train]\nmomentum = 0.5\n"); });
   EXPECT_TRUE(contains(optimizer, "train.momentum: only valid when train.optimizer = \"sgd\"")) << optimizer;
   const std::string data = error_of([] { parse("name = \"x\"\n[data]\npath = \"a.txt\"\n"); });
-  EXPECT_TRUE(contains(data, "test.toml:3: data.path: only valid when data.kind = \"text\" or \"tokens\""))
-      << data;
+  EXPECT_TRUE(contains(data, "test.toml:3: data.path: only valid when data.kind = \"text\" or \"tokens\"")) << data;
 }
 
 TEST(Study, WrongTypesAreErrors) {
@@ -395,16 +393,19 @@ lr = "1e-3"
 forward = "mean"
 )");
   });
-  EXPECT_TRUE(contains(message, "test.toml:3: model.layers: expected an integer, got float 8.0; allowed: an integer "
-                                "in 1..100000"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:3: model.layers: expected an integer, got float 8.0; allowed: an integer "
+                       "in 1..100000"))
       << message;
   EXPECT_TRUE(contains(message, "test.toml:4: model.bias: expected a boolean, got integer 1; allowed: true or false"))
       << message;
-  EXPECT_TRUE(contains(message, "test.toml:5: model.norm: expected a string, got integer 3; allowed: one of "
-                                "\"pre\", \"post\", \"none\""))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:5: model.norm: expected a string, got integer 3; allowed: one of "
+                       "\"pre\", \"post\", \"none\""))
       << message;
-  EXPECT_TRUE(contains(message, "test.toml:7: train.lr: expected a number, got string \"1e-3\"; allowed: a number "
-                                "in (0, 100]"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:7: train.lr: expected a number, got string \"1e-3\"; allowed: a number "
+                       "in (0, 100]"))
       << message;
   EXPECT_TRUE(contains(message, "test.toml:9: record.forward: expected an array of strings")) << message;
   EXPECT_EQ(lines_of(message).size(), 5u) << message;
@@ -434,8 +435,7 @@ threads = -2
   // tanh is an MLP activation, not a transformer one; the closest choice is offered.
   EXPECT_TRUE(contains(message, "test.toml:6: model.activation: \"tanh\" is not a choice")) << message;
   EXPECT_TRUE(contains(message, "allowed: one of \"gelu\", \"gelu_erf\", \"relu\"")) << message;
-  EXPECT_TRUE(contains(message, "test.toml:8: train.lr: 0 is out of range; allowed: a number in (0, 100]"))
-      << message;
+  EXPECT_TRUE(contains(message, "test.toml:8: train.lr: 0 is out of range; allowed: a number in (0, 100]")) << message;
   EXPECT_TRUE(contains(message, "test.toml:9: train.eval_batches: 0 is out of range")) << message;
   EXPECT_TRUE(contains(message, "test.toml:11: device.threads: -2 is out of range; allowed: an integer in 0..4096"))
       << message;
@@ -444,14 +444,14 @@ threads = -2
 
 TEST(Study, ChoiceTyposGetASuggestion) {
   const std::string message = error_of([] { parse("name = \"x\"\n[model]\nnorm_kind = \"RMSNorm\"\n"); });
-  EXPECT_TRUE(contains(message, "model.norm_kind: \"RMSNorm\" is not a choice (did you mean \"rmsnorm\"?)"))
-      << message;
+  EXPECT_TRUE(contains(message, "model.norm_kind: \"RMSNorm\" is not a choice (did you mean \"rmsnorm\"?)")) << message;
 }
 
 TEST(Study, WidthMustBeDivisibleByHeads) {
   const std::string message = error_of([] { parse("name = \"x\"\n[model]\nwidth = 250\nheads = 4\n"); });
-  EXPECT_TRUE(contains(message, "test.toml:4: model.heads: model.width = 250 is not divisible by 4 heads; allowed: "
-                                "a divisor of model.width"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:4: model.heads: model.width = 250 is not divisible by 4 heads; allowed: "
+                       "a divisor of model.width"))
       << message;
   // With heads left at its default, the line is width's.
   const std::string width_only = error_of([] { parse("name = \"x\"\n[model]\n\nwidth = 10\n"); });
@@ -472,21 +472,21 @@ warmup = 11
 markov_successors = 8
 )");
   });
-  EXPECT_TRUE(contains(message, "test.toml:7: train.grad_accum: train.batch = 10 is not divisible by 4"))
-      << message;
-  EXPECT_TRUE(contains(message, "test.toml:8: train.warmup: 11 exceeds train.steps = 10; allowed: an integer in "
-                                "0..train.steps"))
+  EXPECT_TRUE(contains(message, "test.toml:7: train.grad_accum: train.batch = 10 is not divisible by 4")) << message;
+  EXPECT_TRUE(contains(message,
+                       "test.toml:8: train.warmup: 11 exceeds train.steps = 10; allowed: an integer in "
+                       "0..train.steps"))
       << message;
   EXPECT_TRUE(contains(message, "test.toml:10: data.markov_successors: 8 exceeds model.vocab = 4")) << message;
   EXPECT_EQ(lines_of(message).size(), 3u) << message;
 
   const std::string mismatch =
       error_of([] { parse("name = \"x\"\n[model]\ntype = \"mlp\"\n[data]\nkind = \"markov\"\n"); });
-  EXPECT_TRUE(contains(mismatch, "test.toml:5: data.kind: \"markov\" makes token sequences, which an mlp cannot read; "
-                                 "allowed: \"gaussian\""))
+  EXPECT_TRUE(contains(mismatch,
+                       "test.toml:5: data.kind: \"markov\" makes token sequences, which an mlp cannot read; "
+                       "allowed: \"gaussian\""))
       << mismatch;
-  const std::string classes =
-      error_of([] { parse("name = \"x\"\n[model]\ntype = \"mlp\"\noutputs = 1\n"); });
+  const std::string classes = error_of([] { parse("name = \"x\"\n[model]\ntype = \"mlp\"\noutputs = 1\n"); });
   EXPECT_TRUE(contains(classes, "test.toml:4: model.outputs: a classification head needs at least 2 classes"))
       << classes;
   EXPECT_NO_THROW(parse("name = \"x\"\n[model]\ntype = \"mlp\"\noutputs = 1\nhead = \"regression\"\n"));
@@ -594,12 +594,10 @@ TEST(Study, OverrideOfTheSameKeyTwiceKeepsTheLast) {
 
 TEST(Study, BadOverridesAreReportedWithTheirText) {
   const std::string message = error_of([] {
-    parse("name = \"x\"\n[model]\nlayers = 4\n",
-          {"model.layers", "model..width=3", "train.lr=[1,", "train.lr=0", "model.layers.deep=1", "seed=",
-           "model.layers=1.5"});
+    parse("name = \"x\"\n[model]\nlayers = 4\n", {"model.layers", "model..width=3", "train.lr=[1,", "train.lr=0",
+                                                  "model.layers.deep=1", "seed=", "model.layers=1.5"});
   });
-  EXPECT_TRUE(contains(message, "--set model.layers: malformed override: no '='; allowed: key.path=value"))
-      << message;
+  EXPECT_TRUE(contains(message, "--set model.layers: malformed override: no '='; allowed: key.path=value")) << message;
   EXPECT_TRUE(contains(message, "--set model..width=3: malformed override: \"model..width\" is not a key path"))
       << message;
   EXPECT_TRUE(contains(message, "--set train.lr=[1,: train.lr: malformed value: ")) << message;
@@ -608,8 +606,7 @@ TEST(Study, BadOverridesAreReportedWithTheirText) {
   // A well-formed override with a bad value is located at the override, not in the file.
   EXPECT_TRUE(contains(message, "--set train.lr=0: train.lr: 0 is out of range; allowed: a number in (0, 100]"))
       << message;
-  EXPECT_TRUE(contains(message, "--set model.layers=1.5: model.layers: expected an integer, got float 1.5"))
-      << message;
+  EXPECT_TRUE(contains(message, "--set model.layers=1.5: model.layers: expected an integer, got float 1.5")) << message;
   EXPECT_EQ(lines_of(message).size(), 7u) << message;
   expect_well_formed(message);
 }
@@ -635,16 +632,17 @@ beta = 1000
 hidden_std = "big"
 )");
   });
-  EXPECT_TRUE(contains(message, "test.toml:4: scaling.lamda: not a parameter of rule \"custom\" (did you mean "
-                                "`lambda`?); allowed: rule, lambda, beta"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:4: scaling.lamda: not a parameter of rule \"custom\" (did you mean "
+                       "`lambda`?); allowed: rule, lambda, beta"))
       << message;
-  EXPECT_TRUE(contains(message, "test.toml:5: scaling.beta: 1000 is out of range; allowed: a number in ["))
-      << message;
+  EXPECT_TRUE(contains(message, "test.toml:5: scaling.beta: 1000 is out of range; allowed: a number in [")) << message;
   EXPECT_TRUE(contains(message, "test.toml:6: scaling.hidden_std: expected a number or boolean, got string \"big\""))
       << message;
   const std::string rule = error_of([] { parse("name = \"x\"\n[scaling]\nrule = \"xavir\"\n"); });
-  EXPECT_TRUE(contains(rule, "test.toml:3: scaling.rule: unknown rule \"xavir\" (did you mean \"xavier\"?); "
-                             "allowed: one of "))
+  EXPECT_TRUE(contains(rule,
+                       "test.toml:3: scaling.rule: unknown rule \"xavir\" (did you mean \"xavier\"?); "
+                       "allowed: one of "))
       << rule;
   EXPECT_TRUE(contains(rule, "custom") && contains(rule, "standard")) << rule;
   const std::string none = error_of([] { parse("name = \"x\"\n[scaling]\nrule = \"xavier\"\nstd = 0.1\n"); });
@@ -655,18 +653,21 @@ TEST(Study, ARuleThatRejectsTheModelIsReportedAtScalingRule) {
   EXPECT_NO_THROW(parse("name = \"x\"\n[scaling]\nrule = \"test_pre_only\"\n"));
   const std::string message =
       error_of([] { parse("name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"test_pre_only\"\n"); });
-  EXPECT_TRUE(contains(message, "test.toml:5: scaling.rule: rule \"test_pre_only\" rejects this study: this rule "
-                                "needs model.norm = \"pre\"; allowed: a model the rule supports"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:5: scaling.rule: rule \"test_pre_only\" rejects this study: this rule "
+                       "needs model.norm = \"pre\"; allowed: a model the rule supports"))
       << message;
 }
 
 TEST(Study, RecordStatisticsAreChecked) {
   const std::string message = error_of([] {
-    parse("name = \"x\"\n[record]\nforward = [\"mean\", \"rsm\", \"mean\"]\nparams = [\"rms\"]\n"
-          "on_nonfinite = \"ignore\"\nevery = 0\n");
+    parse(
+        "name = \"x\"\n[record]\nforward = [\"mean\", \"rsm\", \"mean\"]\nparams = [\"rms\"]\n"
+        "on_nonfinite = \"ignore\"\nevery = 0\n");
   });
-  EXPECT_TRUE(contains(message, "test.toml:3: record.forward: \"rsm\" is not a statistic (did you mean \"rms\"?), "
-                                "\"mean\" is listed twice; allowed: an array of distinct names from: mean, var"))
+  EXPECT_TRUE(contains(message,
+                       "test.toml:3: record.forward: \"rsm\" is not a statistic (did you mean \"rms\"?), "
+                       "\"mean\" is listed twice; allowed: an array of distinct names from: mean, var"))
       << message;
   EXPECT_TRUE(contains(message, "test.toml:4: record.params: \"rms\" is not a statistic")) << message;
   EXPECT_TRUE(contains(message, "allowed: an array of distinct names from: weight_rms, grad_rms, update_ratio"))
@@ -785,11 +786,11 @@ gaussian_noise = 0.3333333333333333
 TEST(Study, ResolvedTomlFillsEveryDefault) {
   const Study study = parse("name = \"d\"\n");
   const std::string& text = study.resolved_toml;
-  for (const char* line : {"seed = 0\n", "type = \"transformer\"\n", "layers = 4\n", "norm = \"pre\"\n",
-                           "activation = \"gelu\"\n", "norm_eps = 1e-05\n", "rule = \"standard\"\n", "std = ",
-                           "optimizer = \"adamw\"\n", "beta2 = 0.95\n", "lr = 0.001\n", "kind = \"markov\"\n",
-                           "markov_successors = 4\n", "forward = []\n", "on_nonfinite = \"stop\"\n", "dp = 1\n",
-                           "microbatches = 1\n", "threads = 0\n"})
+  for (const char* line :
+       {"seed = 0\n", "type = \"transformer\"\n", "layers = 4\n", "norm = \"pre\"\n", "activation = \"gelu\"\n",
+        "norm_eps = 1e-05\n", "rule = \"standard\"\n", "std = ", "optimizer = \"adamw\"\n", "beta2 = 0.95\n",
+        "lr = 0.001\n", "kind = \"markov\"\n", "markov_successors = 4\n", "forward = []\n", "on_nonfinite = \"stop\"\n",
+        "dp = 1\n", "microbatches = 1\n", "threads = 0\n"})
     EXPECT_TRUE(contains(text, line)) << line << " missing from\n" << text;
   // Keys of settings not chosen are not written (they would be errors).
   EXPECT_FALSE(contains(text, "sigma_w2")) << text;
@@ -807,15 +808,16 @@ TEST(Study, CommittedStudiesAndSampleDataLoad) {
   // Switching the data kind leaves a markov-only key behind: refused, naming the key and the kind.
   const std::string message = error_of([&] { load_study(quickstart_path, {"data.kind=uniform"}); });
   EXPECT_TRUE(contains(message, quickstart_path + ":")) << message;
-  EXPECT_TRUE(contains(message, ": data.markov_successors: only valid when data.kind = "
-                                "\"markov\", but data.kind is \"uniform\""))
+  EXPECT_TRUE(contains(message,
+                       ": data.markov_successors: only valid when data.kind = "
+                       "\"markov\", but data.kind is \"uniform\""))
       << message;
   // The sample data, from a study in studies/ (relative paths start at the study file's directory).
   for (const auto& [kind, file] : std::vector<std::pair<std::string, std::string>>{
            {"text", "../data/sample.txt"}, {"tokens", "../data/sample_tokens.bin"}}) {
-    const Study study = parse_study("name = \"sample\"\n[model]\nseq_len = 64\n[data]\nkind = \"" + kind +
-                                        "\"\npath = \"" + file + "\"\n",
-                                    "sample.toml", (source_dir() / "studies").string());
+    const Study study = parse_study(
+        "name = \"sample\"\n[model]\nseq_len = 64\n[data]\nkind = \"" + kind + "\"\npath = \"" + file + "\"\n",
+        "sample.toml", (source_dir() / "studies").string());
     EXPECT_TRUE(fs::equivalent(study.data.path, source_dir() / "studies" / file)) << study.data.path;
   }
 }

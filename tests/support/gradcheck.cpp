@@ -69,8 +69,7 @@ GradCheckResult check_gradient(const std::function<double()>& loss, Tensor& inpu
     result.worst_error = std::max(result.worst_error, err);
     if (err > 1.0) {
       result.ok = false;
-      if (reported++ < 8)
-        failures << "  element " << i << ": numeric " << numeric << " analytic " << a << "\n";
+      if (reported++ < 8) failures << "  element " << i << ": numeric " << numeric << " analytic " << a << "\n";
     }
   }
   if (result.kinks > options.max_kink_fraction * std::max<std::int64_t>(count, 1)) {

@@ -118,7 +118,9 @@ bool is_stream(const std::string& name) {
   auto ends = [&](const std::string& suffix) {
     return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return name.rfind("blocks.", 0) == 0 && (ends(".in") || ends(".mid") || (ends(".out") && name.find(".attn.") == std::string::npos && name.find(".ffn.") == std::string::npos));
+  return name.rfind("blocks.", 0) == 0 &&
+         (ends(".in") || ends(".mid") ||
+          (ends(".out") && name.find(".attn.") == std::string::npos && name.find(".ffn.") == std::string::npos));
 }
 
 StreamErrors stream_errors(const Measured& m, const theory::ProbePrediction& p, const char* label) {
@@ -132,8 +134,8 @@ StreamErrors stream_errors(const Measured& m, const theory::ProbePrediction& p, 
     e.backward.push_back(rel_error(m.backward_var[i], t->backward_var));
   }
   std::printf("%s: residual stream forward var rel. error median %.3f worst %.3f; backward median %.3f worst %.3f\n",
-              label, e.median(e.forward), *std::max_element(e.forward.begin(), e.forward.end()),
-              e.median(e.backward), *std::max_element(e.backward.begin(), e.backward.end()));
+              label, e.median(e.forward), *std::max_element(e.forward.begin(), e.forward.end()), e.median(e.backward),
+              *std::max_element(e.backward.begin(), e.backward.end()));
   return e;
 }
 
@@ -159,8 +161,10 @@ Case deepscale_like(int layers, int width) {
   run.config.bias = false;
   const double adds = 2.0 * layers, beta_sq = 2.0 / adds;
   run.scaling.rule = "custom";
-  run.scaling.params = {{"lambda", std::sqrt(1.0 - beta_sq)}, {"beta", std::sqrt(beta_sq)},
-                        {"embed_std", std::sqrt(0.5)},         {"hidden_std", 1.0 / std::sqrt(width)},
+  run.scaling.params = {{"lambda", std::sqrt(1.0 - beta_sq)},
+                        {"beta", std::sqrt(beta_sq)},
+                        {"embed_std", std::sqrt(0.5)},
+                        {"hidden_std", 1.0 / std::sqrt(width)},
                         {"out_proj_std", 1.0 / std::sqrt(width)}};
   for (int round = 0; round < 2; ++round) {
     const theory::ProbePrediction p = theory::predict_transformer(transformer_numbers(run.scaling, run.config), {});
@@ -263,7 +267,8 @@ TEST(ModelTheory, ReZeroAndSkipInitStartAsTheIdentity) {
       if (!is_stream(m.names[i])) continue;
       EXPECT_EQ(m.var[i], embed) << rule << " " << m.names[i];
       EXPECT_DOUBLE_EQ(p.find(m.names[i])->var, p.find("embed.out")->var) << rule << " " << m.names[i];
-      EXPECT_DOUBLE_EQ(p.find(m.names[i])->backward_var, p.find("blocks.5.out")->backward_var) << rule << " " << m.names[i];
+      EXPECT_DOUBLE_EQ(p.find(m.names[i])->backward_var, p.find("blocks.5.out")->backward_var)
+          << rule << " " << m.names[i];
     }
   }
 }

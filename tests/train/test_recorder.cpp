@@ -178,8 +178,10 @@ TEST_P(RecordedRun, EveryStatisticMatchesADirectComputationAtInitialisation) {
   EXPECT_EQ(names.back(), "head.logits");
   EXPECT_EQ(reader.read_strings("/probes/kind").front(), "embed");
   EXPECT_EQ(reader.read_ints("/probes/depth")[3], 3);
-  EXPECT_EQ(reader.dataset_shape("/forward/var"), (std::vector<std::int64_t>{3, static_cast<std::int64_t>(probes.size())}));
-  EXPECT_EQ(reader.dataset_shape("/backward/corr"), (std::vector<std::int64_t>{3, static_cast<std::int64_t>(probes.size())}));
+  EXPECT_EQ(reader.dataset_shape("/forward/var"),
+            (std::vector<std::int64_t>{3, static_cast<std::int64_t>(probes.size())}));
+  EXPECT_EQ(reader.dataset_shape("/backward/corr"),
+            (std::vector<std::int64_t>{3, static_cast<std::int64_t>(probes.size())}));
   EXPECT_EQ(reader.dataset_shape("/params/update_ratio"),
             (std::vector<std::int64_t>{3, static_cast<std::int64_t>(model->params().all().size())}));
   EXPECT_TRUE(reader.exists("/theory"));
@@ -253,7 +255,8 @@ TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
   RunSummary summary = run_training(spec, options);
   RunReader reader = RunReader::open(summary.run_file);
   const std::vector<std::string> names = reader.read_strings("/probes/name");
-  for (const char* path : {"/theory/forward/var", "/theory/forward/mean", "/theory/forward/corr", "/theory/backward/var"})
+  for (const char* path :
+       {"/theory/forward/var", "/theory/forward/mean", "/theory/forward/corr", "/theory/backward/var"})
     EXPECT_EQ(reader.dataset_shape(path), (std::vector<std::int64_t>{static_cast<std::int64_t>(names.size())})) << path;
   EXPECT_FALSE(reader.attribute_string("/theory", "formulae").empty());
   EXPECT_NE(reader.attribute_string("/theory", "no_prediction").find("blocks.0.attn.logits"), std::string::npos);
