@@ -223,7 +223,7 @@ CriticalPoint critical_point(Activation phi, double bias_var, int quadrature_poi
     case Activation::gelu_erf:
       break;
   }
-  // Only the moments are needed here; σ_w² = 1 is a placeholder.
+  // Only φ's Gaussian moments are used below, which do not depend on the weights: σ_w² = 1, σ_b² = 0 are arbitrary.
   const MeanField moments(phi, 1.0, 0.0, quadrature_points);
   const auto bias_on_line = [&](double q) { return q - moments.second_moment(q) / moments.slope_second_moment(q); };
   double lo = 0.0, hi = 0.0;
