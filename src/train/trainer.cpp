@@ -139,9 +139,15 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   previous_copy += ".resume";
   if (options.resume && std::filesystem::exists(summary.run_file)) {
     std::filesystem::rename(summary.run_file, previous_copy);
-    previous.emplace(RunReader::open(previous_copy));
-    history = previous->read_train();
-    eval_history = previous->read_eval();
+    try {
+      previous.emplace(RunReader::open(previous_copy));
+      history = previous->read_train();
+      eval_history = previous->read_eval();
+    } catch (...) {
+      previous.reset();
+      std::filesystem::rename(previous_copy, summary.run_file);
+      throw;
+    }
   }
   std::optional<RunWriter> created;
   try {

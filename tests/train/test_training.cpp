@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/parallel.h"
 #include "io/checkpoint.h"
@@ -176,6 +177,25 @@ TEST(Training, ResumeContinuesBitForBit) {
       EXPECT_EQ(tensor.to_vector(), cb.tensors.at(name).to_vector()) << name;
     }
   }
+}
+
+TEST(Training, ResumeWithAnUnreadableRunFileLeavesItInPlace) {
+  TempDir dir;
+  RunSpec spec = tiny_spec("broken");
+  RunOptions options;
+  options.out_dir = dir.path();
+  options.stop_after = 4;
+  run_training(spec, options);
+  const std::filesystem::path file = run_file_path(dir.path(), "broken");
+  {
+    std::ofstream junk(file, std::ios::trunc);
+    junk << "not an HDF5 file";
+  }
+  options.stop_after = -1;
+  options.resume = true;
+  EXPECT_THROW(run_training(spec, options), UserError);
+  EXPECT_TRUE(std::filesystem::exists(file)) << "the previous file must be back under its name";
+  EXPECT_FALSE(std::filesystem::exists(file.string() + ".resume"));
 }
 
 TEST(Training, MlpOnGaussianDataLearnsTheTeacher) {
