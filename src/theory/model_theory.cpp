@@ -163,6 +163,68 @@ double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::i
   return (sum_p_sq - 2.0 / c + 1.0) / c / (r * r) * grad_scale * grad_scale;
 }
 
+namespace {
+
+// E[Σ_v p_v²], E[p_self²] and E[p_self] for one self logit N(self_mean, self_var) among C - 1 log-normal weights of
+// spread D: the others' log-mass is the random-energy estimate log(C - 1) + D/2 (√D < √(2 log(C - 1))), else
+// √D·√(2 log(C - 1)); among themselves they have Σq² = e^D/(e^D + C - 2), so Σ_{v≠self} p_v² = (1 - p_self)²·Σq².
+struct SelfLogitMoments {
+  double sum_p_sq = 0.0, self_p_sq = 0.0, self_p = 0.0;
+};
+
+SelfLogitMoments self_logit_moments(double spread, double self_mean, double self_var, double classes) {
+  const double others = classes - 1.0;
+  const double log_others = std::log(others);
+  const double others_log_mass =
+      spread < 2.0 * log_others ? log_others + spread / 2.0 : std::sqrt(spread) * std::sqrt(2.0 * log_others);
+  const double growth = std::exp(std::min(spread, 700.0));
+  const double others_sq = others > 1.0 ? growth / (growth + others - 1.0) : 1.0;
+  const GaussHermite rule(64);
+  // sigmoid(t) and 1 - sigmoid(t) without overflow.
+  auto split = [&](double z, double& p_self, double& p_rest) {
+    const double t = z - others_log_mass;
+    const double e = std::exp(-std::abs(t));
+    const double big = 1.0 / (1.0 + e), small = e / (1.0 + e);
+    p_self = t >= 0 ? big : small;
+    p_rest = t >= 0 ? small : big;
+  };
+  const double std_dev = std::sqrt(self_var);
+  SelfLogitMoments m;
+  m.sum_p_sq = rule.expect(
+      [&](double z) {
+        double p_self = 0.0, p_rest = 0.0;
+        split(z, p_self, p_rest);
+        return p_self * p_self + others_sq * p_rest * p_rest;
+      },
+      self_mean, std_dev);
+  m.self_p_sq = rule.expect(
+      [&](double z) {
+        double p_self = 0.0, p_rest = 0.0;
+        split(z, p_self, p_rest);
+        return p_self * p_self;
+      },
+      self_mean, std_dev);
+  m.self_p = rule.expect(
+      [&](double z) {
+        double p_self = 0.0, p_rest = 0.0;
+        split(z, p_self, p_rest);
+        return p_self;
+      },
+      self_mean, std_dev);
+  return m;
+}
+
+}  // namespace
+
+double cross_entropy_grad_var_with_self(double spread, double self_mean, double self_var, std::int64_t classes,
+                                        std::int64_t rows, double grad_scale) {
+  PROPLAB_CHECK(classes > 1 && rows > 0, "cross_entropy_grad_var_with_self: needs classes > 1 and rows > 0");
+  PROPLAB_CHECK(spread >= 0.0 && self_var >= 0.0, "cross_entropy_grad_var_with_self: needs spread, self_var >= 0");
+  const double c = static_cast<double>(classes), r = static_cast<double>(rows);
+  const SelfLogitMoments m = self_logit_moments(spread, self_mean, self_var, c);
+  return (m.sum_p_sq - 2.0 / c + 1.0) / c / (r * r) * grad_scale * grad_scale;
+}
+
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
   const TransformerConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
@@ -184,6 +246,10 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
                                 : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
   Signal x{0.0, embed_var, clamp_unit(r0)};
   if (p > 0) x = dropout_forward(x, p);
+  // The variance of the stream's component along its row's own token embedding (σ_tok·u, u the unit-variance
+  // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
+  // a tied head reads it back as the input token's own logit.
+  double token_aligned_var = tok_var;
   const int probe_embed = b.add("embed.out", "embed", -1);
   b.set_forward(probe_embed, x);
 
@@ -243,11 +309,13 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       b.set_forward(s.probe_branch, branch);
       const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
       Signal out = residual_forward(x, branch, rn.lambda, rn.beta);
+      token_aligned_var *= rn.lambda * rn.lambda;
       if (post) {
         s.sum = out;
         s.probe_sum = b.add(prefix + ".sum", "residual", l);
         b.set_forward(s.probe_sum, out);
         out = norm_forward(c, out);
+        token_aligned_var = s.sum.var > 0.0 ? token_aligned_var * out.var / s.sum.var : 0.0;
       }
       s.probe_result = b.add(block + (attention ? ".mid" : ".out"), "residual", l);
       b.set_forward(s.probe_result, out);
@@ -258,24 +326,55 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   int probe_final = -1;
   if (pre) {
     head_in = norm_forward(c, x);
+    token_aligned_var = x.var > 0.0 ? token_aligned_var * head_in.var / x.var : 0.0;
     probe_final = b.add("final_norm.out", "norm", -1);
     b.set_forward(probe_final, head_in);
   }
   const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
+  const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
   Signal logits = linear_forward(head_in, d, head_std * head_std);
-  logits.var *= numbers.output_multiplier * numbers.output_multiplier;
+  logits.var *= multiplier_sq;
+  const double other_spread = logits.var * (1.0 - logits.corr);
+  // Tied head: the row's own input token's logit is h·E_tok with h = α·E_tok/σ_tok + rest (α² the aligned
+  // variance), so it has mean α·σ_tok·d and variance σ_tok²·d·(var_h + α²) (|E_tok|² is χ²-distributed).
+  const double dims = static_cast<double>(d), classes = static_cast<double>(c.vocab);
+  const bool self_logit = c.tie_embeddings && token_aligned_var > 0.0 && head_in.var > 0.0;
+  const double self_mean =
+      self_logit ? numbers.output_multiplier * std::sqrt(token_aligned_var) * numbers.token_embed_std * dims : 0.0;
+  const double self_var = multiplier_sq * tok_var * dims * (head_in.var + token_aligned_var);
+  if (self_logit) {
+    // One logit in C is the self logit: the mixture's mean and variance over all elements.
+    const double others_var = logits.var;
+    logits.mean = self_mean / classes;
+    logits.var =
+        ((classes - 1.0) * others_var + self_var + self_mean * self_mean) / classes - logits.mean * logits.mean;
+  }
   const int probe_logits = b.add("head.logits", "logits", -1);
   b.set_forward(probe_logits, logits);
 
-  // Backward: d(mean CE)/d(logits) for near-uniform predictions; targets independent of each other (r_g = 0).
+  // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
+  // logits and of each other (r_g = 0).
   const std::int64_t rows = inputs.sequences * tokens;
-  GradSignal g{cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale), 0.0};
+  GradSignal g{
+      self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
+                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale),
+      0.0};
   b.set_backward(probe_logits, g);
+  // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
+  // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
+  // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
+  double first_norm_keep = 1.0;
+  if (self_logit) {
+    const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
+    const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
+    const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
+    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_in.var) * self_g_sq / all_g_sq;
+  }
   g = linear_backward(GradSignal{g.var * numbers.output_multiplier * numbers.output_multiplier, g.corr}, c.vocab,
                       head_std * head_std);
   if (pre) {
     b.set_backward(probe_final, g);
-    g = norm_backward(c, x, g);
+    g = norm_backward(c, x, GradSignal{g.var * first_norm_keep, g.corr});
   }
   for (int i = 2 * c.layers - 1; i >= 0; --i) {
     const SublayerState& s = states[i];
@@ -284,7 +383,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     b.set_backward(s.probe_result, g);
     GradSignal d_combined = g;
     if (post) {
-      d_combined = norm_backward(c, s.sum, g);
+      const double keep = i == 2 * c.layers - 1 ? first_norm_keep : 1.0;
+      d_combined = norm_backward(c, s.sum, GradSignal{g.var * keep, g.corr});
       b.set_backward(s.probe_sum, d_combined);
     }
     const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
@@ -331,7 +431,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
            << "; linear_forward; " << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
            << "_forward; activation_forward(" << activation_name(phi)
            << "); causal attention (Σw² ≈ e^D/(e^D+n-1) per query, shared value part kept); dropout_forward; "
-              "residual_forward. backward: softmax cross-entropy gradient for near-uniform predictions; "
+              "residual_forward; tied head: the input token's own logit from the stream's token-aligned variance. "
+              "backward: softmax cross-entropy gradient (near-uniform, plus the tied self logit by quadrature); "
               "linear/activation/norm/dropout/residual backward maps; causal attention value, query and key paths";
   b.prediction.formulae = formulae.str();
   return b.prediction;

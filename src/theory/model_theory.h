@@ -128,4 +128,13 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
 // contributes Σ_v (p_v - y_v)² = S - 2·E[p_y] + 1 with E[p_y] ≈ 1/C, so Var = (S - 2/C + 1)/C / rows² · scale².
 double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::int64_t rows, double grad_scale);
 
+// The same variance when each row has one outlying logit (a tied head's logit for the row's own input token):
+// that logit is N(self_mean, self_var), the other C - 1 are log-normal softmax weights with spread D (variance
+// across classes). With a the others' log-mass (log(C - 1) + D/2, or √(2D·log(C - 1)) once D > 2·log(C - 1)),
+// p_self = sigmoid(z_self - a) and Σ_{v≠self} p_v² ≈ (1 - p_self)²·e^D/(e^D + C - 2), so
+// S = E[p_self² + (1 - p_self)²·e^D/(e^D + C - 2)] over z_self by Gauss-Hermite quadrature; targets independent
+// of the logits (E[p_y] = 1/C).
+double cross_entropy_grad_var_with_self(double spread, double self_mean, double self_var, std::int64_t classes,
+                                        std::int64_t rows, double grad_scale);
+
 }  // namespace proplab::theory

@@ -210,6 +210,20 @@ TEST(ModelTheory, CrossEntropyGradientOfUniformPredictions) {
   EXPECT_NEAR(theory::cross_entropy_grad_var({0.0, 0.0, 0.0}, 10, 4, 1.0), 9.0 / (100.0 * 16.0), 1e-15);
 }
 
+TEST(ModelTheory, CrossEntropyGradientWithSelfLogit) {
+  // A self logit that is just one more zero logit: exactly uniform predictions again.
+  EXPECT_NEAR(theory::cross_entropy_grad_var_with_self(0.0, 0.0, 0.0, 10, 4, 1.0), 9.0 / (100.0 * 16.0), 1e-15);
+  // A dominant self logit (p_self → 1, target elsewhere with probability 1 - 1/C): Σ(p - y)² → 2 - 2/C.
+  EXPECT_NEAR(theory::cross_entropy_grad_var_with_self(0.2, 60.0, 1.0, 10, 4, 2.0), (2.0 - 0.2) / 10.0 / 16.0 * 4.0,
+              1e-12);
+  // Small spread, no self term beyond the others: agrees with the near-uniform formula to O(e^D/C²).
+  const double spread = 0.3;
+  const double uniform = theory::cross_entropy_grad_var({0.0, spread, 0.0}, 256, 8, 1.0);
+  EXPECT_NEAR(theory::cross_entropy_grad_var_with_self(spread, 0.0, spread, 256, 8, 1.0), uniform, 1e-3 * uniform);
+  // Huge spread (the others one-hot on their maximum) stays bounded: Σ p² ≤ 1.
+  EXPECT_LE(theory::cross_entropy_grad_var_with_self(300.0, 10.0, 300.0, 256, 1, 1.0), 2.0 / 256.0);
+}
+
 TEST(ModelTheory, PreLnStandardMatchesMeasurement) {
   Case run;
   run.config = small_config(48, 512, NormPlacement::pre);
@@ -219,10 +233,27 @@ TEST(ModelTheory, PreLnStandardMatchesMeasurement) {
 TEST(ModelTheory, PostLnStandardMatchesMeasurement) {
   Case run;
   run.config = small_config(48, 512, NormPlacement::post);
-  // Tied embeddings make Post-LN's head see the input token's own embedding (logit ≈ width·std ≈ 10), far from the
-  // near-uniform softmax the loss-gradient formula assumes (docs/theory.md); untied here.
   run.config.tie_embeddings = false;
   expect_accuracy(run, "post standard");
+}
+
+// Tied head (the default): Post-LN's head input keeps the input token's own embedding (a share ≈ 0.48 of the
+// stream at the top), so its own logit is ≈ 7.1 and the loss gradient is ≈ 1.65× the near-uniform one.
+TEST(ModelTheory, PostLnTiedStandardMatchesMeasurement) {
+  Case run;
+  run.config = small_config(48, 512, NormPlacement::post);
+  ASSERT_TRUE(run.config.tie_embeddings);
+  const Measured m = expect_accuracy(run, "post standard tied");
+  const theory::ProbePrediction p = predict(run, m);
+  std::printf(
+      "post standard tied: head.logits var measured %.4g predicted %.4g; blocks.47.out backward var measured "
+      "%.4g predicted %.4g\n",
+      m.find(m.var, "head.logits"), p.find("head.logits")->var, m.find(m.backward_var, "blocks.47.out"),
+      p.find("blocks.47.out")->backward_var);
+  // The self logit doubles the logits' variance and raises the top gradient ≈ 1.65× over the near-uniform values.
+  EXPECT_NEAR(p.find("head.logits")->var, m.find(m.var, "head.logits"), 0.05 * m.find(m.var, "head.logits"));
+  const double top = m.find(m.backward_var, "blocks.47.out");
+  EXPECT_NEAR(p.find("blocks.47.out")->backward_var, top, 0.05 * top);
 }
 
 TEST(ModelTheory, DeepScaleLikeMatchesMeasurementAndKeepsUnitVariance) {
