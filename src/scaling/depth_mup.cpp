@@ -22,18 +22,7 @@ class DepthMupRule final : public ScalingRule {
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(1.0);
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
-    switch (param.role) {
-      case ParamRole::token_embedding:
-      case ParamRole::position_embedding:
-        return InitSpec::normal_std(embed_std_);
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-        return InitSpec::constant(1.0);
-      default:
-        return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
-    }
+    return rule_util::fan_in_init(param, embed_std_);
   }
   ResidualSpec residual(int, Branch) const override { return {1.0, branch_scale_, false, false}; }
 

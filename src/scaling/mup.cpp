@@ -26,18 +26,7 @@ class MupRule final : public ScalingRule {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(1.0);
     if (param.role == ParamRole::readout && zero_readout_) return InitSpec::constant(0.0);
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
-    switch (param.role) {
-      case ParamRole::token_embedding:
-      case ParamRole::position_embedding:
-        return InitSpec::normal_std(embed_std_);
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-        return InitSpec::constant(1.0);
-      default:
-        return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
-    }
+    return rule_util::fan_in_init(param, embed_std_);
   }
   ResidualSpec residual(int, Branch) const override { return {}; }
   double logit_scale(int d_head) const override { return 1.0 / static_cast<double>(d_head); }

@@ -98,4 +98,21 @@ class LearnableBranchRule final : public ScalingRule {
   ModelShape shape_;
 };
 
+// Transformer init with Var = 1/fan_in for every matrix (μP-style), embeddings N(0, embed_std²), biases 0 and
+// norm gains 1 (depth_mup and mup).
+inline InitSpec fan_in_init(const ParamInfo& param, double embed_std) {
+  switch (param.role) {
+    case ParamRole::token_embedding:
+    case ParamRole::position_embedding:
+      return InitSpec::normal_std(embed_std);
+    case ParamRole::bias:
+    case ParamRole::norm_bias:
+      return InitSpec::constant(0.0);
+    case ParamRole::norm_gain:
+      return InitSpec::constant(1.0);
+    default:
+      return InitSpec::normal_std(1.0 / std::sqrt(static_cast<double>(param.fan_in)));
+  }
+}
+
 }  // namespace proplab::rule_util

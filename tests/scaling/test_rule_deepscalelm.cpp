@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "scaling/theory_numbers.h"
 #include "support/gradcheck.h"
+#include "support/model_testing.h"
 #include "theory/model_theory.h"
 
 namespace proplab {
@@ -79,17 +80,7 @@ double gelu_second_moment(double q) {
   return sum * h / std::sqrt(2.0 * M_PI);
 }
 
-Batch token_batch(int batch, int tokens, int vocab, std::uint64_t seed) {
-  Batch b;
-  b.inputs = Tensor::empty({batch, tokens}, DType::i32);
-  b.targets = Tensor::empty({batch, tokens}, DType::i32);
-  CounterRng rng(seed, stream_id("test.tokens"));
-  for (int i = 0; i < batch * tokens; ++i) {
-    b.inputs.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i, vocab));
-    b.targets.i32()[i] = static_cast<std::int32_t>(rng.below(2 * i + 1, vocab));
-  }
-  return b;
-}
+using testing::token_batch;
 
 // Keeps a copy of every forward probe tensor, by probe name.
 class CapturingSink final : public ProbeSink {
@@ -252,12 +243,8 @@ TEST_P(DeepScaleLmGradient, MatchesFiniteDifferences) {
   options.rtol = 3e-2;
   options.atol = 2e-4;
   options.max_elements = 40;
-  for (auto& p : model->params().all()) {
-    SCOPED_TRACE(p->name);
-    const testing::GradCheckResult result =
-        testing::check_gradient([&] { return model->evaluate(batch); }, p->value, p->grad, options);
-    EXPECT_GRAD_OK(result);
-  }
+  testing::check_all_parameters(
+      *model, [&] { return model->evaluate(batch); }, options);
 }
 
 INSTANTIATE_TEST_SUITE_P(EachNorm, DeepScaleLmGradient,
