@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "models/profile.h"
 
 namespace proplab {
 
@@ -12,17 +13,25 @@ namespace {
 // A view of the first numel(shape) elements of a flat scratch tensor, with the given shape.
 Tensor view_of(const Tensor& flat, const Shape& shape) { return flat.slice(0, 0, shape_numel(shape)).reshape(shape); }
 
+// The study's rule, profiled when it asks for it (models/profile.h).
+std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const ScalingConfig& scaling,
+                                      std::uint64_t seed) {
+  ModelConfig model;
+  model.type = "transformer";
+  model.transformer = config;
+  return make_model_rule(model, scaling, seed);
+}
+
 }  // namespace
 
 Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed)
+    : Transformer(config, *rule_for(config, scaling, seed), seed) {}
+
+Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed)
     : config_(config), seed_(seed) {
   const std::int64_t d = config.width, v = config.vocab, t = config.seq_len;
   const std::int64_t f = static_cast<std::int64_t>(config.ffn_mult) * d;
   PROPLAB_CHECK(d % config.heads == 0, "width ", d, " not divisible by heads ", config.heads);
-  ModelShape shape;
-  shape.type = "transformer";
-  shape.transformer = config;
-  std::unique_ptr<ScalingRule> rule = make_rule(scaling, shape);
 
   token_embedding_ = &params_.add("embed.token.weight", {v, d}, ParamRole::token_embedding, v, d);
   position_embedding_ = &params_.add("embed.position.weight", {t, d}, ParamRole::position_embedding, t, d);
@@ -45,7 +54,7 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
         s.out_proj = nn::Linear::create(params_, prefix + ".proj", f, d, ParamRole::ffn_out, config.bias, l);
       }
       s.residual =
-          ResidualSite::create(params_, prefix, rule->residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
+          ResidualSite::create(params_, prefix, rule.residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
       sublayers_.push_back(std::move(s));
     }
   }
@@ -77,10 +86,10 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& s
   if (has_final_norm_) probe_final_ = add_probe("final_norm.out", -1, ProbeKind::norm);
   probe_logits_ = add_probe("head.logits", -1, ProbeKind::logits);
 
-  params_.init(*rule, seed);
+  params_.init(rule, seed);
   for (const Sublayer& s : sublayers_) s.residual.init_values();
-  logit_scale_ = static_cast<float>(rule->logit_scale(static_cast<int>(d / config.heads)));
-  output_multiplier_ = static_cast<float>(rule->output_multiplier());
+  logit_scale_ = static_cast<float>(rule.logit_scale(static_cast<int>(d / config.heads)));
+  output_multiplier_ = static_cast<float>(rule.output_multiplier());
 }
 
 int Transformer::add_probe(const std::string& name, int block, ProbeKind kind, bool has_backward) {

@@ -20,7 +20,10 @@ namespace proplab {
 
 class Transformer final : public Model {
  public:
+  // Builds the rule from `scaling` with make_model_rule (models/profile.h: profiled when the rule asks for it).
   Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+  // Initialised by an already-built rule (the rule is not kept).
+  Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed);
 
   ParameterStore& params() override { return params_; }
   const std::vector<ProbeInfo>& probes() const override { return probes_; }

@@ -12,11 +12,11 @@
 //   (theory::activation_forward: GELU's closed-form mean and variance);
 // - V rows and the attention output projection of block l, the same Var √((1−p)/r_l)/d, where r_l is the
 //   variance the causal attention mixing keeps, Var(P·V)/Var(V), as theory/model_theory predicts it for this
-//   model: r_l = c_l + (1 − c_l)·⟨Σ_s w_ts²⟩ with c_l the predicted token correlation of the block's attention
-//   input. Kedia et al.'s r_l is the long-sequence limit of this (⟨Σ w²⟩ → 0); at finite causal length with
-//   weakly correlated tokens the Σ w² term dominates and the limit formula would make the branch far from unit
-//   variance. r_l is found by predicting the model with the current stds and rescaling each block's V and output
-//   stds by the predicted attention branch variance, repeated until every branch is predicted at 1.
+//   model (position-resolved: theory/token_field). Kedia et al.'s r_l (the input correlation c_l) is its
+//   long-sequence limit; at finite causal length with weakly correlated tokens the prefix averages keep much more
+//   and the limit formula would make the branch far from unit variance. r_l is found in one forward pass of the
+//   theory (theory::walk_attention_branches): each block's V and output stds are rescaled by the predicted
+//   attention branch variance before the pass continues to the next block.
 // - biases 0, norm gains 1.
 // The rule cannot see the data: the embeddings' token correlation r_0 is the `input_corr` parameter (negative:
 // the estimate for independent uniform tokens the theory uses without data, Var_tok/(V·Var_embed) = 1/(2V)).
@@ -121,23 +121,17 @@ class DeepScaleLmRule final : public ScalingRule {
     value_var_.assign(c.layers, 1.0 / d);
     theory::TheoryInputs inputs;
     inputs.input_corr = input_corr;
-    double worst = 1.0;
-    for (int pass = 0; pass < 50 && worst > 1e-10; ++pass) {
-      const theory::ProbePrediction p = theory::predict_transformer(transformer_numbers(*this, c), inputs);
-      worst = 0.0;
-      for (const theory::ProbeTheory& t : p.probes) {
-        if (t.kind != "branch" || t.name.find(".attn.") == std::string::npos) continue;
-        PROPLAB_CHECK(std::isfinite(t.var) && t.var > 0, "deepscalelm: predicted attention branch variance ", t.var,
-                      " at ", t.name);
-        // The branch variance is proportional to Var(V)·Var(out): rescale each by 1/√(branch var).
-        value_var_[t.block] /= std::sqrt(t.var);
-        worst = std::max(worst, std::abs(t.var - 1.0));
-      }
-    }
-    // A pass changes later blocks only through the stream's correlation, so the passes converge (15-25 passes
-    // from 24 to 1000 layers).
-    PROPLAB_CHECK(worst <= 1e-10,
-                  "deepscalelm: attention branch variances did not converge to 1 (worst |var - 1| = ", worst, ")");
+    // Block by block: the attention branch variance is proportional to Var(V)·Var(out) (no biases), so rescaling
+    // both by 1/√(predicted branch variance) makes the branch exactly unit-variance; later blocks then see the
+    // stream as it will be.
+    theory::TransformerNumbers numbers = transformer_numbers(*this, c);
+    theory::walk_attention_branches(numbers, inputs, [&](int block, double branch_var) {
+      PROPLAB_CHECK(std::isfinite(branch_var) && branch_var > 0, "deepscalelm: predicted attention branch variance ",
+                    branch_var, " at block ", block);
+      value_var_[block] /= std::sqrt(branch_var);
+      theory::TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(block)];
+      bn.v_std = bn.attn_out_std = std::sqrt(value_var_[block]);
+    });
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <map>
 #include <sstream>
 
+#include "core/error.h"
 #include "scaling/rule.h"
 
 namespace proplab {
@@ -47,6 +48,10 @@ int ModelShape::residual_adds() const {
 double ScalingRule::logit_scale(int d_head) const { return 1.0 / std::sqrt(static_cast<double>(d_head)); }
 double ScalingRule::lr_multiplier(const ParamInfo&) const { return 1.0; }
 double ScalingRule::output_multiplier() const { return 1.0; }
+std::optional<ProfileRequest> ScalingRule::profile_request() const { return std::nullopt; }
+void ScalingRule::set_profile(const RuleProfile&) {
+  PROPLAB_CHECK(false, "scaling rule \"", name(), "\" was given a profile it did not ask for");
+}
 
 InitSpec mlp_mean_field_init(const ParamInfo& param, const MlpConfig& mlp) {
   switch (param.role) {

@@ -66,6 +66,18 @@ struct ResidualSpec {
   bool learnable_beta = false;
 };
 
+// What a profiling pass measured on the initialised model (models/profile.h), for rules whose residual weights
+// depend on it (Admin). Population variances over the whole profiling batch, with every λ = β = 1.
+struct RuleProfile {
+  double embed_var = 0.0;           // the embedding output (probe embed.out)
+  std::vector<double> branch_vars;  // per residual add in forward order (transformer: 2l attention, 2l+1 FFN)
+};
+
+// What a rule asks the profiling pass for.
+struct ProfileRequest {
+  int sequences = 1;  // sequences of model.seq_len uniform random tokens in the profiling batch
+};
+
 // What a rule may look at: the model as configured.
 struct ModelShape {
   std::string type;  // transformer | mlp
@@ -86,6 +98,12 @@ class ScalingRule {
   virtual double lr_multiplier(const ParamInfo& param) const;
   // Multiplier on the model's output logits (1 unless a rule says otherwise).
   virtual double output_multiplier() const;
+  // Set while the rule still needs a profiling pass over the initialised model (none unless a rule says
+  // otherwise). The scaling module cannot build a model: models/profile.h (make_model_rule) runs the pass and
+  // hands the result to set_profile(); until then such a rule's residual() is not valid.
+  virtual std::optional<ProfileRequest> profile_request() const;
+  // Takes the profiling pass's measurement (only called on a rule that asked for it).
+  virtual void set_profile(const RuleProfile& profile);
 };
 
 struct RuleParamDoc {

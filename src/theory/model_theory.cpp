@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 
 #include "core/error.h"
+#include "theory/token_field.h"
 
 namespace proplab::theory {
 
@@ -19,69 +21,6 @@ Activation to_theory(ops::Activation activation) {
   // theory::Activation lists the same functions in the same order as ops::Activation.
   return static_cast<Activation>(static_cast<int>(activation));
 }
-
-// Sums over the causal attention pattern of one sequence of L tokens (query t sees keys 0..t) that the causal
-// maps need, for softmax weights whose logits vary across keys with variance `logit_var` and across queries with
-// correlation `query_corr`. A query over n keys has E[Σ_s w_s²] ≈ s_n = e^D/(e^D + n - 1) (log-normal weights;
-// exact at D = 0 and for n = 1).
-struct CausalSums {
-  double self = 0.0;        // A: mean over queries of E[Σ_s w_ts²]
-  double cross = 0.0;       // P: mean over query pairs t ≠ t' of Σ_s E[w_ts w_t's]
-  double grad_self = 0.0;   // mean over keys of (Σ_{t≥s} w_ts)² - Σ_t w_ts² (uniform weights)
-  double grad_cross = 0.0;  // mean over key pairs s ≠ s' of Σ_t w_ts w_ts'
-  double grad_pair = 0.0;   // mean over key pairs of (Σ_t w_ts)(Σ_t w_ts') - Σ_t w_ts w_ts'
-  double score = 0.0;       // mean over queries of E[Σ_s w_ts²]·(1 - 1/n): the logit-gradient factor
-};
-
-CausalSums causal_sums(std::int64_t length, double logit_var, double query_corr) {
-  CausalSums sums;
-  const double l = static_cast<double>(length);
-  const double growth = std::exp(std::min(logit_var, 700.0));
-  double self = 0.0, uniform_self = 0.0, score = 0.0, cross_uniform = 0.0, grad_cross = 0.0;
-  for (std::int64_t t = 0; t < length; ++t) {
-    const double n = static_cast<double>(t + 1);
-    const double s_n = growth / (growth + n - 1.0);
-    self += s_n;
-    uniform_self += 1.0 / n;
-    score += s_n * (1.0 - 1.0 / n);
-    cross_uniform += 2.0 * static_cast<double>(t) / n;  // pairs whose later query is t: Σ_s w_ts w_t's = 1/(t+1)
-    grad_cross += static_cast<double>(t) / n;           // key pairs s ≠ s' ≤ t, both weighted 1/(t+1)
-  }
-  sums.self = self / l;
-  sums.score = score / l;
-  // Column sums of the uniform causal pattern: c_s = H_L - H_s.
-  double harmonic_total = 0.0;
-  for (std::int64_t k = 1; k <= length; ++k) harmonic_total += 1.0 / static_cast<double>(k);
-  double column_sq = 0.0, harmonic = 0.0;
-  for (std::int64_t s = 0; s < length; ++s) {
-    const double column = harmonic_total - harmonic;
-    column_sq += column * column;
-    harmonic += 1.0 / static_cast<double>(s + 1);
-  }
-  sums.grad_self = (column_sq - uniform_self) / l;
-  if (length > 1) {
-    const double pairs = l * (l - 1.0);
-    // Queries share keys: correlated queries put their weight on the same keys (factor e^{r_q·D}).
-    sums.cross = std::min(sums.self, std::exp(std::min(query_corr * logit_var, 700.0)) * cross_uniform / pairs);
-    sums.grad_cross = 2.0 * grad_cross / pairs;
-    // Σ_s c_s = L: the mean product of two different columns.
-    sums.grad_pair = (l * l - column_sq) / pairs - sums.grad_cross;
-  }
-  return sums;
-}
-
-// The residual stream and the saved signals of one sublayer, for the backward pass.
-struct SublayerState {
-  Signal input;      // x entering the sublayer
-  Signal branch_in;  // what the branch reads (Norm(x) for pre, else x)
-  Signal hidden;     // FFN pre-activation
-  Signal v, q, k;    // attention projections
-  CausalSums sums;
-  double logit_var = 0.0;
-  Signal sum;  // post: λx + βf before the norm
-  int probe_input = -1, probe_norm = -1, probe_hidden = -1, probe_mixed = -1, probe_branch = -1, probe_sum = -1,
-      probe_result = -1;
-};
 
 class Builder {
  public:
@@ -105,13 +44,6 @@ class Builder {
   }
   ProbePrediction prediction;
 };
-
-Signal norm_forward(const TransformerConfig& c, const Signal& x) {
-  return c.norm_kind == NormKind::layernorm ? layernorm_forward(x, c.width) : rmsnorm_forward(x);
-}
-GradSignal norm_backward(const TransformerConfig& c, const Signal& x, const GradSignal& d_y) {
-  return c.norm_kind == NormKind::layernorm ? layernorm_backward(x, d_y) : rmsnorm_backward(x, d_y);
-}
 
 }  // namespace
 
@@ -225,17 +157,174 @@ double cross_entropy_grad_var_with_self(double spread, double self_mean, double 
   return (m.sum_p_sq - 2.0 / c + 1.0) / c / (r * r) * grad_scale * grad_scale;
 }
 
+namespace {
+
+// One sublayer (attention or FFN with its residual add and, for post, its norm) at the field level: what the
+// backward pass reads, and the probes it fills.
+struct Sublayer {
+  TokenField input;    // x entering the sublayer
+  TokenField hidden;   // FFN pre-activation
+  TokenField v, q, k;  // attention projections
+  CausalWeights weights;
+  TokenField sum;           // post: λx + βf before the norm
+  TokenField out;           // the stream after the sublayer
+  double branch_var = 0.0;  // the branch output's variance (after dropout), as its probe records it
+};
+
+struct SublayerProbes {
+  int input = -1, norm = -1, hidden = -1, mixed = -1, branch = -1, sum = -1, result = -1;
+};
+
+// The forward pass of sublayer `index` (2l: block l's attention, 2l + 1: its FFN) from the stream x. When
+// `builder` is given, the probes are added to it and their forward statistics set.
+Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const TokenField& x, ActivationPairMaps& rule,
+                          Builder* builder, SublayerProbes* probes) {
+  const TransformerConfig& c = numbers.config;
+  const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
+  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const int l = index / 2;
+  const bool attention = index % 2 == 0;
+  const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(l)];
+  const std::string block = "blocks." + std::to_string(l);
+  const std::string prefix = block + (attention ? ".attn" : ".ffn");
+  auto add = [&](int& slot, const std::string& name, const char* kind, const TokenField* field) {
+    if (!builder) return;
+    slot = builder->add(name, kind, l);
+    if (field) builder->set_forward(slot, field->signal());
+  };
+  SublayerProbes local;
+  SublayerProbes& p = probes ? *probes : local;
+  Sublayer s;
+  s.input = x;
+  if (attention) add(p.input, block + ".in", "residual", &x);
+  TokenField branch_in = x;
+  if (pre) {
+    branch_in = norm_forward(c.norm_kind, x, d);
+    add(p.norm, prefix + ".norm", "norm", &branch_in);
+  }
+  TokenField branch;
+  if (attention) {
+    const double bias_var = bn.qkv_bias_std * bn.qkv_bias_std;
+    s.q = linear_forward(branch_in, d, bn.q_std * bn.q_std, bias_var);
+    s.k = linear_forward(branch_in, d, bn.k_std * bn.k_std, bias_var);
+    s.v = linear_forward(branch_in, d, bn.v_std * bn.v_std, bias_var);
+    const double scale_sq = numbers.logit_scale * numbers.logit_scale;
+    s.weights = causal_weights(s.q, s.k, scale_sq, head_dim);
+    if (builder) {
+      p.hidden = builder->add(prefix + ".logits", "logits", l);
+      builder->set_forward(p.hidden, Signal{0.0, s.weights.logit_var, kNaN});
+      ProbeTheory& t = builder->prediction.probes[static_cast<std::size_t>(p.hidden)];
+      t.no_forward = "corr: the token correlation of attention logits is not recorded";
+      t.backward_var = kNaN;
+      t.no_backward = "the logits' gradient stays inside the fused attention op";
+    }
+    const TokenField mixed = causal_mix_forward(s.v, s.weights);
+    branch = linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
+  } else {
+    s.hidden = linear_forward(branch_in, d, bn.ffn_in_std * bn.ffn_in_std, bn.ffn_in_bias_std * bn.ffn_in_bias_std);
+    add(p.hidden, prefix + ".preact", "preact", &s.hidden);
+    const TokenField mixed = activation_forward(to_theory(c.activation), s.hidden, rule);
+    add(p.mixed, prefix + ".postact", "postact", &mixed);
+    branch = linear_forward(mixed, f, bn.ffn_out_std * bn.ffn_out_std, bn.ffn_out_bias_std * bn.ffn_out_bias_std);
+  }
+  if (c.dropout > 0) branch = dropout_forward(branch, c.dropout);
+  s.branch_var = branch.var();
+  add(p.branch, prefix + ".out", "branch", &branch);
+  const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
+  s.out = residual_forward(x, branch, rn.lambda, rn.beta);
+  if (post) {
+    s.sum = std::move(s.out);
+    add(p.sum, prefix + ".sum", "residual", &s.sum);
+    s.out = norm_forward(c.norm_kind, s.sum, d);
+  }
+  add(p.result, block + (attention ? ".mid" : ".out"), "residual", &s.out);
+  return s;
+}
+
+// The backward pass of one sublayer: g arrives at its output; returns the gradient at its input.
+TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
+                            double first_norm_keep, ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
+  const TransformerConfig& c = numbers.config;
+  const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
+  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const bool attention = index % 2 == 0;
+  const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
+  b.set_backward(p.result, g_out.signal());
+  TokenGrad d_combined = g_out;
+  if (post) {
+    d_combined = norm_backward(c.norm_kind, s.sum, scaled(g_out, first_norm_keep));
+    b.set_backward(p.sum, d_combined.signal());
+  }
+  const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
+  TokenGrad d_branch = scaled(d_combined, rn.beta * rn.beta);
+  b.set_backward(p.branch, d_branch.signal());
+  if (c.dropout > 0) d_branch = dropout_backward(d_branch, c.dropout);
+  TokenGrad d_branch_in;
+  if (attention) {
+    const TokenGrad d_mixed = linear_backward(d_branch, d, bn.attn_out_std * bn.attn_out_std);
+    const double scale_sq = numbers.logit_scale * numbers.logit_scale;
+    const TokenGrad d_v = causal_mix_backward(d_mixed, s.weights);
+    const ScoreGrads score = causal_score_backward(d_mixed, s.v, s.q, s.k, s.weights, scale_sq, head_dim);
+    d_branch_in = linear_backward(d_v, d, bn.v_std * bn.v_std);
+    const double q_gain = static_cast<double>(d) * bn.q_std * bn.q_std,
+                 k_gain = static_cast<double>(d) * bn.k_std * bn.k_std;
+    for (std::int64_t i = 0; i < d_branch_in.length; ++i)
+      d_branch_in.at(i, i) += q_gain * score.d_q.at(i, i) + k_gain * score.d_k.at(i, i);
+  } else {
+    const TokenGrad d_mixed = linear_backward(d_branch, d, bn.ffn_out_std * bn.ffn_out_std);
+    b.set_backward(p.mixed, d_mixed.signal());
+    const TokenGrad d_hidden = activation_backward(to_theory(c.activation), s.hidden, d_mixed, rule);
+    b.set_backward(p.hidden, d_hidden.signal());
+    d_branch_in = linear_backward(d_hidden, f, bn.ffn_in_std * bn.ffn_in_std);
+  }
+  if (pre) {
+    b.set_backward(p.norm, d_branch_in.signal());
+    d_branch_in = norm_backward(c.norm_kind, s.input, d_branch_in);
+  }
+  TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
+  b.set_backward(p.input, g.signal());
+  return g;
+}
+
+}  // namespace
+
+void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& inputs,
+                             const std::function<void(int block, double branch_var)>& adjust) {
+  const TransformerConfig& c = numbers.config;
+  PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "walk_attention_branches: ", numbers.blocks.size(),
+                " block descriptions for ", c.layers, " layers");
+  const std::int64_t tokens = inputs.tokens > 0 ? inputs.tokens : c.seq_len;
+  const GaussHermite quadrature(64);
+  ActivationPairMaps rule(quadrature);
+  const double tok_var = numbers.token_embed_std * numbers.token_embed_std;
+  const double embed_var = tok_var + numbers.position_embed_std * numbers.position_embed_std;
+  const double r0 = inputs.input_corr ? *inputs.input_corr
+                                      : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
+  TokenField x = TokenField::exchangeable(tokens, Signal{0.0, embed_var, clamp_unit(r0)});
+  if (c.dropout > 0) x = dropout_forward(x, c.dropout);
+  for (int i = 0; i < 2 * c.layers; ++i) {
+    Sublayer s = sublayer_forward(numbers, i, x, rule, nullptr, nullptr);
+    if (i % 2 == 0) {
+      const double before = numbers.blocks[static_cast<std::size_t>(i / 2)].v_std *
+                            numbers.blocks[static_cast<std::size_t>(i / 2)].attn_out_std;
+      adjust(i / 2, s.branch_var);
+      const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
+      if (bn.v_std * bn.attn_out_std != before) s = sublayer_forward(numbers, i, x, rule, nullptr, nullptr);
+    }
+    x = std::move(s.out);
+  }
+}
+
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
   const TransformerConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
                 " block descriptions for ", c.layers, " layers");
-  const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width;
+  const std::int64_t d = c.width;
   const std::int64_t tokens = inputs.tokens > 0 ? inputs.tokens : c.seq_len;
-  const std::int64_t head_dim = d / c.heads;
   const double p = c.dropout;
-  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
-  const Activation phi = to_theory(c.activation);
-  const GaussHermite rule(64);
+  const bool pre = c.norm == NormPlacement::pre;
+  const GaussHermite quadrature(64);
+  ActivationPairMaps rule(quadrature);
   Builder b;
 
   // Forward.
@@ -244,104 +333,55 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double embed_var = tok_var + pos_var;
   double r0 = inputs.input_corr ? *inputs.input_corr
                                 : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
-  Signal x{0.0, embed_var, clamp_unit(r0)};
+  TokenField x = TokenField::exchangeable(tokens, Signal{0.0, embed_var, clamp_unit(r0)});
   if (p > 0) x = dropout_forward(x, p);
   // The variance of the stream's component along its row's own token embedding (σ_tok·u, u the unit-variance
   // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
   // a tied head reads it back as the input token's own logit.
   double token_aligned_var = tok_var;
   const int probe_embed = b.add("embed.out", "embed", -1);
-  b.set_forward(probe_embed, x);
+  b.set_forward(probe_embed, x.signal());
 
-  std::vector<SublayerState> states(2 * static_cast<std::size_t>(c.layers));
-  for (int l = 0; l < c.layers; ++l) {
-    const TransformerBlockNumbers& bn = numbers.blocks[l];
-    const std::string block = "blocks." + std::to_string(l);
-    for (int which = 0; which < 2; ++which) {
-      SublayerState& s = states[2 * l + which];
-      const bool attention = which == 0;
-      const std::string prefix = block + (attention ? ".attn" : ".ffn");
-      s.input = x;
-      if (attention) s.probe_input = b.add(block + ".in", "residual", l), b.set_forward(s.probe_input, x);
-      s.branch_in = x;
-      if (pre) {
-        s.branch_in = norm_forward(c, x);
-        s.probe_norm = b.add(prefix + ".norm", "norm", l);
-        b.set_forward(s.probe_norm, s.branch_in);
-      }
-      Signal branch;
-      if (attention) {
-        const double bias_var = bn.qkv_bias_std * bn.qkv_bias_std;
-        s.q = linear_forward(s.branch_in, d, bn.q_std * bn.q_std, bias_var);
-        s.k = linear_forward(s.branch_in, d, bn.k_std * bn.k_std, bias_var);
-        s.v = linear_forward(s.branch_in, d, bn.v_std * bn.v_std, bias_var);
-        // Logits scale·q·k over one head: total variance, and the part that varies across keys.
-        const double scale_sq = numbers.logit_scale * numbers.logit_scale;
-        const double logit_total = scale_sq * static_cast<double>(head_dim) * s.q.var * s.k.var;
-        s.logit_var = logit_total * (1.0 - s.k.corr);
-        s.sums = causal_sums(tokens, s.logit_var, s.q.corr);
-        s.probe_hidden = b.add(prefix + ".logits", "logits", l);
-        b.set_forward(s.probe_hidden, Signal{0.0, logit_total, kNaN});
-        b.prediction.probes[s.probe_hidden].no_forward =
-            "corr: the token correlation of attention logits is not recorded";
-        b.prediction.probes[s.probe_hidden].backward_var = kNaN;
-        b.prediction.probes[s.probe_hidden].no_backward = "the logits' gradient stays inside the fused attention op";
-        // Causal mixing: out_t = Σ_s w_ts v_s; the shared part of v passes whole, the rest by Σ w².
-        const double shared = s.v.corr;
-        const double mixed_var = s.v.var * (shared + (1.0 - shared) * s.sums.self);
-        const double mixed_cov = s.v.var * (shared + (1.0 - shared) * s.sums.cross);
-        const Signal mixed{0.0, mixed_var, mixed_var > 0 ? clamp_unit(mixed_cov / mixed_var) : 1.0};
-        branch =
-            linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
-      } else {
-        s.hidden =
-            linear_forward(s.branch_in, d, bn.ffn_in_std * bn.ffn_in_std, bn.ffn_in_bias_std * bn.ffn_in_bias_std);
-        s.probe_hidden = b.add(prefix + ".preact", "preact", l);
-        b.set_forward(s.probe_hidden, s.hidden);
-        const Signal mixed = s.hidden.var > 0 ? activation_forward(phi, s.hidden, rule)
-                                              : Signal{activation_value(phi, s.hidden.mean), 0.0, 1.0};
-        s.probe_mixed = b.add(prefix + ".postact", "postact", l);
-        b.set_forward(s.probe_mixed, mixed);
-        branch = linear_forward(mixed, f, bn.ffn_out_std * bn.ffn_out_std, bn.ffn_out_bias_std * bn.ffn_out_bias_std);
-      }
-      if (p > 0) branch = dropout_forward(branch, p);
-      s.probe_branch = b.add(prefix + ".out", "branch", l);
-      b.set_forward(s.probe_branch, branch);
-      const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
-      Signal out = residual_forward(x, branch, rn.lambda, rn.beta);
-      token_aligned_var *= rn.lambda * rn.lambda;
-      if (post) {
-        s.sum = out;
-        s.probe_sum = b.add(prefix + ".sum", "residual", l);
-        b.set_forward(s.probe_sum, out);
-        out = norm_forward(c, out);
-        token_aligned_var = s.sum.var > 0.0 ? token_aligned_var * out.var / s.sum.var : 0.0;
-      }
-      s.probe_result = b.add(block + (attention ? ".mid" : ".out"), "residual", l);
-      b.set_forward(s.probe_result, out);
-      x = out;
+  // The fields of every sublayer would need O(layers·L²) memory; the forward pass keeps the stream entering every
+  // `segment`-th sublayer and the backward pass recomputes one segment at a time.
+  const int sublayers = 2 * c.layers;
+  const std::size_t field_bytes = static_cast<std::size_t>(tokens * tokens) * sizeof(double);
+  const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
+  std::vector<TokenField> checkpoints;
+  std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
+  for (int i = 0; i < sublayers; ++i) {
+    if (i % segment == 0) checkpoints.push_back(x);
+    const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
+    const ResidualNumbers& rn = i % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
+    Sublayer s = sublayer_forward(numbers, i, x, rule, &b, &probes[static_cast<std::size_t>(i)]);
+    token_aligned_var *= rn.lambda * rn.lambda;
+    if (c.norm == NormPlacement::post) {
+      const double sum_var = s.sum.var();
+      token_aligned_var = sum_var > 0.0 ? token_aligned_var * s.out.var() / sum_var : 0.0;
     }
+    x = std::move(s.out);
   }
-  Signal head_in = x;
+  TokenField head_in = x;
   int probe_final = -1;
   if (pre) {
-    head_in = norm_forward(c, x);
-    token_aligned_var = x.var > 0.0 ? token_aligned_var * head_in.var / x.var : 0.0;
+    head_in = norm_forward(c.norm_kind, x, d);
+    token_aligned_var = x.var() > 0.0 ? token_aligned_var * head_in.var() / x.var() : 0.0;
     probe_final = b.add("final_norm.out", "norm", -1);
-    b.set_forward(probe_final, head_in);
+    b.set_forward(probe_final, head_in.signal());
   }
+  const Signal head_signal = head_in.signal();
   const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
   const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
-  Signal logits = linear_forward(head_in, d, head_std * head_std);
+  Signal logits = linear_forward(head_signal, d, head_std * head_std);
   logits.var *= multiplier_sq;
   const double other_spread = logits.var * (1.0 - logits.corr);
   // Tied head: the row's own input token's logit is h·E_tok with h = α·E_tok/σ_tok + rest (α² the aligned
   // variance), so it has mean α·σ_tok·d and variance σ_tok²·d·(var_h + α²) (|E_tok|² is χ²-distributed).
   const double dims = static_cast<double>(d), classes = static_cast<double>(c.vocab);
-  const bool self_logit = c.tie_embeddings && token_aligned_var > 0.0 && head_in.var > 0.0;
+  const bool self_logit = c.tie_embeddings && token_aligned_var > 0.0 && head_signal.var > 0.0;
   const double self_mean =
       self_logit ? numbers.output_multiplier * std::sqrt(token_aligned_var) * numbers.token_embed_std * dims : 0.0;
-  const double self_var = multiplier_sq * tok_var * dims * (head_in.var + token_aligned_var);
+  const double self_var = multiplier_sq * tok_var * dims * (head_signal.var + token_aligned_var);
   if (self_logit) {
     // One logit in C is the self logit: the mixture's mean and variance over all elements.
     const double others_var = logits.var;
@@ -353,13 +393,12 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   b.set_forward(probe_logits, logits);
 
   // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
-  // logits and of each other (r_g = 0).
+  // logits and of each other (uncorrelated across tokens).
   const std::int64_t rows = inputs.sequences * tokens;
-  GradSignal g{
+  const double logit_grad_var =
       self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
-                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale),
-      0.0};
-  b.set_backward(probe_logits, g);
+                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
+  b.set_backward(probe_logits, GradSignal{logit_grad_var, 0.0});
   // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
   // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
   // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
@@ -368,72 +407,44 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
     const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
     const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
-    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_in.var) * self_g_sq / all_g_sq;
+    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
   }
-  g = linear_backward(GradSignal{g.var * numbers.output_multiplier * numbers.output_multiplier, g.corr}, c.vocab,
-                      head_std * head_std);
+  TokenGrad g =
+      TokenGrad::white(tokens, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
   if (pre) {
-    b.set_backward(probe_final, g);
-    g = norm_backward(c, x, GradSignal{g.var * first_norm_keep, g.corr});
+    b.set_backward(probe_final, g.signal());
+    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep));
   }
-  for (int i = 2 * c.layers - 1; i >= 0; --i) {
-    const SublayerState& s = states[i];
-    const TransformerBlockNumbers& bn = numbers.blocks[i / 2];
-    const bool attention = i % 2 == 0;
-    b.set_backward(s.probe_result, g);
-    GradSignal d_combined = g;
-    if (post) {
-      const double keep = i == 2 * c.layers - 1 ? first_norm_keep : 1.0;
-      d_combined = norm_backward(c, s.sum, GradSignal{g.var * keep, g.corr});
-      b.set_backward(s.probe_sum, d_combined);
+  for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
+    const int end = std::min(start + segment, sublayers);
+    std::vector<Sublayer> states;
+    states.reserve(static_cast<std::size_t>(end - start));
+    TokenField stream = checkpoints[static_cast<std::size_t>(start / segment)];
+    for (int i = start; i < end; ++i) {
+      states.push_back(sublayer_forward(numbers, i, stream, rule, nullptr, nullptr));
+      stream = states.back().out;
     }
-    const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
-    GradSignal d_branch = residual_branch_backward(d_combined, rn.beta);
-    b.set_backward(s.probe_branch, d_branch);
-    if (p > 0) d_branch = dropout_backward(d_branch, p);
-    GradSignal d_branch_in;
-    if (attention) {
-      const GradSignal d_mixed = linear_backward(d_branch, d, bn.attn_out_std * bn.attn_out_std);
-      // Value path: d_v_s = Σ_{t≥s} w_ts d_t (causal sums), then through W_v.
-      const double dv_var = d_mixed.var * (s.sums.self + d_mixed.corr * s.sums.grad_self);
-      const double dv_cov = d_mixed.var * (s.sums.grad_cross + d_mixed.corr * s.sums.grad_pair);
-      // Query and key paths, through the logits' gradient w_ts(g_t·v_s - Σ_s' w_ts' g_t·v_s'): only the parts of
-      // v and k that vary across keys reach it.
-      const double score_var = numbers.logit_scale * numbers.logit_scale * static_cast<double>(head_dim) * d_mixed.var *
-                               s.v.var * (1.0 - s.v.corr) * s.sums.score;
-      const double dq_var = score_var * s.k.var * (1.0 - s.k.corr);
-      const double dk_var = score_var * s.q.var;
-      const double dx_var = static_cast<double>(d) * (bn.v_std * bn.v_std * dv_var + bn.q_std * bn.q_std * dq_var +
-                                                      bn.k_std * bn.k_std * dk_var);
-      const double dx_cov = static_cast<double>(d) * bn.v_std * bn.v_std * dv_cov;
-      d_branch_in = GradSignal{dx_var, dx_var > 0 ? clamp_unit(dx_cov / dx_var) : 0.0};
-    } else {
-      const GradSignal d_mixed = linear_backward(d_branch, d, bn.ffn_out_std * bn.ffn_out_std);
-      b.set_backward(s.probe_mixed, d_mixed);
-      const GradSignal d_hidden =
-          s.hidden.var > 0
-              ? activation_backward(phi, s.hidden, d_mixed, rule)
-              : GradSignal{d_mixed.var * std::pow(activation_derivative(phi, s.hidden.mean), 2), d_mixed.corr};
-      b.set_backward(s.probe_hidden, d_hidden);
-      d_branch_in = linear_backward(d_hidden, f, bn.ffn_in_std * bn.ffn_in_std);
+    for (int i = end - 1; i >= start; --i) {
+      const double keep = i == sublayers - 1 && c.norm == NormPlacement::post ? first_norm_keep : 1.0;
+      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, keep, rule, b,
+                            probes[static_cast<std::size_t>(i)]);
+      states.pop_back();
     }
-    if (pre) {
-      b.set_backward(s.probe_norm, d_branch_in);
-      d_branch_in = norm_backward(c, s.input, d_branch_in);
-    }
-    g = residual_backward(d_combined, d_branch_in, rn.lambda);
-    b.set_backward(s.probe_input, g);
   }
-  b.set_backward(probe_embed, g);
+  b.set_backward(probe_embed, g.signal());
 
   std::ostringstream formulae;
-  formulae << "forward: embedding var σ_tok²+σ_pos², corr r_0 " << (inputs.input_corr ? "(given)" : "(uniform tokens)")
-           << "; linear_forward; " << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
-           << "_forward; activation_forward(" << activation_name(phi)
-           << "); causal attention (Σw² ≈ e^D/(e^D+n-1) per query, shared value part kept); dropout_forward; "
-              "residual_forward; tied head: the input token's own logit from the stream's token-aligned variance. "
-              "backward: softmax cross-entropy gradient (near-uniform, plus the tied self logit by quadrature); "
-              "linear/activation/norm/dropout/residual backward maps; causal attention value, query and key paths";
+  formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
+              "r_0 "
+           << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
+           << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
+           << "_forward per token pair; activation_forward(" << activation_name(to_theory(c.activation))
+           << ") per token pair; causal attention (log-normal softmax weights per query, E[Σw²] = e^D/(e^D+n-1), "
+              "shared-key products for query pairs); dropout_forward; residual_forward; tied head: the input token's "
+              "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
+              "(near-uniform, plus the tied self logit by quadrature); linear/activation/norm/dropout/residual "
+              "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
+              "(per position)";
   b.prediction.formulae = formulae.str();
   return b.prediction;
 }

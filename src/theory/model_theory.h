@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -120,6 +121,12 @@ std::vector<std::string> transformer_probe_names(const TransformerConfig& config
 
 // Predictions for every probe of a transformer. Requires numbers.blocks.size() == config.layers.
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs);
+// One forward pass over the blocks (no probes, no backward) for rules that set each block from what reaches it:
+// at every block l, `adjust(l, var)` gets the predicted variance of the attention branch output (blocks.l.attn.out)
+// under the numbers as they are, and may change numbers.blocks[l]; the pass then continues from the block as
+// adjusted. (The attention branch variance is proportional to v_std²·attn_out_std² when the branch has no biases.)
+void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& inputs,
+                             const std::function<void(int block, double branch_var)>& adjust);
 // Predictions for every probe of an MLP, plus its mean-field summary. c_0 (for the summary) is input_corr or 0.
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs);
 

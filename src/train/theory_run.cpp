@@ -4,6 +4,7 @@
 
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/profile.h"
 #include "nn/parameter.h"
 #include "ops/ops.h"
 #include "probe/moments.h"
@@ -43,12 +44,12 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec) {
   inputs.grad_scale = 1.0 / spec.train.grad_accum;
   if (spec.model.type == "transformer") {
     const TransformerConfig& m = spec.model.transformer;
-    std::unique_ptr<ScalingRule> rule = make_rule(spec.scaling, model_shape(spec.model));
+    std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
     inputs.tokens = m.seq_len;
     inputs.input_corr = spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, *rule);
     return theory::predict_transformer(transformer_numbers(*rule, m), inputs);
   }
-  std::unique_ptr<ScalingRule> rule = make_rule(spec.scaling, model_shape(spec.model));
+  std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
   // Gaussian data: x ~ N(0, I); regression targets y = W x (+ noise) with W entries N(0, 1/input_dim).
   inputs.input_mean = 0.0;
   inputs.input_var = 1.0;

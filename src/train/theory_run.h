@@ -10,7 +10,9 @@
 namespace proplab {
 
 // Predictions for every probe of spec's model, in the model's probe order. Builds only the embedding tables
-// (not the model), so it is fast for very deep models. UserError for data problems (as run_training).
+// (not the model), so it is fast for very deep models — except for a rule that needs a profiling pass (admin),
+// whose rule is built by make_model_rule like the model's, one forward pass of the model included, so the
+// predictions use the model's own residual weights. UserError for data problems (as run_training).
 theory::ProbePrediction predict_for_run(const RunSpec& spec);
 
 // Writes /theory/forward/{var,mean,corr} and /theory/backward/var [n_probes] with the attributes `formulae` and

@@ -194,14 +194,19 @@ TEST(DeepScaleLmRule, TheoryPredictsUnitVarianceBranchesAndStream) {
       config.dropout = dropout;
       const auto rule = rule_for(config);
       const theory::ProbePrediction p = theory::predict_transformer(transformer_numbers(*rule, config), {});
+      // Without a norm the stream's variance differs between positions (the first tokens' attention averages fewer
+      // values) while the FFN init assumes one unit-variance input; GELU's E[φ²] is convex in the input variance,
+      // so the FFN branches come out slightly above 1 (≤ 2.6% here) and the stream ≤ 0.6%.
+      const bool normed = norm != NormPlacement::none;
       int branches = 0;
       for (const theory::ProbeTheory& t : p.probes) {
         if (t.kind == "branch") {
-          EXPECT_NEAR(t.var, 1.0, 1e-9) << t.name;
+          const bool exact = normed || t.name.find(".attn.") != std::string::npos;
+          EXPECT_NEAR(t.var, 1.0, exact ? 1e-9 : 0.03) << t.name;
           ++branches;
         }
         if (t.kind == "residual") {
-          EXPECT_NEAR(t.var, 1.0, 1e-6) << t.name;
+          EXPECT_NEAR(t.var, 1.0, normed ? 1e-6 : 0.01) << t.name;
         }
       }
       EXPECT_EQ(branches, 24);
@@ -255,15 +260,10 @@ INSTANTIATE_TEST_SUITE_P(EachNorm, DeepScaleLmGradient,
 TEST(DeepScaleLmRule, PreLnResidualStreamKeepsUnitVarianceAtDepth24) {
   ModelConfig config;
   config.transformer = transformer(24, 256, NormPlacement::pre);
-  // 64 tokens per sequence. At the default 128 the law does not hold: worst |var - 1| = 0.135 (blocks.21.mid)
-  // with this seed. The cause is the theory the rule normalises to, not the rule's arithmetic: the theory models
-  // the stream's token correlation as one exchangeable number r, but causal attention builds prefix-structured
-  // correlations (nearby tokens and short prefixes share more), so the measured attention branch variance is
-  // ≈ 1.18 on average over blocks 3-23 where the theory predicts 1.00 (1.19 at 128 tokens, 1.17 at 64, 1.14 at
-  // 32; 4 or 8 heads alike; up to 1.5x at positions 4-48 of blocks 6-10), and the stream drifts towards
-  // ≈ 1 + (attention share of the adds)·0.18. At 64 tokens the worst stream deviation is 0.070.
-  // docs/scaling-rules.md records this.
-  config.transformer.seq_len = 64;
+  // The default 128 tokens per sequence. The rule normalises the attention branch with the position-resolved
+  // theory (theory/token_field: causal attention gives short prefixes and nearby tokens more shared signal than
+  // one exchangeable correlation would); with a single exchangeable r the measured stream drifted to 1.135 here.
+  config.transformer.seq_len = 128;
   ScalingConfig scaling;
   scaling.rule = "deepscalelm";
   auto model = make_model(config, scaling, 11);
@@ -281,7 +281,7 @@ TEST(DeepScaleLmRule, PreLnResidualStreamKeepsUnitVarianceAtDepth24) {
       EXPECT_NEAR(var, 1.0, 0.10) << probe;
     }
   }
-  std::printf("deepscalelm pre-LN 24x256, 64 tokens: worst |residual var - 1| = %.4f\n", worst);
+  std::printf("deepscalelm pre-LN 24x256, 128 tokens: worst |residual var - 1| = %.4f\n", worst);
 }
 
 }  // namespace proplab

@@ -55,4 +55,27 @@ TEST(StudyScalingRules, OtherRuleConflictsAreReportedAtLoad) {
   EXPECT_TRUE(contains(mlp, "model.residual = false: scaling rule \"skipinit\"")) << mlp;
 }
 
+TEST(StudyScalingRules, AdminRequiresPostNormAndWholeProfileSequences) {
+  const std::string pre = load_error("name = \"x\"\n[scaling]\nrule = \"admin\"\n");
+  EXPECT_TRUE(contains(pre,
+                       "scaling.rule: rule \"admin\" rejects this study: model.norm = \"pre\" conflicts with scaling "
+                       "rule \"admin\", which requires model.norm = \"post\""))
+      << pre;
+  EXPECT_TRUE(contains(pre, "; allowed: model.norm = \"post\"")) << pre;
+  const std::string none = load_error("name = \"x\"\n[model]\nnorm = \"none\"\n[scaling]\nrule = \"admin\"\n");
+  EXPECT_TRUE(contains(none, "model.norm = \"none\" conflicts with scaling rule \"admin\"")) << none;
+  const std::string sequences =
+      load_error("name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"admin\"\nprofile_sequences = 2.5\n");
+  EXPECT_TRUE(contains(sequences, "scaling.profile_sequences: 2.5 is not a whole number")) << sequences;
+  const std::string mlp = load_error("name = \"x\"\n[model]\ntype = \"mlp\"\n[scaling]\nrule = \"admin\"\n");
+  EXPECT_TRUE(contains(mlp, "scaling rule \"admin\" is defined for Post-LN transformers only")) << mlp;
+  const Study study = parse_study(
+      "name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"admin\"\nprofile_sequences = 4\n"
+      "learnable = true\n",
+      "test.toml", ".", {});
+  EXPECT_EQ(study.scaling.rule, "admin");
+  EXPECT_EQ(study.scaling.params.at("profile_sequences"), 4);
+  EXPECT_EQ(study.scaling.params.at("learnable"), 1);
+}
+
 }  // namespace proplab
