@@ -95,11 +95,12 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   set_threads(spec.device.threads);
   const std::int64_t micro = tc.batch / tc.grad_accum;
   RunData data(spec, micro);
+  // What theory predicts for every probe at initialisation, stored beside the measurements. Predicted before the
+  // model is built: a rule with a profiling pass (admin) builds a temporary model of its own for it.
+  const theory::ProbePrediction prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
   Optimizer optimizer(tc, model->params());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
-  // What theory predicts for every probe at initialisation, stored beside the measurements.
-  const theory::ProbePrediction prediction = predict_for_run(spec);
   PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
                 " probes, the model has ", model->probes().size());
   for (std::size_t i = 0; i < prediction.probes.size(); ++i)
