@@ -208,6 +208,7 @@ TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t feature
       PROPLAB_CHECK(x.at(i, i) > 0.0, "token norm_forward: needs a positive variance at every position");
       inv_std[static_cast<std::size_t>(i)] = 1.0 / std::sqrt(x.at(i, i));
     }
+#pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < l; ++i) {
       for (std::int64_t j = 0; j < l; ++j) {
         const double r = std::clamp(
@@ -255,6 +256,7 @@ TokenField activation_forward(Activation kind, const TokenField& x, ActivationPa
   mean /= static_cast<double>(l);
   const PairMaps& maps = tables.get(kind, x.mean, x.var());
   TokenField y{l, mean, std::vector<double>(cells(l))};
+#pragma omp parallel for schedule(dynamic, 8)
   for (std::int64_t i = 0; i < l; ++i) {
     const PointMoments& a = point[static_cast<std::size_t>(i)];
     for (std::int64_t j = 0; j <= i; ++j) {
@@ -281,6 +283,7 @@ TokenGrad activation_backward(Activation kind, const TokenField& x, const TokenG
   }
   const PairMaps& maps = tables.get(kind, x.mean, x.var());
   TokenGrad g{l, std::vector<double>(cells(l))};
+#pragma omp parallel for schedule(dynamic, 8)
   for (std::int64_t i = 0; i < l; ++i) {
     for (std::int64_t j = 0; j <= i; ++j) {
       const double factor = slope[static_cast<std::size_t>(i)] * slope[static_cast<std::size_t>(j)] *
@@ -347,6 +350,7 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
   w.same_key.assign(cells(l), 0.0);
   w.other_keys.assign(cells(l), 0.0);
+#pragma omp parallel for schedule(dynamic, 8)
   for (std::int64_t i = 0; i < l; ++i) {
     const double n_i = static_cast<double>(i + 1);
     for (std::int64_t j = 0; j <= i; ++j) {
