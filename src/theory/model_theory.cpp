@@ -268,8 +268,8 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     d_branch_in = linear_backward(d_v, d, bn.v_std * bn.v_std);
     const double q_gain = static_cast<double>(d) * bn.q_std * bn.q_std,
                  k_gain = static_cast<double>(d) * bn.k_std * bn.k_std;
-    for (std::int64_t i = 0; i < d_branch_in.length; ++i)
-      d_branch_in.at(i, i) += q_gain * score.d_q.at(i, i) + k_gain * score.d_k.at(i, i);
+    for (std::int64_t a = 0; a < d_branch_in.buckets(); ++a)
+      d_branch_in.at(a, a) += q_gain * score.d_q.diag(a) + k_gain * score.d_k.diag(a);
   } else {
     const TokenGrad d_mixed = linear_backward(d_branch, d, bn.ffn_out_std * bn.ffn_out_std);
     b.set_backward(p.mixed, d_mixed.signal());
@@ -300,7 +300,9 @@ void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& in
   const double embed_var = tok_var + numbers.position_embed_std * numbers.position_embed_std;
   const double r0 = inputs.input_corr ? *inputs.input_corr
                                       : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
-  TokenField x = TokenField::exchangeable(tokens, Signal{0.0, embed_var, clamp_unit(r0)});
+  const std::shared_ptr<const TokenLayout> layout =
+      inputs.exact_positions ? TokenLayout::exact(tokens) : TokenLayout::for_length(tokens);
+  TokenField x = TokenField::exchangeable(layout, Signal{0.0, embed_var, clamp_unit(r0)});
   if (c.dropout > 0) x = dropout_forward(x, c.dropout);
   for (int i = 0; i < 2 * c.layers; ++i) {
     Sublayer s = sublayer_forward(numbers, i, x, rule, nullptr, nullptr);
@@ -333,7 +335,9 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double embed_var = tok_var + pos_var;
   double r0 = inputs.input_corr ? *inputs.input_corr
                                 : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
-  TokenField x = TokenField::exchangeable(tokens, Signal{0.0, embed_var, clamp_unit(r0)});
+  const std::shared_ptr<const TokenLayout> layout =
+      inputs.exact_positions ? TokenLayout::exact(tokens) : TokenLayout::for_length(tokens);
+  TokenField x = TokenField::exchangeable(layout, Signal{0.0, embed_var, clamp_unit(r0)});
   if (p > 0) x = dropout_forward(x, p);
   // The variance of the stream's component along its row's own token embedding (σ_tok·u, u the unit-variance
   // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
@@ -345,7 +349,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   // The fields of every sublayer would need O(layers·L²) memory; the forward pass keeps the stream entering every
   // `segment`-th sublayer and the backward pass recomputes one segment at a time.
   const int sublayers = 2 * c.layers;
-  const std::size_t field_bytes = static_cast<std::size_t>(tokens * tokens) * sizeof(double);
+  const std::size_t field_bytes = static_cast<std::size_t>(layout->buckets() * layout->buckets()) * sizeof(double);
   const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
   std::vector<TokenField> checkpoints;
   std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
@@ -410,7 +414,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
   }
   TokenGrad g =
-      TokenGrad::white(tokens, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
+      TokenGrad::white(layout, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
   if (pre) {
     b.set_backward(probe_final, g.signal());
     g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep));

@@ -83,6 +83,9 @@ struct TheoryInputs {
   std::int64_t sequences = 1;
   std::int64_t tokens = 0;
   double grad_scale = 1.0;
+  // Transformer: track every token position separately at any length (theory/token_field's exact layout). By
+  // default sequences longer than 40 tokens group later positions into buckets (≈ 0.15× their position wide).
+  bool exact_positions = false;
 };
 
 // The prediction for one probe.

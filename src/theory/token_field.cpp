@@ -11,69 +11,130 @@ namespace proplab::theory {
 
 namespace {
 
-std::size_t cells(std::int64_t length) { return static_cast<std::size_t>(length * length); }
-
-double diagonal_mean(const std::vector<double>& cov, std::int64_t length) {
-  double sum = 0.0;
-  for (std::int64_t i = 0; i < length; ++i) sum += cov[static_cast<std::size_t>(i * length + i)];
-  return length > 0 ? sum / static_cast<double>(length) : 0.0;
-}
-
-// (Σ_ij - Σ_i) / ((L - 1)·Σ_i), or `none` when the diagonal is 0 or L = 1.
-double pair_corr(const std::vector<double>& cov, std::int64_t length, double none) {
-  double total = 0.0, diagonal = 0.0;
-  for (const double c : cov) total += c;
-  for (std::int64_t i = 0; i < length; ++i) diagonal += cov[static_cast<std::size_t>(i * length + i)];
-  if (length < 2 || diagonal <= 0.0) return none;
-  return std::clamp((total - diagonal) / (static_cast<double>(length - 1) * diagonal), -1.0, 1.0);
-}
-
-// prefix(i, j) = Σ_{a≤i, b≤j} m(a, b).
-std::vector<double> prefix_sums(const std::vector<double>& m, std::int64_t length) {
-  std::vector<double> out(cells(length));
-  for (std::int64_t i = 0; i < length; ++i) {
-    double row = 0.0;
-    for (std::int64_t j = 0; j < length; ++j) {
-      row += m[static_cast<std::size_t>(i * length + j)];
-      out[static_cast<std::size_t>(i * length + j)] =
-          row + (i > 0 ? out[static_cast<std::size_t>((i - 1) * length + j)] : 0.0);
-    }
-  }
-  return out;
-}
-
-// suffix(i, j) = Σ_{a≥i, b≥j} m(a, b).
-std::vector<double> suffix_sums(const std::vector<double>& m, std::int64_t length) {
-  std::vector<double> out(cells(length));
-  for (std::int64_t i = length - 1; i >= 0; --i) {
-    double row = 0.0;
-    for (std::int64_t j = length - 1; j >= 0; --j) {
-      row += m[static_cast<std::size_t>(i * length + j)];
-      out[static_cast<std::size_t>(i * length + j)] =
-          row + (i + 1 < length ? out[static_cast<std::size_t>((i + 1) * length + j)] : 0.0);
-    }
-  }
-  return out;
-}
-
-// The variance across keys 0..i of a field, for each i: Σ_{k≤i} m_kk/n - Σ_{k,m≤i} m_km/n².
-std::vector<double> prefix_spread(const TokenField& x) {
-  const std::int64_t l = x.length;
-  const std::vector<double> prefix = prefix_sums(x.cov, l);
-  std::vector<double> spread(static_cast<std::size_t>(l));
-  double diagonal = 0.0;
-  for (std::int64_t i = 0; i < l; ++i) {
-    diagonal += x.at(i, i);
-    const double n = static_cast<double>(i + 1);
-    spread[static_cast<std::size_t>(i)] =
-        std::max(0.0, diagonal / n - prefix[static_cast<std::size_t>(i * l + i)] / (n * n));
-  }
-  return spread;
+std::size_t cells(std::int64_t buckets) { return static_cast<std::size_t>(buckets * buckets); }
+std::size_t at_index(std::int64_t a, std::int64_t b, std::int64_t buckets) {
+  return static_cast<std::size_t>(a * buckets + b);
 }
 
 double pair_r(double cov, double var_i, double var_j) {
   const double scale = std::sqrt(var_i * var_j);
   return scale > 0.0 ? std::clamp(cov / scale, -1.0, 1.0) : 1.0;
+}
+
+// A bucket's representative position: its middle. h = (m + 1)/2 is how many of its positions a prefix ending
+// there (or a suffix starting there) covers, and n = start + h the representative query's key count.
+struct Representative {
+  double m = 1.0, h = 1.0, n = 1.0;
+};
+
+std::vector<Representative> representatives(const TokenLayout& layout) {
+  std::vector<Representative> out(static_cast<std::size_t>(layout.buckets()));
+  for (std::int64_t a = 0; a < layout.buckets(); ++a) {
+    Representative& r = out[static_cast<std::size_t>(a)];
+    r.m = static_cast<double>(layout.size[static_cast<std::size_t>(a)]);
+    r.h = (r.m + 1.0) / 2.0;
+    r.n = static_cast<double>(layout.start[static_cast<std::size_t>(a)]) + r.h;
+  }
+  return out;
+}
+
+// The total of a bucketed covariance over each bucket pair's token pairs: m_a·m_b·cov(a, b) for a ≠ b, and
+// m_a(m_a - 1)·within(a) + m_a·var(a) on the diagonal.
+std::vector<double> block_totals(const std::vector<double>& cov, const std::vector<double>& within,
+                                 const std::vector<Representative>& reps) {
+  const std::int64_t p = static_cast<std::int64_t>(reps.size());
+  std::vector<double> t(cells(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double ma = reps[static_cast<std::size_t>(a)].m;
+    for (std::int64_t b = 0; b < p; ++b) {
+      const double mb = reps[static_cast<std::size_t>(b)].m;
+      const double c = cov[at_index(a, b, p)];
+      t[at_index(a, b, p)] = a == b ? ma * (ma - 1.0) * within[static_cast<std::size_t>(a)] + ma * c : ma * mb * c;
+    }
+  }
+  return t;
+}
+
+// Sums of a block-total matrix over the token pairs of two representative prefixes (or suffixes): prefix a covers
+// buckets before a fully and h_a of bucket a. For identical partial ranges in one bucket, `correction(a)` adds
+// h(1 - h/m)·(diagonal term - within term) (the block average spreads the diagonal pairs over the bucket).
+class RangeSums {
+ public:
+  RangeSums(std::vector<double> totals, const std::vector<Representative>& reps, bool suffix)
+      : p_(static_cast<std::int64_t>(reps.size())), reps_(&reps), suffix_(suffix), t_(std::move(totals)) {
+    // full(a, b): the sum over buckets before a (after a for suffixes) × before b; row(a, b): bucket a × buckets
+    // before b; column(a, b): buckets before a × bucket b.
+    full_.assign(cells(p_ + 1), 0.0);
+    row_.assign(cells(p_ + 1), 0.0);
+    column_.assign(cells(p_ + 1), 0.0);
+    for (std::int64_t step_a = 0; step_a < p_; ++step_a) {
+      for (std::int64_t step_b = 0; step_b < p_; ++step_b) {
+        const std::int64_t a = bucket(step_a), b = bucket(step_b);
+        const double t = t_[at_index(a, b, p_)];
+        // Index by "steps taken": entry (i, j) covers the first i buckets in range order × the first j.
+        full_[index(step_a + 1, step_b + 1)] =
+            t + full_[index(step_a, step_b + 1)] + full_[index(step_a + 1, step_b)] - full_[index(step_a, step_b)];
+        row_[index(step_a, step_b + 1)] = row_[index(step_a, step_b)] + t;
+        column_[index(step_a + 1, step_b)] = column_[index(step_a, step_b)] + t;
+      }
+    }
+  }
+  // The sum over the token pairs of representative ranges a and b.
+  double sum(std::int64_t a, std::int64_t b, double correction = 0.0) const {
+    const std::int64_t step_a = step(a), step_b = step(b);
+    const double fa = rep(a).h / rep(a).m, fb = rep(b).h / rep(b).m;
+    double s = full_[index(step_a, step_b)] + fa * row_[index(step_a, step_b)] + fb * column_[index(step_a, step_b)] +
+               fa * fb * t_[at_index(a, b, p_)];
+    if (a == b) s += rep(a).h * (1.0 - rep(a).h / rep(a).m) * correction;
+    return s;
+  }
+
+ private:
+  std::int64_t bucket(std::int64_t step) const { return suffix_ ? p_ - 1 - step : step; }
+  std::int64_t step(std::int64_t bucket) const { return suffix_ ? p_ - 1 - bucket : bucket; }
+  std::size_t index(std::int64_t i, std::int64_t j) const { return static_cast<std::size_t>(i * (p_ + 1) + j); }
+  const Representative& rep(std::int64_t a) const { return (*reps_)[static_cast<std::size_t>(a)]; }
+  std::int64_t p_;
+  const std::vector<Representative>* reps_;
+  bool suffix_;
+  std::vector<double> t_, full_, row_, column_;
+};
+
+// Per representative query a: the variance sum over its keys' diagonal, Σ_{k≤i} var(k), and the prefix spread
+// Σ_{k≤i} var(k)/n - Σ_{k,m≤i} cov(k, m)/n².
+struct PrefixStats {
+  std::vector<double> diagonal, spread;
+};
+
+PrefixStats prefix_stats(const TokenCov& x, const std::vector<Representative>& reps, const RangeSums& sums) {
+  const std::int64_t p = x.buckets();
+  PrefixStats out{std::vector<double>(static_cast<std::size_t>(p)), std::vector<double>(static_cast<std::size_t>(p))};
+  double before = 0.0;
+  for (std::int64_t a = 0; a < p; ++a) {
+    const Representative& r = reps[static_cast<std::size_t>(a)];
+    const double diagonal = before + r.h * x.diag(a);
+    before += r.m * x.diag(a);
+    out.diagonal[static_cast<std::size_t>(a)] = diagonal;
+    const double total = sums.sum(a, a, x.diag(a) - x.within[static_cast<std::size_t>(a)]);
+    out.spread[static_cast<std::size_t>(a)] = std::max(0.0, diagonal / r.n - total / (r.n * r.n));
+  }
+  return out;
+}
+
+// Applies f(covariance, var_i, var_j, same_token) to every entry: off-diagonal pairs, the diagonal (same token)
+// and the within-bucket pairs.
+template <typename F>
+void map_pairs(const TokenCov& in, TokenCov& out, F f) {
+  const std::int64_t p = in.buckets();
+  out.layout = in.layout;
+  out.cov.resize(cells(p));
+  out.within.resize(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    for (std::int64_t b = 0; b < p; ++b)
+      out.cov[at_index(a, b, p)] = f(in.at(a, b), in.diag(a), in.diag(b), a == b, a, b);
+    out.within[static_cast<std::size_t>(a)] =
+        f(in.within[static_cast<std::size_t>(a)], in.diag(a), in.diag(a), false, a, a);
+  }
 }
 
 // The mean, variance and E[φ'²] of φ(u), u ~ N(mean, var).
@@ -166,30 +227,79 @@ const PairMaps& ActivationPairMaps::get(Activation kind, double mean, double var
   return *tables_.back();
 }
 
-double TokenField::var() const { return diagonal_mean(cov, length); }
-double TokenField::corr() const { return pair_corr(cov, length, 1.0); }
+std::shared_ptr<const TokenLayout> TokenLayout::exact(std::int64_t length) {
+  PROPLAB_CHECK(length > 0, "TokenLayout::exact: needs length > 0");
+  auto layout = std::make_shared<TokenLayout>();
+  layout->length = length;
+  for (std::int64_t i = 0; i < length; ++i) layout->start.push_back(i), layout->size.push_back(1);
+  return layout;
+}
 
-TokenField TokenField::exchangeable(std::int64_t length, const Signal& s) {
-  PROPLAB_CHECK(length > 0, "TokenField::exchangeable: needs length > 0");
-  TokenField f{length, s.mean, std::vector<double>(cells(length), s.corr * s.var)};
-  for (std::int64_t i = 0; i < length; ++i) f.at(i, i) = s.var;
+std::shared_ptr<const TokenLayout> TokenLayout::for_length(std::int64_t length) {
+  if (length <= 40) return exact(length);
+  auto layout = std::make_shared<TokenLayout>();
+  layout->length = length;
+  std::int64_t at = 0;
+  while (at < length) {
+    const std::int64_t width =
+        at < 32 ? 1 : std::min(length - at, static_cast<std::int64_t>(std::ceil(0.15 * static_cast<double>(at))));
+    layout->start.push_back(at);
+    layout->size.push_back(width);
+    at += width;
+  }
+  return layout;
+}
+
+double TokenCov::var() const {
+  double sum = 0.0;
+  for (std::int64_t a = 0; a < buckets(); ++a)
+    sum += static_cast<double>(layout->size[static_cast<std::size_t>(a)]) * diag(a);
+  return sum / static_cast<double>(layout->length);
+}
+
+double TokenCov::corr(double none) const {
+  const std::int64_t p = buckets();
+  double pairs = 0.0, diagonal = 0.0;
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double ma = static_cast<double>(layout->size[static_cast<std::size_t>(a)]);
+    diagonal += ma * diag(a);
+    pairs += ma * (ma - 1.0) * within[static_cast<std::size_t>(a)];
+    for (std::int64_t b = 0; b < p; ++b)
+      if (b != a) pairs += ma * static_cast<double>(layout->size[static_cast<std::size_t>(b)]) * at(a, b);
+  }
+  if (layout->length < 2 || diagonal <= 0.0) return none;
+  return std::clamp(pairs / (static_cast<double>(layout->length - 1) * diagonal), -1.0, 1.0);
+}
+
+TokenCov TokenCov::filled(std::shared_ptr<const TokenLayout> layout, double var, double covariance) {
+  PROPLAB_CHECK(layout != nullptr, "TokenCov::filled: needs a layout");
+  const std::int64_t p = layout->buckets();
+  TokenCov c{std::move(layout), std::vector<double>(cells(p), covariance),
+             std::vector<double>(static_cast<std::size_t>(p), covariance)};
+  for (std::int64_t a = 0; a < p; ++a) c.at(a, a) = var;
+  return c;
+}
+
+TokenField TokenField::exchangeable(std::shared_ptr<const TokenLayout> layout, const Signal& s) {
+  TokenField f;
+  static_cast<TokenCov&>(f) = TokenCov::filled(std::move(layout), s.var, s.corr * s.var);
+  f.mean = s.mean;
   return f;
 }
 
-double TokenGrad::var() const { return diagonal_mean(cov, length); }
-double TokenGrad::corr() const { return pair_corr(cov, length, 0.0); }
-
-TokenGrad TokenGrad::white(std::int64_t length, double var) {
-  TokenGrad g{length, std::vector<double>(cells(length), 0.0)};
-  for (std::int64_t i = 0; i < length; ++i) g.at(i, i) = var;
+TokenGrad TokenGrad::white(std::shared_ptr<const TokenLayout> layout, double var) {
+  TokenGrad g;
+  static_cast<TokenCov&>(g) = TokenCov::filled(std::move(layout), var, 0.0);
   return g;
 }
 
 TokenField linear_forward(const TokenField& x, std::int64_t fan_in, double weight_var, double bias_var) {
   PROPLAB_CHECK(fan_in > 0 && weight_var >= 0.0 && bias_var >= 0.0, "token linear_forward: bad arguments");
   const double gain = static_cast<double>(fan_in) * weight_var, shared = gain * x.mean * x.mean + bias_var;
-  TokenField y{x.length, 0.0, x.cov};
+  TokenField y = x;
+  y.mean = 0.0;
   for (double& c : y.cov) c = gain * c + shared;
+  for (double& c : y.within) c = gain * c + shared;
   return y;
 }
 
@@ -198,231 +308,256 @@ TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double wei
 }
 
 TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features) {
-  const std::int64_t l = x.length;
-  TokenField y{l, 0.0, std::vector<double>(cells(l))};
+  TokenField y;
+  for (std::int64_t a = 0; a < x.buckets(); ++a)
+    PROPLAB_CHECK(x.diag(a) > 0.0, "token norm_forward: needs a positive variance at every position");
   if (kind == NormKind::layernorm) {
     // layernorm_forward per pair: variance 1, correlation r·(1 - 1/features).
     const double keep = layernorm_forward(Signal{0.0, 1.0, 1.0}, features).corr;
-    std::vector<double> inv_std(static_cast<std::size_t>(l));
-    for (std::int64_t i = 0; i < l; ++i) {
-      PROPLAB_CHECK(x.at(i, i) > 0.0, "token norm_forward: needs a positive variance at every position");
-      inv_std[static_cast<std::size_t>(i)] = 1.0 / std::sqrt(x.at(i, i));
-    }
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < l; ++i) {
-      for (std::int64_t j = 0; j < l; ++j) {
-        const double r = std::clamp(
-            x.at(i, j) * inv_std[static_cast<std::size_t>(i)] * inv_std[static_cast<std::size_t>(j)], -1.0, 1.0);
-        y.at(i, j) = i == j ? 1.0 : r * keep;
-      }
-    }
+    map_pairs(x, y, [keep](double c, double vi, double vj, bool same, std::int64_t, std::int64_t) {
+      return same ? 1.0 : pair_r(c, vi, vj) * keep;
+    });
     return y;
   }
   const double mu_sq = x.mean * x.mean;
   y.mean = x.mean / std::sqrt(x.var() + mu_sq);
-  for (std::int64_t i = 0; i < l; ++i)
-    for (std::int64_t j = 0; j < l; ++j)
-      y.at(i, j) = x.at(i, j) / std::sqrt((x.at(i, i) + mu_sq) * (x.at(j, j) + mu_sq));
+  map_pairs(x, y, [mu_sq](double c, double vi, double vj, bool, std::int64_t, std::int64_t) {
+    return c / std::sqrt((vi + mu_sq) * (vj + mu_sq));
+  });
   return y;
 }
 
 TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y) {
-  const std::int64_t l = x.length;
   const double shift = kind == NormKind::layernorm ? 0.0 : x.mean * x.mean;
-  std::vector<double> inv_std(static_cast<std::size_t>(l));
-  for (std::int64_t i = 0; i < l; ++i) {
-    const double second = x.at(i, i) + shift;
-    PROPLAB_CHECK(second > 0.0, "token norm_backward: needs a positive variance at every position");
-    inv_std[static_cast<std::size_t>(i)] = 1.0 / std::sqrt(second);
+  const std::int64_t p = x.buckets();
+  std::vector<double> inv_std(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    PROPLAB_CHECK(x.diag(a) + shift > 0.0, "token norm_backward: needs a positive variance at every position");
+    inv_std[static_cast<std::size_t>(a)] = 1.0 / std::sqrt(x.diag(a) + shift);
   }
-  TokenGrad g{l, std::vector<double>(cells(l))};
-  for (std::int64_t i = 0; i < l; ++i)
-    for (std::int64_t j = 0; j < l; ++j)
-      g.at(i, j) = d_y.at(i, j) * inv_std[static_cast<std::size_t>(i)] * inv_std[static_cast<std::size_t>(j)];
+  TokenGrad g;
+  map_pairs(d_y, g, [&](double c, double, double, bool, std::int64_t a, std::int64_t b) {
+    return c * inv_std[static_cast<std::size_t>(a)] * inv_std[static_cast<std::size_t>(b)];
+  });
   return g;
 }
 
 TokenField activation_forward(Activation kind, const TokenField& x, ActivationPairMaps& tables) {
-  const GaussHermite& rule = tables.rule();
-  const std::int64_t l = x.length;
-  std::vector<PointMoments> point(static_cast<std::size_t>(l));
-  for (std::int64_t i = 0; i < l; ++i) {
-    const bool same = i > 0 && x.at(i, i) == x.at(i - 1, i - 1);
-    point[static_cast<std::size_t>(i)] =
-        same ? point[static_cast<std::size_t>(i - 1)] : point_moments(kind, x.mean, x.at(i, i), rule);
+  const std::int64_t p = x.buckets();
+  const std::vector<Representative> reps = representatives(*x.layout);
+  std::vector<PointMoments> point(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    const bool same = a > 0 && x.diag(a) == x.diag(a - 1);
+    point[static_cast<std::size_t>(a)] =
+        same ? point[static_cast<std::size_t>(a - 1)] : point_moments(kind, x.mean, x.diag(a), tables.rule());
   }
   double mean = 0.0;
-  for (const PointMoments& p : point) mean += p.mean;
-  mean /= static_cast<double>(l);
+  for (std::int64_t a = 0; a < p; ++a)
+    mean += reps[static_cast<std::size_t>(a)].m * point[static_cast<std::size_t>(a)].mean;
+  mean /= static_cast<double>(x.layout->length);
   const PairMaps& maps = tables.get(kind, x.mean, x.var());
-  TokenField y{l, mean, std::vector<double>(cells(l))};
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::int64_t i = 0; i < l; ++i) {
-    const PointMoments& a = point[static_cast<std::size_t>(i)];
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const PointMoments& b = point[static_cast<std::size_t>(j)];
-      const double shifted = (a.mean - mean) * (b.mean - mean);
-      const double c =
-          i == j ? a.var + shifted
-                 : maps.forward(pair_r(x.at(i, j), x.at(i, i), x.at(j, j))) * std::sqrt(a.var * b.var) + shifted;
-      y.at(i, j) = c;
-      y.at(j, i) = c;
-    }
-  }
+  TokenField y;
+  y.mean = mean;
+  map_pairs(x, y, [&](double c, double vi, double vj, bool same, std::int64_t a, std::int64_t b) {
+    const PointMoments& pa = point[static_cast<std::size_t>(a)];
+    const PointMoments& pb = point[static_cast<std::size_t>(b)];
+    const double shifted = (pa.mean - mean) * (pb.mean - mean);
+    return same ? pa.var + shifted : maps.forward(pair_r(c, vi, vj)) * std::sqrt(pa.var * pb.var) + shifted;
+  });
   return y;
 }
 
 TokenGrad activation_backward(Activation kind, const TokenField& x, const TokenGrad& d_y, ActivationPairMaps& tables) {
-  const GaussHermite& rule = tables.rule();
-  const std::int64_t l = x.length;
-  std::vector<double> slope(static_cast<std::size_t>(l));
-  for (std::int64_t i = 0; i < l; ++i) {
-    const bool same = i > 0 && x.at(i, i) == x.at(i - 1, i - 1);
-    slope[static_cast<std::size_t>(i)] = same ? slope[static_cast<std::size_t>(i - 1)]
-                                              : std::sqrt(point_moments(kind, x.mean, x.at(i, i), rule).slope_sq);
+  const std::int64_t p = x.buckets();
+  std::vector<double> slope(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    const bool same = a > 0 && x.diag(a) == x.diag(a - 1);
+    slope[static_cast<std::size_t>(a)] =
+        same ? slope[static_cast<std::size_t>(a - 1)]
+             : std::sqrt(point_moments(kind, x.mean, x.diag(a), tables.rule()).slope_sq);
   }
   const PairMaps& maps = tables.get(kind, x.mean, x.var());
-  TokenGrad g{l, std::vector<double>(cells(l))};
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::int64_t i = 0; i < l; ++i) {
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const double factor = slope[static_cast<std::size_t>(i)] * slope[static_cast<std::size_t>(j)] *
-                            (i == j ? 1.0 : maps.backward(pair_r(x.at(i, j), x.at(i, i), x.at(j, j))));
-      g.at(i, j) = d_y.at(i, j) * factor;
-      g.at(j, i) = d_y.at(j, i) * factor;
-    }
-  }
+  // The slope correlation of each pair comes from the forward field's pair correlation.
+  TokenGrad factors;
+  map_pairs(x, factors, [&](double c, double vi, double vj, bool same, std::int64_t a, std::int64_t b) {
+    return slope[static_cast<std::size_t>(a)] * slope[static_cast<std::size_t>(b)] *
+           (same ? 1.0 : maps.backward(pair_r(c, vi, vj)));
+  });
+  TokenGrad g = d_y;
+  for (std::size_t i = 0; i < g.cov.size(); ++i) g.cov[i] *= factors.cov[i];
+  for (std::size_t i = 0; i < g.within.size(); ++i) g.within[i] *= factors.within[i];
   return g;
 }
 
 TokenField dropout_forward(const TokenField& x, double p) {
   PROPLAB_CHECK(p >= 0.0 && p < 1.0, "token dropout_forward: needs 0 <= p < 1");
   TokenField y = x;
-  for (std::int64_t i = 0; i < x.length; ++i) y.at(i, i) += p * (x.at(i, i) + x.mean * x.mean) / (1.0 - p);
+  for (std::int64_t a = 0; a < x.buckets(); ++a) y.at(a, a) += p * (x.diag(a) + x.mean * x.mean) / (1.0 - p);
   return y;
 }
 
 TokenGrad dropout_backward(const TokenGrad& d_y, double p) {
   PROPLAB_CHECK(p >= 0.0 && p < 1.0, "token dropout_backward: needs 0 <= p < 1");
   TokenGrad g = d_y;
-  for (std::int64_t i = 0; i < g.length; ++i) g.at(i, i) /= 1.0 - p;
+  for (std::int64_t a = 0; a < g.buckets(); ++a) g.at(a, a) /= 1.0 - p;
   return g;
 }
 
 TokenField residual_forward(const TokenField& skip, const TokenField& branch, double lambda, double beta) {
-  PROPLAB_CHECK(skip.length == branch.length, "token residual_forward: lengths differ");
-  TokenField y{skip.length, lambda * skip.mean + beta * branch.mean, std::vector<double>(skip.cov.size())};
-  for (std::size_t c = 0; c < y.cov.size(); ++c) y.cov[c] = lambda * lambda * skip.cov[c] + beta * beta * branch.cov[c];
+  PROPLAB_CHECK(skip.layout == branch.layout, "token residual_forward: layouts differ");
+  TokenField y = skip;
+  y.mean = lambda * skip.mean + beta * branch.mean;
+  const double l2 = lambda * lambda, b2 = beta * beta;
+  for (std::size_t i = 0; i < y.cov.size(); ++i) y.cov[i] = l2 * skip.cov[i] + b2 * branch.cov[i];
+  for (std::size_t i = 0; i < y.within.size(); ++i) y.within[i] = l2 * skip.within[i] + b2 * branch.within[i];
   return y;
 }
 
 TokenGrad residual_backward(const TokenGrad& d_y, const TokenGrad& d_x_branch, double lambda) {
-  PROPLAB_CHECK(d_y.length == d_x_branch.length, "token residual_backward: lengths differ");
-  TokenGrad g{d_y.length, std::vector<double>(d_y.cov.size())};
-  for (std::size_t c = 0; c < g.cov.size(); ++c) g.cov[c] = lambda * lambda * d_y.cov[c] + d_x_branch.cov[c];
+  PROPLAB_CHECK(d_y.layout == d_x_branch.layout, "token residual_backward: layouts differ");
+  TokenGrad g = d_y;
+  const double l2 = lambda * lambda;
+  for (std::size_t i = 0; i < g.cov.size(); ++i) g.cov[i] = l2 * d_y.cov[i] + d_x_branch.cov[i];
+  for (std::size_t i = 0; i < g.within.size(); ++i) g.within[i] = l2 * d_y.within[i] + d_x_branch.within[i];
   return g;
 }
 
 TokenGrad scaled(const TokenGrad& g, double factor) {
   TokenGrad out = g;
   for (double& c : out.cov) c *= factor;
+  for (double& c : out.within) c *= factor;
   return out;
 }
 
 CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim) {
-  PROPLAB_CHECK(q.length == k.length, "causal_weights: lengths differ");
-  const std::int64_t l = q.length;
-  CausalWeights w;
-  w.length = l;
-  const std::vector<double> spread_k = prefix_spread(k);
+  PROPLAB_CHECK(q.layout == k.layout, "causal_weights: layouts differ");
+  const std::int64_t p = q.buckets();
+  const std::vector<Representative> reps = representatives(*q.layout);
+  const RangeSums k_sums(block_totals(k.cov, k.within, reps), reps, false);
+  const PrefixStats k_stats = prefix_stats(k, reps, k_sums);
   const double per_query = scale_sq * static_cast<double>(head_dim);
-  w.logit_spread.resize(static_cast<std::size_t>(l));
-  w.self_sq.resize(static_cast<std::size_t>(l));
-  std::vector<double> same_self(static_cast<std::size_t>(l));
-  for (std::int64_t i = 0; i < l; ++i) {
-    const double n = static_cast<double>(i + 1);
-    const double d = per_query * q.at(i, i) * spread_k[static_cast<std::size_t>(i)];
+  CausalWeights w;
+  w.layout = q.layout;
+  w.logit_spread.resize(static_cast<std::size_t>(p));
+  w.self_sq.resize(static_cast<std::size_t>(p));
+  std::vector<double> same_self(static_cast<std::size_t>(p)), root_spread(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double n = reps[static_cast<std::size_t>(a)].n;
+    const double d = per_query * q.diag(a) * k_stats.spread[static_cast<std::size_t>(a)];
     const double growth = std::exp(std::min(d, 700.0));
-    w.logit_spread[static_cast<std::size_t>(i)] = d;
-    w.self_sq[static_cast<std::size_t>(i)] = growth / (growth + n - 1.0);
-    same_self[static_cast<std::size_t>(i)] = w.self_sq[static_cast<std::size_t>(i)] / n;
+    w.logit_spread[static_cast<std::size_t>(a)] = d;
+    root_spread[static_cast<std::size_t>(a)] = std::sqrt(d);
+    w.self_sq[static_cast<std::size_t>(a)] = growth / (growth + n - 1.0);
+    same_self[static_cast<std::size_t>(a)] = w.self_sq[static_cast<std::size_t>(a)] / n;
   }
   w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
-  w.same_key.assign(cells(l), 0.0);
-  w.other_keys.assign(cells(l), 0.0);
-#pragma omp parallel for schedule(dynamic, 8)
-  for (std::int64_t i = 0; i < l; ++i) {
-    const double n_i = static_cast<double>(i + 1);
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const double n_j = static_cast<double>(j + 1);
+  // Two different queries with key counts n_a <= n_b and correlation rho share n_a keys.
+  auto pair_weights = [&](std::int64_t a, std::int64_t b, double rho, double& same, double& other) {
+    const double na = reps[static_cast<std::size_t>(a)].n, nb = reps[static_cast<std::size_t>(b)].n;
+    const double shared = std::min(na, nb);
+    const double boost = std::exp(
+        std::min(rho * root_spread[static_cast<std::size_t>(a)] * root_spread[static_cast<std::size_t>(b)], 700.0));
+    same = std::min(boost / (na * nb),
+                    std::sqrt(same_self[static_cast<std::size_t>(a)] * same_self[static_cast<std::size_t>(b)]));
+    const double others = na * nb - shared;
+    other = others > 0.0 ? std::max(0.0, (1.0 - shared * same) / others) : 0.0;
+  };
+  w.same_key.assign(cells(p), 0.0);
+  w.other_keys.assign(cells(p), 0.0);
+  w.same_within.assign(static_cast<std::size_t>(p), 0.0);
+  w.other_within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double n = reps[static_cast<std::size_t>(a)].n;
+    for (std::int64_t b = 0; b < p; ++b) {
       double same = 0.0, other = 0.0;
-      if (i == j) {
-        same = same_self[static_cast<std::size_t>(i)];
-        other = i > 0 ? (1.0 - w.self_sq[static_cast<std::size_t>(i)]) / (n_i * (n_i - 1.0)) : 0.0;
+      if (a == b) {
+        same = same_self[static_cast<std::size_t>(a)];
+        other = n > 1.0 ? (1.0 - w.self_sq[static_cast<std::size_t>(a)]) / (n * (n - 1.0)) : 0.0;
       } else {
-        const double rho = pair_r(q.at(i, j), q.at(i, i), q.at(j, j));
-        const double boost = std::exp(std::min(
-            rho * std::sqrt(w.logit_spread[static_cast<std::size_t>(i)] * w.logit_spread[static_cast<std::size_t>(j)]),
-            700.0));
-        same = std::min(boost / (n_i * n_j),
-                        std::sqrt(same_self[static_cast<std::size_t>(i)] * same_self[static_cast<std::size_t>(j)]));
-        // j < i: the shared keys are 0..j (n_j of them); the other n_i·n_j - n_j pairs share the rest.
-        other = std::max(0.0, (1.0 - n_j * same) / (n_i * n_j - n_j));
+        pair_weights(a, b, pair_r(q.at(a, b), q.diag(a), q.diag(b)), same, other);
       }
-      w.same_key[static_cast<std::size_t>(i * l + j)] = w.same_key[static_cast<std::size_t>(j * l + i)] = same;
-      w.other_keys[static_cast<std::size_t>(i * l + j)] = w.other_keys[static_cast<std::size_t>(j * l + i)] = other;
+      w.same_key[at_index(a, b, p)] = same;
+      w.other_keys[at_index(a, b, p)] = other;
     }
+    pair_weights(a, a, pair_r(q.within[static_cast<std::size_t>(a)], q.diag(a), q.diag(a)),
+                 w.same_within[static_cast<std::size_t>(a)], w.other_within[static_cast<std::size_t>(a)]);
   }
   return w;
 }
 
 TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w) {
-  PROPLAB_CHECK(v.length == w.length, "causal_mix_forward: lengths differ");
-  const std::int64_t l = v.length;
-  const std::vector<double> prefix = prefix_sums(v.cov, l);
-  std::vector<double> diagonal(static_cast<std::size_t>(l));
-  double running = 0.0;
-  for (std::int64_t i = 0; i < l; ++i) diagonal[static_cast<std::size_t>(i)] = running += v.at(i, i);
-  TokenField out{l, v.mean, std::vector<double>(cells(l))};
-  for (std::int64_t i = 0; i < l; ++i) {
-    for (std::int64_t j = 0; j <= i; ++j) {
-      const std::size_t c = static_cast<std::size_t>(i * l + j);
-      const double shared = diagonal[static_cast<std::size_t>(j)];
-      const double value = w.same_key[c] * shared + w.other_keys[c] * (prefix[c] - shared);
-      out.at(i, j) = out.at(j, i) = value;
+  PROPLAB_CHECK(v.layout == w.layout, "causal_mix_forward: layouts differ");
+  const std::int64_t p = v.buckets();
+  const std::vector<Representative> reps = representatives(*v.layout);
+  const RangeSums sums(block_totals(v.cov, v.within, reps), reps, false);
+  const PrefixStats stats = prefix_stats(v, reps, sums);
+  TokenField out;
+  out.layout = v.layout;
+  out.mean = v.mean;
+  out.cov.assign(cells(p), 0.0);
+  out.within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    for (std::int64_t b = 0; b < p; ++b) {
+      // The shared keys are the shorter prefix's; their diagonal sum pairs with the same-key weight.
+      const double shared = stats.diagonal[static_cast<std::size_t>(std::min(a, b))];
+      const double total = sums.sum(a, b, v.diag(a) - v.within[static_cast<std::size_t>(a)]);
+      out.at(a, b) = w.same_key[at_index(a, b, p)] * shared + w.other_keys[at_index(a, b, p)] * (total - shared);
     }
+    const double shared = stats.diagonal[static_cast<std::size_t>(a)];
+    const double total = sums.sum(a, a, v.diag(a) - v.within[static_cast<std::size_t>(a)]);
+    out.within[static_cast<std::size_t>(a)] = w.same_within[static_cast<std::size_t>(a)] * shared +
+                                              w.other_within[static_cast<std::size_t>(a)] * (total - shared);
   }
   return out;
 }
 
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
-  PROPLAB_CHECK(d_out.length == w.length, "causal_mix_backward: lengths differ");
-  const std::int64_t l = d_out.length;
-  std::vector<double> other(cells(l)), same(cells(l));
-  for (std::size_t c = 0; c < other.size(); ++c) {
-    other[c] = w.other_keys[c] * d_out.cov[c];
-    same[c] = w.same_key[c] * d_out.cov[c];
+  PROPLAB_CHECK(d_out.layout == w.layout, "causal_mix_backward: layouts differ");
+  const std::int64_t p = d_out.buckets();
+  const std::vector<Representative> reps = representatives(*d_out.layout);
+  // The weighted query-pair gradients, for keys that differ (other) and for the same key (same).
+  std::vector<double> other(cells(p)), same(cells(p)), other_within(static_cast<std::size_t>(p)),
+      same_within(static_cast<std::size_t>(p));
+  for (std::size_t i = 0; i < other.size(); ++i) {
+    other[i] = w.other_keys[i] * d_out.cov[i];
+    same[i] = w.same_key[i] * d_out.cov[i];
   }
-  const std::vector<double> other_suffix = suffix_sums(other, l), same_suffix = suffix_sums(same, l);
-  TokenGrad g{l, other_suffix};
-  for (std::int64_t k = 0; k < l; ++k) g.at(k, k) = same_suffix[static_cast<std::size_t>(k * l + k)];
+  for (std::size_t a = 0; a < other_within.size(); ++a) {
+    other_within[a] = w.other_within[a] * d_out.within[a];
+    same_within[a] = w.same_within[a] * d_out.within[a];
+  }
+  const RangeSums other_sums(block_totals(other, other_within, reps), reps, true);
+  const RangeSums same_sums(block_totals(same, same_within, reps), reps, true);
+  TokenGrad g;
+  g.layout = d_out.layout;
+  g.cov.assign(cells(p), 0.0);
+  g.within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t c = 0; c < p; ++c) {
+    const double other_correction = other[at_index(c, c, p)] - other_within[static_cast<std::size_t>(c)];
+    for (std::int64_t d = 0; d < p; ++d) g.at(c, d) = other_sums.sum(c, d, other_correction);
+    g.at(c, c) = same_sums.sum(c, c, same[at_index(c, c, p)] - same_within[static_cast<std::size_t>(c)]);
+    g.within[static_cast<std::size_t>(c)] = other_sums.sum(c, c, other_correction);
+  }
   return g;
 }
 
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q, const TokenField& k,
                                  const CausalWeights& w, double scale_sq, std::int64_t head_dim) {
-  const std::int64_t l = d_out.length;
-  const std::vector<double> spread_v = prefix_spread(v), spread_k = prefix_spread(k);
-  ScoreGrads out{TokenGrad::white(l, 0.0), TokenGrad::white(l, 0.0)};
+  const std::int64_t p = d_out.buckets();
+  const std::vector<Representative> reps = representatives(*d_out.layout);
+  const PrefixStats v_stats = prefix_stats(v, reps, RangeSums(block_totals(v.cov, v.within, reps), reps, false));
+  const PrefixStats k_stats = prefix_stats(k, reps, RangeSums(block_totals(k.cov, k.within, reps), reps, false));
+  ScoreGrads out{TokenGrad::white(d_out.layout, 0.0), TokenGrad::white(d_out.layout, 0.0)};
   const double per_query = scale_sq * static_cast<double>(head_dim);
-  double key_sum = 0.0;
-  for (std::int64_t i = l - 1; i >= 0; --i) {
-    const std::size_t at = static_cast<std::size_t>(i);
-    const double n = static_cast<double>(i + 1);
-    const double score = per_query * d_out.at(i, i) * spread_v[at] * (1.0 - 1.0 / n);
-    out.d_q.at(i, i) = score * w.self_sq[at] * spread_k[at];
-    key_sum += score * w.self_sq[at] / n * (q.at(i, i) + q.mean * q.mean);
-    out.d_k.at(i, i) = key_sum;
+  double after = 0.0;  // Σ over the queries of later buckets
+  for (std::int64_t a = p - 1; a >= 0; --a) {
+    const std::size_t at = static_cast<std::size_t>(a);
+    const Representative& r = reps[at];
+    const double score = per_query * d_out.diag(a) * v_stats.spread[at] * (1.0 - 1.0 / r.n);
+    out.d_q.at(a, a) = score * w.self_sq[at] * k_stats.spread[at];
+    const double key_term = score * w.self_sq[at] / r.n * (q.diag(a) + q.mean * q.mean);
+    out.d_k.at(a, a) = after + r.h * key_term;
+    after += r.m * key_term;
   }
   return out;
 }

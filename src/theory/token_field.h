@@ -3,23 +3,30 @@
 // theory/moments describes a representation by one token correlation r shared by every pair of tokens. Causal
 // attention breaks that exchangeability: query t averages the prefix 0..t, so short prefixes (and tokens near
 // each other) end up sharing much more than distant ones, and the variance of the next layer's prefix average
-// depends on which tokens it averages. A TokenField keeps the whole [L, L] token covariance instead, and the
-// whole-model predictions (theory/model_theory) compose these maps along the model.
+// depends on which tokens it averages. A TokenField keeps the token covariance instead, and the whole-model
+// predictions (theory/model_theory) compose these maps along the model.
+//
+// Positions are grouped into contiguous buckets (TokenLayout): one position per bucket for short sequences (the
+// maps are then exact to their assumptions: up to 40 tokens), and for long ones the first positions alone and later
+// ones in buckets about 15% as wide as their distance from the start, where the covariance changes slowly. Per bucket
+// pair the field keeps the mean covariance, so its cost is O(buckets²) per map instead of O(L²).
 //
 // Conventions (per feature; features are exchangeable and independent, as in theory/moments.h):
-// - TokenField: every element has the scalar mean `mean` (μ, averaged over positions); cov(i, j) is the second
-//   moment about μ, E[(x_i - μ)(x_j - μ)] for tokens i, j of one sequence. A per-position mean that differs from
-//   μ is folded into cov, so var() (the mean of the diagonal) is the population variance over all elements and
-//   corr() is exactly what probe/moments records as `corr`.
-// - TokenGrad: the gradient's covariance G(i, j) = E[g_i g_j] (mean 0).
-// - Elementwise maps act on each pair of tokens through the scalar maps of theory/moments (the pair's variances
-//   are equal after a norm; otherwise their geometric mean is used for the cross term).
+// - TokenField: every element has the scalar mean `mean` (μ, averaged over positions); covariances are second
+//   moments about μ, E[(x_i - μ)(x_j - μ)]. A per-position mean that differs from μ is folded into them, so var()
+//   is the population variance over all elements and corr() is exactly what probe/moments records as `corr`.
+//   cov(a, b), a ≠ b: the mean covariance of a token in bucket a and one in bucket b; cov(a, a): the mean variance
+//   of bucket a's tokens; within(a): the mean covariance of two different tokens of bucket a (unused for a
+//   one-position bucket).
+// - TokenGrad: the gradient's covariances, laid out the same way (mean 0).
+// - Elementwise maps act on each pair through the scalar maps of theory/moments (the pair's variances are equal
+//   after a norm; otherwise their geometric mean is used for the cross term).
 // - Causal attention at initialisation: query i (n_i = i + 1 keys) spreads its logits over its keys with
 //   variance D_i = scale²·d_head·E[q_i²]·spread_k(i) (spread_k(i): the variance of k across keys 0..i), and
 //   its softmax weights are log-normal: E[Σ_k w_ik²] = s_i = e^{D_i}/(e^{D_i} + n_i - 1). Two different
 //   queries i, j share min(n_i, n_j) keys; on a shared key E[w_ik w_jk] = e^{ρ_ij·√(D_i D_j)}/(n_i n_j) (ρ_ij
-//   the queries' correlation, capped so that no pair weight exceeds what the same query gives itself); the
-//   other key pairs share what is left of Σ_{k,m} E[w_ik w_jm] = 1.
+//   the queries' correlation, capped by Cauchy–Schwarz at √(E[w_ik²]E[w_jk²])); the other key pairs share what
+//   is left of Σ_{k,m} E[w_ik w_jm] = 1. A bucket's queries (and keys) are represented by its middle position.
 #pragma once
 
 #include <cstdint>
@@ -31,31 +38,44 @@
 
 namespace proplab::theory {
 
-struct TokenField {
+struct TokenLayout {
   std::int64_t length = 0;
-  double mean = 0.0;
-  std::vector<double> cov;  // [length, length], symmetric
+  std::vector<std::int64_t> start, size;  // contiguous buckets covering 0..length-1 in order
 
-  double at(std::int64_t i, std::int64_t j) const { return cov[static_cast<std::size_t>(i * length + j)]; }
-  double& at(std::int64_t i, std::int64_t j) { return cov[static_cast<std::size_t>(i * length + j)]; }
-  double var() const;   // mean of the diagonal
-  double corr() const;  // (Σ_ij cov - Σ_i cov_ii) / ((L - 1)·Σ_i cov_ii); 1 when the diagonal is 0
-  Signal signal() const { return {mean, var(), corr()}; }
-  // Every token with variance s.var and every pair with covariance s.corr·s.var.
-  static TokenField exchangeable(std::int64_t length, const Signal& s);
+  std::int64_t buckets() const { return static_cast<std::int64_t>(start.size()); }
+  // One bucket per position.
+  static std::shared_ptr<const TokenLayout> exact(std::int64_t length);
+  // Exact up to 40 positions; beyond, positions 0..31 alone and then buckets of ⌈0.15·start⌉ positions.
+  static std::shared_ptr<const TokenLayout> for_length(std::int64_t length);
 };
 
-struct TokenGrad {
-  std::int64_t length = 0;
-  std::vector<double> cov;  // [length, length], symmetric
+// The covariance storage shared by fields and gradients.
+struct TokenCov {
+  std::shared_ptr<const TokenLayout> layout;
+  std::vector<double> cov;     // [buckets, buckets]
+  std::vector<double> within;  // [buckets]
 
-  double at(std::int64_t i, std::int64_t j) const { return cov[static_cast<std::size_t>(i * length + j)]; }
-  double& at(std::int64_t i, std::int64_t j) { return cov[static_cast<std::size_t>(i * length + j)]; }
-  double var() const;
-  double corr() const;  // 0 when the diagonal is 0
-  GradSignal signal() const { return {var(), corr()}; }
+  std::int64_t buckets() const { return layout->buckets(); }
+  double at(std::int64_t a, std::int64_t b) const { return cov[static_cast<std::size_t>(a * buckets() + b)]; }
+  double& at(std::int64_t a, std::int64_t b) { return cov[static_cast<std::size_t>(a * buckets() + b)]; }
+  double diag(std::int64_t a) const { return at(a, a); }
+  double var() const;  // the mean variance over all positions
+  // (Σ_{i≠j} cov(i, j)) / ((L - 1)·Σ_i var(i)), or `none` when that is undefined.
+  double corr(double none) const;
+  static TokenCov filled(std::shared_ptr<const TokenLayout> layout, double var, double covariance);
+};
+
+struct TokenField : TokenCov {
+  double mean = 0.0;
+  Signal signal() const { return {mean, var(), corr(1.0)}; }
+  // Every token with variance s.var and every pair with covariance s.corr·s.var.
+  static TokenField exchangeable(std::shared_ptr<const TokenLayout> layout, const Signal& s);
+};
+
+struct TokenGrad : TokenCov {
+  GradSignal signal() const { return {var(), corr(0.0)}; }
   // Uncorrelated tokens of variance `var`.
-  static TokenGrad white(std::int64_t length, double var);
+  static TokenGrad white(std::shared_ptr<const TokenLayout> layout, double var);
 };
 
 // y = W x (+ b): cov' = fan_in·σ_w²·(cov + μ²) + σ_b², μ' = 0.
@@ -63,15 +83,15 @@ TokenField linear_forward(const TokenField& x, std::int64_t fan_in, double weigh
 // G' = fan_out·σ_w²·G.
 TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double weight_var);
 
-// LayerNorm (over `features`) or RMSNorm per token: each pair through layernorm_forward / rmsnorm_forward.
+// LayerNorm (over `features`) or RMSNorm per token, each pair as layernorm_forward / rmsnorm_forward maps it.
 TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features);
 // G'(i, j) = G(i, j)/√(σ_i² σ_j²) (LayerNorm; RMSNorm divides by the second moments).
 TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y);
 
-// A pointwise nonlinearity: the diagonal and each position's mean exactly (theory/moments at that position's
-// variance), the cross terms from the pair correlation map at the mean variance (tabulated in θ = arccos r for
-// GELU and tanh, closed form for ReLU and identity).
-// `tables` keeps the tabulated maps for reuse (every block of a normed model reads the same variance).
+// A pointwise nonlinearity: each bucket's variance and mean exactly (theory/moments at that variance), the cross
+// terms from the pair correlation map at the mean variance (tabulated in θ = arccos r for GELU and tanh, closed
+// form for ReLU and identity). `tables` keeps the tabulated maps for reuse (every block of a normed model reads
+// the same variance).
 class PairMaps;
 class ActivationPairMaps {
  public:
@@ -88,8 +108,8 @@ class ActivationPairMaps {
 TokenField activation_forward(Activation kind, const TokenField& x, ActivationPairMaps& tables);
 TokenGrad activation_backward(Activation kind, const TokenField& x, const TokenGrad& d_y, ActivationPairMaps& tables);
 
-// Inverted dropout on elements (independent masks): the diagonal gains p·(var + μ²)/(1-p); backward the
-// diagonal is divided by (1-p).
+// Inverted dropout on elements (independent masks): variances gain p·(var + μ²)/(1-p); backward the variances are
+// divided by (1-p).
 TokenField dropout_forward(const TokenField& x, double p);
 TokenGrad dropout_backward(const TokenGrad& d_y, double p);
 
@@ -99,14 +119,16 @@ TokenField residual_forward(const TokenField& skip, const TokenField& branch, do
 TokenGrad residual_backward(const TokenGrad& d_y, const TokenGrad& d_x_branch, double lambda);
 TokenGrad scaled(const TokenGrad& g, double factor);
 
-// The expected pair products of the causal softmax weights of one head (see the header comment).
+// The expected pair products of the causal softmax weights of one head for the buckets' representative queries
+// (see the header comment). [buckets, buckets] matrices: a ≠ b for queries in different buckets, the diagonal
+// for a query with itself; *_within for two different queries of one bucket.
 struct CausalWeights {
-  std::int64_t length = 0;
-  std::vector<double> logit_spread;  // D_i
-  std::vector<double> self_sq;       // s_i = E[Σ_k w_ik²]
-  std::vector<double> same_key;      // [L, L]: E[w_ik w_jk] for a key k both see
-  std::vector<double> other_keys;    // [L, L]: E[w_ik w_jm] for any other key pair (k ≠ m, or a key one lacks)
-  double logit_var = 0.0;            // mean over queries of scale²·d_head·E[q_i²]·E[k²] (the logits' variance)
+  std::shared_ptr<const TokenLayout> layout;
+  std::vector<double> logit_spread;  // D
+  std::vector<double> self_sq;       // s = E[Σ_k w_k²]
+  std::vector<double> same_key, other_keys;
+  std::vector<double> same_within, other_within;
+  double logit_var = 0.0;  // scale²·d_head·E[q²]·E[k²] (the logits' variance)
 };
 // From the query and key fields of one head: scale_sq·head_dim·E[q_i²]·spread_k(i) is query i's logit spread.
 CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim);
@@ -114,7 +136,7 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
 TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w);
 // d_v_k = Σ_i w_ik d_out_i.
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
-// The query and key gradients through the logits (diagonal only: their cross-token covariance is neglected),
+// The query and key gradients through the logits (variances only: their cross-token covariance is neglected),
 // for d_out at the mixed output, the value field v, the query field q, the key field k:
 // Var(d_q_i) = scale²·d_head·G_ii·spread_v(i)·s_i(1 - 1/n_i)·spread_k(i),
 // Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·spread_v(i)·(s_i/n_i)(1 - 1/n_i)·E[q_i²].

@@ -339,6 +339,37 @@ TEST(ModelTheory, ReZeroAndSkipInitStartAsTheIdentity) {
   }
 }
 
+// Long sequences group later positions into buckets (theory/token_field); the bucketed prediction must match the
+// one that tracks every position.
+TEST(ModelTheory, BucketedPositionsMatchExactPositions) {
+  for (const NormPlacement norm : {NormPlacement::pre, NormPlacement::post}) {
+    for (const char* rule : {"standard", "xavier", "deepscalelm"}) {
+      TransformerConfig config = small_config(12, 128, norm);
+      config.seq_len = 192;
+      ScalingConfig scaling;
+      scaling.rule = rule;
+      const theory::TransformerNumbers numbers = transformer_numbers(scaling, config);
+      theory::TheoryInputs exact_inputs, bucketed_inputs;
+      exact_inputs.exact_positions = true;
+      const theory::ProbePrediction exact = theory::predict_transformer(numbers, exact_inputs);
+      const theory::ProbePrediction bucketed = theory::predict_transformer(numbers, bucketed_inputs);
+      double worst_var = 0.0, worst_corr = 0.0, worst_backward = 0.0;
+      for (std::size_t i = 0; i < exact.probes.size(); ++i) {
+        const theory::ProbeTheory &e = exact.probes[i], &b = bucketed.probes[i];
+        if (std::isfinite(e.var)) worst_var = std::max(worst_var, std::abs(b.var / e.var - 1.0));
+        if (std::isfinite(e.corr)) worst_corr = std::max(worst_corr, std::abs(b.corr - e.corr));
+        if (std::isfinite(e.backward_var))
+          worst_backward = std::max(worst_backward, std::abs(b.backward_var / e.backward_var - 1.0));
+      }
+      std::printf("%s %s, 192 tokens: bucketed vs exact: var %.2e, corr %.2e, backward var %.2e (worst)\n",
+                  norm_placement_name(norm), rule, worst_var, worst_corr, worst_backward);
+      EXPECT_LT(worst_var, 0.005) << rule;
+      EXPECT_LT(worst_corr, 0.002) << rule;
+      EXPECT_LT(worst_backward, 0.01) << rule;
+    }
+  }
+}
+
 TEST(ModelTheory, ThousandLayerPredictionIsFast) {
   TransformerConfig config = small_config(1000, 1024, NormPlacement::pre);
   const auto start = std::chrono::steady_clock::now();

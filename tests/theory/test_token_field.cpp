@@ -14,55 +14,58 @@ namespace proplab::theory {
 namespace {
 
 TEST(TokenField, ExchangeableFieldsFollowTheScalarMaps) {
-  const Signal x{0.0, 1.7, 0.3};
-  const TokenField f = TokenField::exchangeable(12, x);
-  EXPECT_DOUBLE_EQ(f.var(), 1.7);
-  EXPECT_NEAR(f.corr(), 0.3, 1e-12);
-  const GaussHermite quadrature(64);
-  ActivationPairMaps maps(quadrature);
-  for (Activation kind : {Activation::relu, Activation::gelu_erf, Activation::tanh, Activation::identity}) {
-    const Signal pre = linear_forward(x, 64, 0.02, 0.01);
-    const TokenField hidden = linear_forward(f, 64, 0.02, 0.01);
-    EXPECT_NEAR(hidden.var(), pre.var, 1e-12);
-    EXPECT_NEAR(hidden.corr(), pre.corr, 1e-12);
-    const Signal post = activation_forward(kind, pre, quadrature);
-    const TokenField out = activation_forward(kind, hidden, maps);
-    EXPECT_NEAR(out.mean, post.mean, 1e-9) << activation_name(kind);
-    EXPECT_NEAR(out.var(), post.var, 1e-9 * post.var) << activation_name(kind);
-    // GELU/tanh pair correlations come from the θ-table: linear interpolation error.
-    EXPECT_NEAR(out.corr(), post.corr, 2e-4) << activation_name(kind);
-    const GradSignal g = activation_backward(kind, pre, GradSignal{2.0, 0.25}, quadrature);
-    TokenGrad d_y = TokenGrad::white(12, 2.0);
-    for (std::int64_t i = 0; i < 12; ++i)
-      for (std::int64_t j = 0; j < 12; ++j)
-        if (i != j) d_y.at(i, j) = 0.5;
-    const TokenGrad d_x = activation_backward(kind, hidden, d_y, maps);
-    EXPECT_NEAR(d_x.var(), g.var, 1e-9 * g.var) << activation_name(kind);
-    EXPECT_NEAR(d_x.corr(), g.corr, 2e-4) << activation_name(kind);
+  for (const std::int64_t length : {12, 200}) {  // one position per bucket, and bucketed
+    SCOPED_TRACE(length);
+    const Signal x{0.0, 1.7, 0.3};
+    const auto layout = TokenLayout::for_length(length);
+    const TokenField f = TokenField::exchangeable(layout, x);
+    EXPECT_DOUBLE_EQ(f.var(), 1.7);
+    EXPECT_NEAR(f.signal().corr, 0.3, 1e-12);
+    const GaussHermite quadrature(64);
+    ActivationPairMaps maps(quadrature);
+    for (Activation kind : {Activation::relu, Activation::gelu_erf, Activation::tanh, Activation::identity}) {
+      const Signal pre = linear_forward(x, 64, 0.02, 0.01);
+      const TokenField hidden = linear_forward(f, 64, 0.02, 0.01);
+      EXPECT_NEAR(hidden.var(), pre.var, 1e-12);
+      EXPECT_NEAR(hidden.signal().corr, pre.corr, 1e-12);
+      const Signal post = activation_forward(kind, pre, quadrature);
+      const TokenField out = activation_forward(kind, hidden, maps);
+      EXPECT_NEAR(out.mean, post.mean, 1e-9) << activation_name(kind);
+      EXPECT_NEAR(out.var(), post.var, 1e-9 * post.var) << activation_name(kind);
+      // GELU/tanh pair correlations come from the θ-table: linear interpolation error.
+      EXPECT_NEAR(out.signal().corr, post.corr, 2e-4) << activation_name(kind);
+      const GradSignal g = activation_backward(kind, pre, GradSignal{2.0, 0.25}, quadrature);
+      TokenGrad d_y;
+      static_cast<TokenCov&>(d_y) = TokenCov::filled(layout, 2.0, 0.5);
+      const TokenGrad d_x = activation_backward(kind, hidden, d_y, maps);
+      EXPECT_NEAR(d_x.var(), g.var, 1e-9 * g.var) << activation_name(kind);
+      EXPECT_NEAR(d_x.signal().corr, g.corr, 2e-4) << activation_name(kind);
+    }
+    const Signal normed = layernorm_forward(x, 32);
+    const TokenField normed_field = norm_forward(NormKind::layernorm, f, 32);
+    EXPECT_NEAR(normed_field.var(), normed.var, 1e-12);
+    EXPECT_NEAR(normed_field.signal().corr, normed.corr, 1e-12);
+    const Signal sum = residual_forward(x, normed, 0.8, 0.6);
+    const TokenField sum_field = residual_forward(f, normed_field, 0.8, 0.6);
+    EXPECT_NEAR(sum_field.var(), sum.var, 1e-12);
+    EXPECT_NEAR(sum_field.signal().corr, sum.corr, 1e-12);
   }
-  const Signal normed = layernorm_forward(x, 32);
-  const TokenField normed_field = norm_forward(NormKind::layernorm, f, 32);
-  EXPECT_NEAR(normed_field.var(), normed.var, 1e-12);
-  EXPECT_NEAR(normed_field.corr(), normed.corr, 1e-12);
-  const Signal sum = residual_forward(x, normed, 0.8, 0.6);
-  const TokenField sum_field = residual_forward(f, normed_field, 0.8, 0.6);
-  EXPECT_NEAR(sum_field.var(), sum.var, 1e-12);
-  EXPECT_NEAR(sum_field.corr(), sum.corr, 1e-12);
 }
 
 // With all-zero queries every query averages its prefix uniformly: Cov(out_i, out_j) = Σ_{k≤i, m≤j} C_km/(n_i n_j),
 // and the value gradient is G_v(k, m) = Σ_{i≥k, j≥m} G_ij/(n_i n_j).
 TEST(TokenField, UniformCausalAveragesAreExact) {
   const std::int64_t l = 9;
-  TokenField v{l, 0.0, std::vector<double>(static_cast<std::size_t>(l * l))};
-  TokenGrad g{l, std::vector<double>(static_cast<std::size_t>(l * l))};
+  const auto layout = TokenLayout::exact(l);
+  TokenField v = TokenField::exchangeable(layout, Signal{0.0, 1.0, 0.0});
+  TokenGrad g = TokenGrad::white(layout, 1.0);
   for (std::int64_t i = 0; i < l; ++i) {
     for (std::int64_t j = 0; j < l; ++j) {
       v.at(i, j) = i == j ? 1.0 + 0.1 * i : 0.3 / (1.0 + std::abs(i - j));
       g.at(i, j) = i == j ? 2.0 - 0.1 * i : 0.2 / (1.0 + std::abs(i - j));
     }
   }
-  const TokenField q = TokenField::exchangeable(l, Signal{0.0, 0.0, 1.0});
+  const TokenField q = TokenField::exchangeable(layout, Signal{0.0, 0.0, 1.0});
   const CausalWeights w = causal_weights(q, v, 1.0, 8);
   const TokenField out = causal_mix_forward(v, w);
   const TokenGrad d_v = causal_mix_backward(g, w);
@@ -89,7 +92,7 @@ TEST(TokenField, CausalAttentionMatchesMonteCarlo) {
   for (const double logit_var : {0.5, 2.0}) {
     // q, k entries N(0, s²) per element with scale²·head·s⁴ = logit_var (scale 1/√head): s² = √logit_var.
     const double qk_var = std::sqrt(logit_var);
-    const TokenField x = TokenField::exchangeable(l, Signal{0.0, 1.0, input_corr});
+    const TokenField x = TokenField::exchangeable(TokenLayout::exact(l), Signal{0.0, 1.0, input_corr});
     const TokenField q = linear_forward(x, d, qk_var / d), k = q, v = linear_forward(x, d, 1.0 / d);
     const CausalWeights w = causal_weights(q, k, 1.0 / head, head);
     const TokenField predicted = causal_mix_forward(v, w);
