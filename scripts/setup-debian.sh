@@ -6,6 +6,8 @@ packages=(
   libopenblas-dev libopenblas-openmp-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-h5py python3-numpy
+  # Multi-process runs and tests (src/dist): Open MPI.
+  libopenmpi-dev openmpi-bin
 )
 as_root=()
 if [ "$(id -u)" -ne 0 ]; then as_root=(sudo); fi

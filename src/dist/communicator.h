@@ -1,0 +1,102 @@
+// dist/communicator: collectives between the processes of a run, and the process groups of a parallel layout.
+//
+// One interface, three backends: single-process (a world of one; every collective is a copy or a no-op), MPI
+// (Open MPI; host buffers), NCCL (CUDA device buffers; the unique id travels over MPI). The training code talks
+// only to Communicator, so a layout runs the same code on any backend.
+//
+// Invariants:
+// - Every rank of a communicator calls the same collectives in the same order with the same counts (the usual
+//   MPI contract); counts are elements, not bytes.
+// - Buffers: host memory for the single-process and MPI backends, device memory for NCCL.
+// - Reductions are sums unless an op says otherwise. MPI's reduction order is fixed for a given communicator
+//   size and message, so results repeat bit for bit at a fixed layout; across backends or layouts they agree
+//   within rounding.
+// - No collective waits forever: each has the communicator's timeout. A collective that does not complete in
+//   time throws CollectiveTimeout naming the operation, its size and the waiting rank; the caller marks the run
+//   failed and exits (dist::abort_all ends the other ranks).
+// - Layout ranks: world rank = (pp_rank·dp + dp_rank)·tp + tp_rank (tensor-parallel neighbours are adjacent,
+//   as in Megatron-LM, so on multi-GPU nodes they share a node).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace proplab::dist {
+
+enum class ReduceOp { sum, max, min };
+
+// A collective that did not complete within the communicator's timeout.
+class CollectiveTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+
+  // In place over `count` elements.
+  virtual void all_reduce(float* data, std::int64_t count, ReduceOp op = ReduceOp::sum) = 0;
+  virtual void all_reduce(double* data, std::int64_t count, ReduceOp op = ReduceOp::sum) = 0;
+  // send holds size()·count_per_rank elements; rank r receives the sum of every rank's block r.
+  virtual void reduce_scatter(const float* send, float* receive, std::int64_t count_per_rank) = 0;
+  // receive holds size()·count_per_rank elements: block r is rank r's send.
+  virtual void all_gather(const float* send, float* receive, std::int64_t count_per_rank) = 0;
+  virtual void broadcast(void* data, std::int64_t bytes, int root) = 0;
+  virtual void send(const float* data, std::int64_t count, int peer, int tag) = 0;
+  virtual void receive(float* data, std::int64_t count, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+  // A communicator over the ranks that pass the same `color`, ranked by `key` (then by this rank).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Payload bytes this rank handed to collectives and sends so far (for the communication benchmarks).
+  std::int64_t bytes_communicated() const { return bytes_; }
+
+ protected:
+  void count_bytes(std::int64_t bytes) { bytes_ += bytes; }
+
+ private:
+  std::int64_t bytes_ = 0;
+};
+
+// A world of one process.
+std::unique_ptr<Communicator> make_single_process();
+
+// True when this build has the MPI backend.
+bool mpi_available();
+// True when this process was started by an MPI launcher (mpirun/mpiexec/srun): OMPI_/PMI_/PMIX_ variables.
+bool launched_by_mpi();
+// MPI_COMM_WORLD, initialising MPI on first use (MPI_Finalize runs at exit). `timeout_s` bounds every
+// collective. UserError when this build has no MPI backend.
+std::unique_ptr<Communicator> make_mpi_world(double timeout_s);
+// Ends every rank of the MPI job with `exit_code` (MPI_Abort), after a timeout or a fatal error on one rank.
+[[noreturn]] void abort_all(int exit_code);
+
+// A `[parallel]` layout: world = dp·tp·pp.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  int world() const { return dp * tp * pp; }
+};
+
+struct Coordinates {
+  int dp = 0, tp = 0, pp = 0;
+};
+// The layout coordinates of a world rank, and back.
+Coordinates coordinates_of(const Layout& layout, int world_rank);
+int world_rank_of(const Layout& layout, const Coordinates& at);
+
+// The process groups of a layout: ranks that share (tp, pp) form a data-parallel group, and so on.
+struct ProcessGroups {
+  Layout layout;
+  Coordinates at;
+  std::unique_ptr<Communicator> world, data, tensor, pipeline;
+};
+// UserError when the world's size is not dp·tp·pp (naming both).
+ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Layout& layout);
+
+}  // namespace proplab::dist
