@@ -8,6 +8,11 @@ packages=(
   python3 python3-h5py python3-numpy
   # Multi-process runs and tests (src/dist): Open MPI.
   libopenmpi-dev openmpi-bin
+  # ResNet image data (src/data/images.h): gzip'd IDX files read through zlib; Fashion-MNIST for the depth study.
+  zlib1g-dev dataset-fashion-mnist
+  # proplab-gui (docs/gui.md): Dear ImGui with its GLFW/OpenGL3 backends, stb, EGL + Mesa for headless frames,
+  # Xvfb for the start-up test.
+  libimgui-dev libglfw3-dev libstb-dev libegl-dev libopengl-dev libgl1 libegl-mesa0 libgl1-mesa-dri xvfb xauth
 )
 as_root=()
 if [ "$(id -u)" -ne 0 ]; then as_root=(sudo); fi

@@ -11,8 +11,10 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <optional>
 
 #include "cli/inspect.h"
+#include "dist/communicator.h"
 #include "cli/theory.h"
 #include "study/run_spec.h"
 #include "study/study.h"
@@ -48,6 +50,15 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   options.terminal = isatty(STDOUT_FILENO) != 0;
   options.interrupt = &g_interrupted;
   options.proplab_version = kVersion;
+  // Under an MPI launcher (mpirun/srun) the processes form the [parallel] layout; rank 0 prints and writes.
+  std::optional<proplab::dist::ProcessGroups> groups;
+  if (proplab::dist::launched_by_mpi()) {
+    groups.emplace(proplab::dist::make_process_groups(
+        proplab::dist::make_mpi_world(study.parallel.timeout_s),
+        proplab::dist::Layout{study.parallel.dp, study.parallel.tp, study.parallel.pp}));
+    if (groups->world->size() > 1) options.data_parallel = groups->data.get();
+    if (groups->world->rank() != 0) options.log = nullptr;
+  }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   proplab::RunSummary summary = proplab::run_training(proplab::to_run_spec(study), options);

@@ -55,6 +55,12 @@ class StatSelection {
   bool has(Stat stat) const { return (bits_ >> static_cast<unsigned>(stat)) & 1u; }
   bool empty() const { return bits_ == 0; }
   std::uint32_t bits() const { return bits_; }
+  // The selection whose bits() are `bits` (for sums sent between processes).
+  static StatSelection from_bits(std::uint32_t bits) {
+    StatSelection s;
+    s.bits_ = bits;
+    return s;
+  }
   // The selected names, in stat_names() order.
   std::vector<std::string> names() const;
   bool operator==(const StatSelection&) const = default;

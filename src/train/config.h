@@ -42,6 +42,7 @@ struct ParallelConfig {
   int tp = 1;
   int pp = 1;
   int microbatches = 1;
+  double timeout_s = 300.0;  // a collective that waits longer ends the run (a rank died or stalled)
 };
 
 // What to record (used by the recording module): schedule and statistic selection.

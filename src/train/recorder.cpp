@@ -140,6 +140,76 @@ void Recorder::accumulate_into(probe::MomentSums& sums, const Tensor& x, std::in
   probe::accumulate(x.f32(), sequences, rows / sequences, features, sums, which);
 }
 
+namespace {
+
+// MomentSums as doubles: [seen, count, sequences, T, F, selection, shift, sum, sum_sq, sum_cube, sum_quad,
+// max_abs, nonfinite, seq_sum_norm_sq, feature_sum[F'], feature_sum_sq[F'']] with their lengths before them.
+void pack(const probe::MomentSums& s, bool seen, std::vector<double>& out) {
+  out.insert(out.end(), {seen ? 1.0 : 0.0, static_cast<double>(s.count), static_cast<double>(s.sequences),
+                         static_cast<double>(s.tokens_per_sequence), static_cast<double>(s.features),
+                         static_cast<double>(s.selection.bits()), s.shift, s.sum, s.sum_sq, s.sum_cube, s.sum_quad,
+                         s.max_abs, static_cast<double>(s.nonfinite), s.seq_sum_norm_sq,
+                         static_cast<double>(s.feature_sum.size()), static_cast<double>(s.feature_sum_sq.size())});
+  out.insert(out.end(), s.feature_sum.begin(), s.feature_sum.end());
+  out.insert(out.end(), s.feature_sum_sq.begin(), s.feature_sum_sq.end());
+}
+
+const double* unpack(const double* in, probe::MomentSums& s, bool& seen) {
+  seen = in[0] != 0.0;
+  s.count = static_cast<std::int64_t>(in[1]);
+  s.sequences = static_cast<std::int64_t>(in[2]);
+  s.tokens_per_sequence = static_cast<std::int64_t>(in[3]);
+  s.features = static_cast<std::int64_t>(in[4]);
+  s.selection = probe::StatSelection::from_bits(static_cast<std::uint32_t>(in[5]));
+  s.shift = in[6];
+  s.sum = in[7];
+  s.sum_sq = in[8];
+  s.sum_cube = in[9];
+  s.sum_quad = in[10];
+  s.max_abs = in[11];
+  s.nonfinite = static_cast<std::int64_t>(in[12]);
+  s.seq_sum_norm_sq = in[13];
+  const auto sums = static_cast<std::size_t>(in[14]), squares = static_cast<std::size_t>(in[15]);
+  in += 16;
+  s.feature_sum.assign(in, in + sums);
+  in += sums;
+  s.feature_sum_sq.assign(in, in + squares);
+  return in + squares;
+}
+
+}  // namespace
+
+void Recorder::merge_replicas(dist::Communicator& group) {
+  const int ranks = group.size();
+  if (ranks == 1) return;
+  std::vector<double> mine;
+  for (std::size_t p = 0; p < probes_.size(); ++p) {
+    pack(forward_sums_[p], forward_seen_[p], mine);
+    pack(backward_sums_[p], backward_seen_[p], mine);
+  }
+  // Every rank's block in a zero-filled buffer, summed: each rank ends with all blocks, exactly.
+  double longest = static_cast<double>(mine.size());
+  group.all_reduce(&longest, 1, dist::ReduceOp::max);
+  const auto block = static_cast<std::size_t>(longest);
+  std::vector<double> all(block * static_cast<std::size_t>(ranks), 0.0);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(block * group.rank()));
+  group.all_reduce(all.data(), static_cast<std::int64_t>(all.size()), dist::ReduceOp::sum);
+  if (group.rank() != 0) return;
+  for (int r = 1; r < ranks; ++r) {
+    const double* in = all.data() + block * static_cast<std::size_t>(r);
+    for (std::size_t p = 0; p < probes_.size(); ++p) {
+      for (int direction = 0; direction < 2; ++direction) {
+        probe::MomentSums theirs;
+        bool seen = false;
+        in = unpack(in, theirs, seen);
+        if (!seen) continue;
+        (direction == 0 ? forward_sums_ : backward_sums_)[p].merge(theirs);
+        (direction == 0 ? forward_seen_ : backward_seen_)[p] = true;
+      }
+    }
+  }
+}
+
 void Recorder::forward(int probe_index, const Tensor& x, std::int64_t sequences) {
   accumulate_into(forward_sums_[probe_index], x, sequences, forward_stats_);
   forward_seen_[probe_index] = true;
@@ -210,11 +280,17 @@ std::string Recorder::write_record(RunWriter& writer, std::int64_t step) {
   writer.flush();
 
   // The first non-finite value, in depth order: a probe that saw NaN/Inf (or whose moments overflowed).
-  auto bad = [](const probe::Moments& m) { return m.nonfinite > 0 || !std::isfinite(m.mean) || !std::isfinite(m.var); };
+  // Only recorded statistics count: the others are NaN by design (a study may record just `var`).
+  auto bad = [](const probe::Moments& m, const probe::StatSelection& which) {
+    using probe::Stat;
+    return (which.has(Stat::nonfinite) && m.nonfinite > 0) || (which.has(Stat::mean) && !std::isfinite(m.mean)) ||
+           (which.has(Stat::var) && !std::isfinite(m.var)) || (which.has(Stat::rms) && !std::isfinite(m.rms)) ||
+           (which.has(Stat::max_abs) && !std::isfinite(m.max_abs));
+  };
   for (std::size_t p = 0; p < n; ++p)
-    if (forward_seen_[p] && bad(forward[p])) return probes_[p].name + " (forward)";
+    if (forward_seen_[p] && bad(forward[p], forward_stats_)) return probes_[p].name + " (forward)";
   for (std::size_t p = 0; p < n; ++p)
-    if (backward_seen_[p] && bad(backward[p])) return probes_[p].name + " (backward)";
+    if (backward_seen_[p] && bad(backward[p], backward_stats_)) return probes_[p].name + " (backward)";
   for (std::size_t s = 0; s < param_stats_.size(); ++s)
     for (std::size_t i = 0; i < params_.all().size(); ++i)
       if (!std::isfinite(param_rows_[s][i]))

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "io/run_file.h"
 #include "io/run_reader.h"
 #include "nn/parameter.h"
@@ -57,6 +58,10 @@ class Recorder final : public ProbeSink {
   // statistic is non-finite, the first probe (in depth order, forward before backward) or parameter that went
   // non-finite, e.g. "blocks.3.attn.out (forward)".
   std::string write_record(RunWriter& writer, std::int64_t step);
+
+  // Data parallel: merges every replica's probe sums into rank 0's, in rank order (exactly: sums add). Call on
+  // every rank of the data-parallel group after the step's backward passes; then rank 0 writes the record.
+  void merge_replicas(dist::Communicator& group);
 
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;

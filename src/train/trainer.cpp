@@ -88,12 +88,29 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError(
         "device.type: training on CUDA is not available in this version (only the residual-combine "
         "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
-  if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp != 1 || spec.parallel.microbatches != 1)
+  if (spec.parallel.tp != 1 || spec.parallel.pp != 1 || spec.parallel.microbatches != 1)
     throw UserError(
-        "parallel: distributed training is not available in this version; allowed: dp = tp = pp = "
-        "microbatches = 1");
+        "parallel: tensor and pipeline parallelism are not available in this version; allowed: tp = pp = "
+        "microbatches = 1 (data parallel dp > 1 under mpirun)");
+  dist::Communicator* group = options.data_parallel;
+  const int replicas = group ? group->size() : 1;
+  if (replicas != spec.parallel.dp)
+    throw UserError("parallel.dp = " + std::to_string(spec.parallel.dp) + " needs " + std::to_string(spec.parallel.dp) +
+                    " processes (mpirun -np " + std::to_string(spec.parallel.dp) + " proplab run ...), but " +
+                    std::to_string(replicas) + " were started");
+  const bool root = !group || group->rank() == 0;
   set_threads(spec.device.threads);
   const std::int64_t micro = tc.batch / tc.grad_accum;
+  if (micro % replicas != 0)
+    throw UserError("parallel.dp = " + std::to_string(replicas) + " must divide the micro-batch train.batch / " +
+                    "train.grad_accum = " + std::to_string(micro) + "; allowed: a dp that divides it");
+  const std::int64_t local_rows = micro / replicas;
+  const std::int64_t first_row = group ? group->rank() * local_rows : 0;
+  // This replica's rows of a micro-batch (all of them for one process).
+  auto local = [&](Batch batch) {
+    if (replicas == 1) return batch;
+    return Batch{batch.inputs.slice(0, first_row, local_rows), batch.targets.slice(0, first_row, local_rows)};
+  };
   RunData data(spec, micro);
   // What theory predicts for every probe at initialisation, stored beside the measurements. Predicted before the
   // model is built: a rule with a profiling pass (admin) builds a temporary model of its own for it.
@@ -138,7 +155,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   // and read while the new one is written.
   std::filesystem::path previous_copy = summary.run_file;
   previous_copy += ".resume";
-  if (options.resume && std::filesystem::exists(summary.run_file)) {
+  if (root && options.resume && std::filesystem::exists(summary.run_file)) {
     std::filesystem::rename(summary.run_file, previous_copy);
     try {
       previous.emplace(RunReader::open(previous_copy));
@@ -152,10 +169,12 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   }
   std::optional<RunWriter> created;
   try {
-    created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
-    recorder.create_datasets(*created);
-    write_theory(*created, prediction);
-    created->start();
+    if (root) {
+      created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
+      recorder.create_datasets(*created);
+      write_theory(*created, prediction);
+      created->start();
+    }
   } catch (...) {
     if (previous) {  // put the previous file back: nothing is lost when the new one cannot be written
       previous.reset();
@@ -164,21 +183,22 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     }
     throw;
   }
-  RunWriter& writer = *created;
+  // Only rank 0 writes; the other replicas compute and merge into it.
+  RunWriter* writer = root ? &*created : nullptr;
   if (previous) {
-    recorder.copy_history(*previous, writer, start_step);
+    recorder.copy_history(*previous, *writer, start_step);
     previous.reset();
     std::filesystem::remove(previous_copy);
   }
   // A resumed run's file holds the whole history: rows before the checkpoint come from the previous file.
   double wall_offset = 0.0;
   for (std::size_t i = 0; i < history.size() && history.step[i] < start_step; ++i) {
-    writer.append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i], history.tokens_per_s[i],
-                         history.wall_time[i]});
+    writer->append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i],
+                          history.tokens_per_s[i], history.wall_time[i]});
     wall_offset = history.wall_time[i];
   }
   for (std::size_t i = 0; i < eval_history.size() && eval_history.step[i] <= start_step; ++i)
-    writer.append_eval({eval_history.step[i], eval_history.loss[i]});
+    writer->append_eval({eval_history.step[i], eval_history.loss[i]});
 
   auto evaluate = [&]() {
     double total = 0.0;
@@ -186,6 +206,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     return total / tc.eval_batches;
   };
   auto save = [&](std::int64_t step) {
+    if (!root) return;  // the replicas' parameters and optimizer state are identical
     Checkpoint checkpoint;
     checkpoint.tensors = checkpoint_tensors(model->params(), optimizer);
     checkpoint.ints["step"] = step;
@@ -211,7 +232,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   RunStatus status = RunStatus::completed;
   std::string detail;
   while (step < tc.steps) {
-    if (options.interrupt && options.interrupt->load()) {
+    bool interrupted = options.interrupt && options.interrupt->load();
+    if (group && replicas > 1) {  // every replica stops at the same step, or the others would wait forever
+      double any = interrupted ? 1.0 : 0.0;
+      group->all_reduce(&any, 1, dist::ReduceOp::max);
+      interrupted = any != 0.0;
+    }
+    if (interrupted) {
       status = RunStatus::failed;
       detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
       break;
@@ -235,10 +262,19 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         context.micro_step = static_cast<std::uint64_t>(index);
         context.training = true;
         context.sink = record ? &recorder : nullptr;
-        total +=
-            model->forward_backward(data.batch(Split::train, index), 1.0f / static_cast<float>(tc.grad_accum), context);
+        // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
+        // ones: the sum over the group is the gradient of the global batch's mean loss.
+        total += model->forward_backward(local(data.batch(Split::train, index)),
+                                         1.0f / static_cast<float>(tc.grad_accum * replicas), context);
       }
-      return total / tc.grad_accum;
+      double loss = total / tc.grad_accum;
+      if (group && replicas > 1) {
+        for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
+        group->all_reduce(&loss, 1);
+        loss /= replicas;
+        if (record) recorder.merge_replicas(*group);
+      }
+      return loss;
     };
     const bool record = recorder.records(step);
     double loss = forward_backward(record);
@@ -253,12 +289,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       recorder.before_update();
       recorder.skip_update();
       recorder.after_update();
-      const std::string first = recorder.write_record(writer, step);
+      const std::string first = root ? recorder.write_record(*writer, step) : std::string();
       status = RunStatus::diverged;
       detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
                std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
-      writer.append_train({step, loss, lr, grad_norm, 0.0,
-                           wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+      if (root)
+        writer->append_train({step, loss, lr, grad_norm, 0.0,
+                              wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
       ++step;
       break;
     }
@@ -267,13 +304,19 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     std::string first_nonfinite;
     if (record) {
       recorder.after_update();
-      first_nonfinite = recorder.write_record(writer, step);
+      if (root) first_nonfinite = recorder.write_record(*writer, step);
+      if (group && replicas > 1) {  // only rank 0 finalised the statistics: tell the others
+        std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
+        group->broadcast(&nonfinite, 1, 0);
+        if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
+      }
     }
     const auto now = clock::now();
     const double step_seconds = std::chrono::duration<double>(now - step_start).count();
     summary.tokens_per_s = tokens_per_step / step_seconds;
-    writer.append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
-                         wall_offset + std::chrono::duration<double>(now - run_start).count()});
+    if (root)
+      writer->append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
+                            wall_offset + std::chrono::duration<double>(now - run_start).count()});
     summary.last_loss = loss;
     ++step;
     if (!first_nonfinite.empty() && spec.record.on_nonfinite == "stop") {
@@ -283,7 +326,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     }
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
       const double eval_loss = evaluate();
-      writer.append_eval({step, eval_loss});
+      if (root) writer->append_eval({step, eval_loss});
       summary.last_eval_loss = eval_loss;
     }
     if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) save(step);
@@ -293,7 +336,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (status != RunStatus::diverged) save(step);
   summary.status = status;
   summary.detail = status == RunStatus::completed ? "completed " + std::to_string(step) + " steps" : detail;
-  writer.finish(status, summary.detail);
+  if (root) writer->finish(status, summary.detail);
   std::ostringstream final_line;
   final_line << "proplab: " << spec.name << ": " << run_status_name(status) << " (" << summary.detail << ")";
   if (summary.last_eval_loss) final_line << "; validation loss " << *summary.last_eval_loss;

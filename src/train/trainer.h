@@ -18,6 +18,7 @@
 #include "io/run_file.h"
 #include "models/config.h"
 #include "scaling/config.h"
+#include "dist/communicator.h"
 #include "train/config.h"
 
 namespace proplab {
@@ -45,6 +46,10 @@ struct RunOptions {
   std::ostream* log = nullptr;    // progress and messages (null: silent)
   bool terminal = false;          // live one-line progress (else periodic lines)
   const std::atomic<bool>* interrupt = nullptr;  // set by SIGINT/SIGTERM: stop at the next step boundary
+  // Data parallel: the group of replicas (size = [parallel] dp), null for one process. Every replica runs this
+  // with the same spec; replica r takes rows [r·B/dp, (r+1)·B/dp) of each micro-batch, gradients are summed over
+  // the group, probe sums merged into rank 0's, and only rank 0 writes the run file and checkpoints.
+  dist::Communicator* data_parallel = nullptr;
   std::string proplab_version = "0.1.0";
 };
 

@@ -540,13 +540,18 @@ TEST_F(StudyFiles, DataFilesAreChecked) {
   EXPECT_TRUE(contains(vocab, ":4: model.vocab: 100 is too small for data.kind = \"text\"")) << vocab;
 }
 
-TEST(Study, ParallelLayoutsOtherThanOneAreRefused) {
-  const std::string message = error_of([] { parse("name = \"x\"\n[parallel]\ndp = 2\npp = 1\ntp = 4\n"); });
-  EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp: distributed training is not available yet; allowed: 1"))
+TEST(Study, DataParallelAcceptedTensorAndPipelineRefused) {
+  const Study study = parse("name = \"x\"\n[parallel]\ndp = 4\ntimeout_s = 30\n");
+  EXPECT_EQ(study.parallel.dp, 4);
+  EXPECT_EQ(study.parallel.timeout_s, 30.0);
+  const std::string message =
+      error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\npp = 1\ntp = 4\ntimeout_s = 0\n"); });
+  EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp:")) << message;
+  EXPECT_TRUE(
+      contains(message, "test.toml:5: parallel.tp: tensor and pipeline parallelism are not available yet; allowed: 1"))
       << message;
-  EXPECT_TRUE(contains(message, "test.toml:5: parallel.tp: distributed training is not available yet; allowed: 1"))
-      << message;
-  EXPECT_EQ(lines_of(message).size(), 2u) << message;
+  EXPECT_TRUE(contains(message, "test.toml:6: parallel.timeout_s:")) << message;
+  EXPECT_EQ(lines_of(message).size(), 3u) << message;
 }
 
 TEST_F(StudyFiles, SyntaxErrorsGiveFileLineAndColumn) {
@@ -686,7 +691,7 @@ steps = 0
 layers = "8"
 widht = 64
 [parallel]
-dp = 2
+tp = 2
 )");
   });
   const auto lines = lines_of(message);
@@ -695,7 +700,7 @@ dp = 2
   EXPECT_TRUE(lines[1].rfind("test.toml:4: train.steps: ", 0) == 0) << message;
   EXPECT_TRUE(lines[2].rfind("test.toml:6: model.layers: ", 0) == 0) << message;
   EXPECT_TRUE(lines[3].rfind("test.toml:7: model.widht: unknown key (did you mean `width`?)", 0) == 0) << message;
-  EXPECT_TRUE(lines[4].rfind("test.toml:9: parallel.dp: ", 0) == 0) << message;
+  EXPECT_TRUE(lines[4].rfind("test.toml:9: parallel.tp: ", 0) == 0) << message;
 }
 
 TEST(Study, OverrideProblemsComeAfterFileProblems) {

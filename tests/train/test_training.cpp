@@ -225,6 +225,27 @@ TEST(Training, MlpOnGaussianDataLearnsTheTeacher) {
   EXPECT_LT(eval.loss.back(), 0.2 * train.loss.front());
 }
 
+TEST(Training, DataParallelLayoutNeedsItsProcessesAndADivisibleBatch) {
+  TempDir dir;
+  RunSpec spec = tiny_spec("dp");
+  spec.parallel.dp = 2;
+  RunOptions options;
+  options.out_dir = dir.path();
+  try {
+    run_training(spec, options);
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("mpirun -np 2"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(run_file_path(dir.path(), "dp")));
+  // A group of one with dp = 1 is the single-process run.
+  auto single = dist::make_single_process();
+  spec.parallel.dp = 1;
+  options.data_parallel = single.get();
+  spec.train.steps = 2;
+  EXPECT_EQ(run_training(spec, options).status, RunStatus::completed);
+}
+
 TEST(Schedule, WarmupThenCosineToTheFloor) {
   TrainConfig config;
   config.lr = 1.0;

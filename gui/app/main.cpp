@@ -1,0 +1,209 @@
+// proplab-gui [RUN.h5 | DIR]...: view, compare and follow propagation plots (docs/gui.md).
+//   --screenshot OUT.png renders one frame offscreen (EGL, no display server) and exits.
+//   --frames N quits after N frames once the first scan has loaded (tests).
+#include <GLFW/glfw3.h>
+#include <backends/imgui_impl_glfw.h>
+#include <backends/imgui_impl_opengl3.h>
+#include <imgui.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "gui/app/app_state.h"
+#include "gui/app/headless.h"
+
+namespace {
+
+using namespace proplab;
+using namespace proplab::gui;
+
+struct Options {
+  std::vector<std::string> paths;
+  std::string screenshot;
+  std::string view = "depth";
+  std::string stat;
+  bool backward = false;
+  std::string kind;
+  long long record = -1;
+  std::string group;
+  std::string compare_plot = "depth";
+  bool linear = false;
+  bool full = false;
+  std::string size = "1280x800";
+  long long frames = 0;
+};
+
+void parse_size(const std::string& text, int& width, int& height) {
+  char separator = 0;
+  char rest = 0;
+  if (std::sscanf(text.c_str(), "%d%c%d%c", &width, &separator, &height, &rest) != 3 || separator != 'x') {
+    throw UserError("--size " + text + ": expected WIDTHxHEIGHT, e.g. 1280x800");
+  }
+}
+
+// The command line's choices, applied to a fresh state.
+void apply_options(const Options& options, AppState& state) {
+  const auto view = parse_view(options.view);
+  if (!view) throw UserError("--view " + options.view + ": expected depth, dynamics, heatmap or compare");
+  state.view = *view;
+  const auto compare_plot = parse_view(options.compare_plot);
+  if (!compare_plot || *compare_plot == View::compare) {
+    throw UserError("--compare-plot " + options.compare_plot + ": expected depth, dynamics or heatmap");
+  }
+  state.compare_plot = *compare_plot;
+  if (!options.stat.empty()) state.stat = options.stat;
+  state.direction = options.backward ? Direction::backward : Direction::forward;
+  state.probe_kind = options.kind;
+  state.record = options.record;
+  if (!options.group.empty()) state.compare_key = options.group;
+  if (options.linear) {
+    state.depth_log_y = false;
+    state.dynamics_log_y = false;
+    state.heatmap_log = false;
+  }
+}
+
+// A --stat that none of the shown runs records is a command-line error (nothing is written).
+void check_stat(const Options& options, const AppState& state) {
+  if (options.stat.empty()) return;
+  const RunList runs = selected_runs(state);
+  std::set<std::string> recorded;
+  for (const auto& run : runs) {
+    for (const auto& [name, matrix] : run->stats(state.direction)) recorded.insert(name);
+  }
+  if (runs.empty() || recorded.count(options.stat)) return;
+  std::string names;
+  for (const auto& name : recorded) names += (names.empty() ? "" : ", ") + name;
+  throw UserError(detail::concat("--stat ", options.stat, ": no shown run records ", direction_name(state.direction),
+                                 " statistic '", options.stat, "' (recorded: ", names.empty() ? "none" : names, ")"));
+}
+
+int run_screenshot(const Options& options, AppState& state) {
+  int width = 0, height = 0;
+  parse_size(options.size, width, height);
+  HeadlessRenderer renderer(width, height);
+  if (!state.library->wait_for_initial_scan(300.0)) throw UserError("the runs did not load within 300 s");
+  refresh_from_library(state);
+  check_stat(options, state);
+  state.single_view = !options.full;
+  // ImGui settles window and table sizes over the first frames.
+  for (int frame = 0; frame < 3; ++frame) renderer.render_frame(state);
+  const std::vector<unsigned char> pixels = renderer.read_rgba();
+  release_gpu_resources(state);
+  if (!write_png(options.screenshot, width, height, pixels)) {
+    throw UserError("--screenshot " + options.screenshot + ": could not write the PNG (does its folder exist?)");
+  }
+  std::cout << "proplab-gui: wrote " << options.screenshot << " (" << width << "x" << height << ", "
+            << view_name(state.view) << ", " << selected_runs(state).size() << " runs; " << renderer.description()
+            << ")\n";
+  return 0;
+}
+
+void glfw_error(int code, const char* description) {
+  std::cerr << "proplab-gui: GLFW error " << code << ": " << description << "\n";
+}
+
+int run_window(const Options& options, AppState& state) {
+  int width = 0, height = 0;
+  parse_size(options.size, width, height);
+  glfwSetErrorCallback(glfw_error);
+  if (!glfwInit()) {
+    std::cerr << "proplab-gui: no display to open a window on (is DISPLAY or WAYLAND_DISPLAY set?); "
+                 "--screenshot OUT.png renders a frame without one\n";
+    return 1;
+  }
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
+  glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  GLFWwindow* window = glfwCreateWindow(width, height, "proplab-gui", nullptr, nullptr);
+  if (window == nullptr) {
+    std::cerr << "proplab-gui: could not open an OpenGL 3.3 window\n";
+    glfwTerminate();
+    return 1;
+  }
+  glfwMakeContextCurrent(window);
+  glfwSwapInterval(1);
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  io.IniFilename = nullptr;  // the layout is fixed; nothing to save
+  ImGui::StyleColorsDark();
+  ImGui_ImplGlfw_InitForOpenGL(window, true);
+  ImGui_ImplOpenGL3_Init("#version 330");
+
+  long long frames_after_load = 0;
+  while (!glfwWindowShouldClose(window) && !state.quit_requested) {
+    // Idle: sleep until an event, or a tenth of a second so that live runs and finished loads still show.
+    if (state.playing || !state.exports.empty() || !state.library_state.initial_scan_done) {
+      glfwPollEvents();
+    } else {
+      glfwWaitEventsTimeout(0.1);
+    }
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    ImGui::NewFrame();
+    draw_frame(state);
+    ImGui::Render();
+    int framebuffer_width = 0, framebuffer_height = 0;
+    glfwGetFramebufferSize(window, &framebuffer_width, &framebuffer_height);
+    glViewport(0, 0, framebuffer_width, framebuffer_height);
+    const ImVec4 background = background_colour();
+    glClearColor(background.x, background.y, background.z, background.w);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    process_exports(state, framebuffer_width, framebuffer_height);
+    glfwSwapBuffers(window);
+    if (options.frames > 0 && state.library_state.initial_scan_done && ++frames_after_load >= options.frames) break;
+  }
+  const std::size_t shown = selected_runs(state).size();
+  for (auto& pending : state.exports) pending.wait();
+  release_gpu_resources(state);
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(window);
+  glfwTerminate();
+  std::cout << "proplab-gui: closed after " << frames_after_load << " frames with " << state.library_state.runs.size()
+            << " runs, " << shown << " shown\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"proplab-gui: view, compare and follow propagation plots of proplab run files"};
+  Options options;
+  app.add_option("paths", options.paths, "run files (.h5) and folders (searched recursively)");
+  app.add_option("--screenshot", options.screenshot, "render one frame offscreen to this PNG and exit");
+  app.add_option("--view", options.view, "depth | dynamics | heatmap | compare")->capture_default_str();
+  app.add_option("--stat", options.stat, "statistic to show (default var)");
+  app.add_flag("--backward", options.backward, "show the gradients' statistics");
+  app.add_option("--kind", options.kind, "only probes of this kind (e.g. residual)");
+  app.add_option("--record", options.record, "record index (default: the last)");
+  app.add_option("--group", options.group, "compare: config key to group by (default scaling.rule)");
+  app.add_option("--compare-plot", options.compare_plot, "compare: depth | dynamics | heatmap")->capture_default_str();
+  app.add_flag("--linear", options.linear, "linear y axes and colour scale");
+  app.add_flag("--full", options.full, "--screenshot of the whole window (runs panel, details and the view)");
+  app.add_option("--size", options.size, "WIDTHxHEIGHT")->capture_default_str();
+  app.add_option("--frames", options.frames, "quit after N frames once the runs are loaded (tests)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // Bad command lines exit 2, as the proplab CLI's do (--help exits 0).
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+
+  try {
+    std::vector<std::filesystem::path> roots(options.paths.begin(), options.paths.end());
+    if (roots.empty()) roots.push_back(".");
+    AppState state;
+    apply_options(options, state);
+    state.library = std::make_unique<RunLibrary>(roots);
+    return options.screenshot.empty() ? run_window(options, state) : run_screenshot(options, state);
+  } catch (const UserError& error) {
+    std::cerr << "proplab-gui: " << error.what() << "\n";
+    return 2;
+  }
+}

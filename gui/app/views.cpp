@@ -1,0 +1,954 @@
+// The windows of proplab-gui: one draw_<name>_window(AppState&) per window, built from the library's snapshots.
+#include <GL/gl.h>
+#include <imgui.h>
+#include <imgui_stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <iostream>
+#include <unordered_map>
+
+#include "core/error.h"
+
+#include "gui/app/app_state.h"
+
+namespace proplab::gui {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::size_t auto_select_limit = 8;     // runs selected automatically when nothing is chosen yet
+constexpr std::size_t table_config_columns = 6;  // differing config keys shown as columns
+constexpr std::size_t problem_lines = 4;         // bad-input messages shown under the runs table
+// Above this many runs in one plot, lines are drawn 1 px wide, so that many overlaid profiles stay apart.
+constexpr std::size_t thin_line_runs = 16;
+// ImGui 1.86 indexes io.KeysDown by the backend's key codes: GLFW's (GLFW_KEY_O, GLFW_KEY_F1).
+constexpr int key_o = 79;
+constexpr int key_f1 = 290;
+constexpr const char* view_names[] = {"depth", "dynamics", "heatmap", "compare"};
+// The tiled windows cover the whole framebuffer without overlapping, so they draw no background of their own:
+// the frame is cleared to the window colour (background_colour()). That saves a full-screen blended fill, a third
+// of a frame's cost under a software renderer (llvmpipe, docs/perf.md).
+constexpr ImGuiWindowFlags tiled_window = ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoResize |
+                                          ImGuiWindowFlags_NoCollapse | ImGuiWindowFlags_NoSavedSettings |
+                                          ImGuiWindowFlags_NoBackground;
+
+ImVec4 status_colour(const RunSnapshot& run) {
+  if (!run.ok()) return ImVec4(0.85f, 0.35f, 0.35f, 1.0f);
+  switch (run.status.value_or(RunStatus::failed)) {
+    case RunStatus::running:
+      return ImVec4(0.40f, 0.70f, 1.00f, 1.0f);
+    case RunStatus::completed:
+      return ImVec4(0.40f, 0.82f, 0.40f, 1.0f);
+    case RunStatus::diverged:
+      return ImVec4(1.00f, 0.62f, 0.20f, 1.0f);
+    case RunStatus::failed:
+      return ImVec4(0.95f, 0.30f, 0.30f, 1.0f);
+  }
+  return ImVec4(1, 1, 1, 1);
+}
+
+std::size_t colour_index(const AppState& state, const RunSnapshot& run) {
+  const auto found = state.selection_position.find(run.path.string());
+  return found == state.selection_position.end() ? 0 : found->second;
+}
+
+bool is_selected(const AppState& state, const fs::path& path) {
+  return state.selection_position.count(path.string()) > 0;
+}
+
+void toggle_selection(AppState& state, const fs::path& path) {
+  state.selection_touched = true;
+  const auto found = std::find(state.selection.begin(), state.selection.end(), path);
+  if (found == state.selection.end()) {
+    state.selection.push_back(path);
+  } else {
+    state.selection.erase(found);
+  }
+  sync_selection(state);
+}
+
+std::vector<std::string> stat_names(const RunList& runs, Direction direction) {
+  std::set<std::string> names;
+  for (const auto& run : runs) {
+    for (const auto& [name, matrix] : run->stats(direction)) names.insert(name);
+  }
+  return {names.begin(), names.end()};
+}
+
+std::int64_t max_records(const RunList& runs) {
+  std::int64_t records = 0;
+  for (const auto& run : runs) records = std::max<std::int64_t>(records, static_cast<std::int64_t>(run->records()));
+  return records;
+}
+
+// The record of `run` shown for the state's record index (clamped to the run's last); -1 without records.
+std::int64_t record_of(const RunSnapshot& run, std::int64_t record) {
+  const auto records = static_cast<std::int64_t>(run.records());
+  if (records == 0) return -1;
+  return record < 0 ? records - 1 : std::min(record, records - 1);
+}
+
+// A combo over `options`; `none_label` (when given) stands for the empty value.
+bool combo_strings(const char* label, std::string& value, const std::vector<std::string>& options,
+                   const char* none_label = nullptr) {
+  bool changed = false;
+  const std::string preview = value.empty() && none_label ? none_label : value;
+  if (ImGui::BeginCombo(label, preview.c_str())) {
+    if (none_label && ImGui::Selectable(none_label, value.empty())) {
+      value.clear();
+      changed = true;
+    }
+    for (const auto& option : options) {
+      if (ImGui::Selectable(option.c_str(), option == value)) {
+        value = option;
+        changed = true;
+      }
+    }
+    ImGui::EndCombo();
+  }
+  return changed;
+}
+
+void direction_combo(Direction& direction) {
+  int index = direction == Direction::forward ? 0 : 1;
+  ImGui::SetNextItemWidth(110);
+  if (ImGui::Combo("##direction", &index, "forward\0backward\0")) {
+    direction = index == 0 ? Direction::forward : Direction::backward;
+  }
+}
+
+// The statistic combo, falling back to a recorded statistic when the chosen one is not recorded by any run.
+void stat_combo(AppState& state, const RunList& runs) {
+  const auto names = stat_names(runs, state.direction);
+  if (!names.empty() && std::find(names.begin(), names.end(), state.stat) == names.end()) {
+    state.stat = std::find(names.begin(), names.end(), "var") != names.end() ? "var" : names.front();
+  }
+  ImGui::SetNextItemWidth(130);
+  combo_strings("##stat", state.stat, names);
+}
+
+void record_controls(AppState& state, const RunList& runs) {
+  const std::int64_t records = max_records(runs);
+  if (records == 0) return;
+  int record = static_cast<int>(state.record < 0 ? records - 1 : std::min(state.record, records - 1));
+  ImGui::SameLine();
+  if (ImGui::Button(state.playing ? "Pause" : "Play")) {
+    state.playing = !state.playing;
+    if (state.playing && record >= records - 1) state.record = 0;
+  }
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(220);
+  const std::int64_t step =
+      runs.front()->records() > 0 ? runs.front()->record_steps[record_of(*runs.front(), record)] : 0;
+  char format[64];
+  std::snprintf(format, sizeof(format), "record %%d (step %lld)", static_cast<long long>(step));
+  if (ImGui::SliderInt("##record", &record, 0, static_cast<int>(records - 1), format)) state.record = record;
+}
+
+std::string stat_title(const AppState& state) {
+  return std::string(direction_name(state.direction)) + " " + state.stat;
+}
+
+// The depth profile of `runs` (a subset of the selection) at the state's record.
+PlotSpec depth_spec(const AppState& state, const RunList& runs) {
+  PlotSpec spec;
+  spec.x_label = "probe depth";
+  spec.y_label = stat_title(state);
+  spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
+  for (const auto& run : runs) {
+    const Dataset2D* matrix = run->stat(state.direction, state.stat);
+    const std::int64_t record = record_of(*run, state.record);
+    if (matrix == nullptr || record < 0) continue;
+    const ImU32 colour = series_colour(colour_index(state, *run));
+    const float thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
+    PlotSeries measured;
+    measured.label = run->name;
+    measured.colour = colour;
+    measured.thickness = thickness;
+    const auto probes = probes_of_kind(run->probes, state.probe_kind);
+    for (const std::size_t p : probes) {
+      measured.x.push_back(static_cast<double>(run->probes[p].depth));
+      measured.y.push_back(matrix->at(record, static_cast<std::int64_t>(p)));
+    }
+    spec.series.push_back(std::move(measured));
+    const std::vector<double>* theory = run->theory(state.direction, state.stat);
+    if (state.show_theory && theory != nullptr) {
+      PlotSeries predicted;
+      predicted.label = run->name + " (theory, init)";
+      predicted.colour = colour;
+      predicted.dashed = true;
+      predicted.thickness = thickness;
+      for (const std::size_t p : probes) {
+        predicted.x.push_back(static_cast<double>(run->probes[p].depth));
+        predicted.y.push_back((*theory)[p]);
+      }
+      if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
+        spec.series.push_back(std::move(predicted));
+      }
+    }
+  }
+  if (!runs.empty()) {
+    const std::int64_t record = record_of(*runs.front(), state.record);
+    if (record >= 0) spec.title = "step " + std::to_string(runs.front()->record_steps[record]);
+  }
+  return spec;
+}
+
+// The probes the dynamics view follows in `run`: the chosen names it has, else the defaults.
+std::vector<std::size_t> dynamics_probes_of(const AppState& state, const RunSnapshot& run) {
+  std::vector<std::size_t> chosen;
+  for (const auto& name : state.dynamics_probes) {
+    for (std::size_t p = 0; p < run.probes.size(); ++p) {
+      if (run.probes[p].name == name) chosen.push_back(p);
+    }
+  }
+  return chosen.empty() ? default_dynamics_probes(run.probes) : chosen;
+}
+
+PlotSpec dynamics_spec(const AppState& state, const RunList& runs) {
+  PlotSpec spec;
+  spec.x_label = "step";
+  spec.y_label = stat_title(state);
+  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
+  spec.y_scale = state.dynamics_log_y ? AxisScale::log : AxisScale::linear;
+  for (const auto& run : runs) {
+    const Dataset2D* matrix = run->stat(state.direction, state.stat);
+    if (matrix == nullptr || run->records() == 0) continue;
+    const std::size_t colour = colour_index(state, *run);
+    const auto probes = dynamics_probes_of(state, *run);
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      PlotSeries series;
+      series.label = run->name + " · " + run->probes[probes[k]].name;
+      // The first probe in the run's own colour, later ones fainter.
+      series.colour = series_colour(colour, std::max(0.35f, 1.0f - 0.3f * static_cast<float>(k)));
+      series.thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
+      for (std::size_t r = 0; r < run->records(); ++r) {
+        series.x.push_back(static_cast<double>(run->record_steps[r]));
+        series.y.push_back(matrix->at(static_cast<std::int64_t>(r), static_cast<std::int64_t>(probes[k])));
+      }
+      spec.series.push_back(std::move(series));
+    }
+  }
+  if (!runs.empty()) {
+    const std::int64_t record = record_of(*runs.front(), state.record);
+    if (record >= 0) spec.x_marker = static_cast<double>(runs.front()->record_steps[record]);
+  }
+  return spec;
+}
+
+// One training curve per run: loss, lr or grad_norm.
+PlotSpec train_spec(const AppState& state, const RunList& runs, const char* which) {
+  PlotSpec spec;
+  spec.title = which;
+  spec.x_label = "step";
+  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
+  spec.y_scale = std::string(which) == "lr" ? AxisScale::linear : AxisScale::log;
+  spec.legend = false;
+  for (const auto& run : runs) {
+    const std::vector<double>& values = std::string(which) == "loss" ? run->train.loss
+                                        : std::string(which) == "lr" ? run->train.lr
+                                                                     : run->train.grad_norm;
+    const ImU32 colour = series_colour(colour_index(state, *run));
+    PlotSeries series;
+    series.label = run->name;
+    series.colour = colour;
+    series.thickness = 1.5f;
+    series.x.assign(run->train.step.begin(), run->train.step.end());
+    series.y = values;
+    spec.series.push_back(std::move(series));
+    if (std::string(which) == "loss" && run->eval.size() > 0) {
+      PlotSeries eval;
+      eval.label = run->name + " (eval)";
+      eval.colour = colour;
+      eval.dashed = true;
+      eval.x.assign(run->eval.step.begin(), run->eval.step.end());
+      eval.y = run->eval.loss;
+      spec.series.push_back(std::move(eval));
+    }
+  }
+  return spec;
+}
+
+HeatmapSpec heatmap_spec(const AppState& state, const RunSnapshot& run) {
+  HeatmapSpec spec;
+  spec.title = run.name;
+  spec.x_label = "step";
+  spec.y_label = "probe depth";
+  spec.value_label = stat_title(state);
+  spec.colour_scale = state.heatmap_log ? AxisScale::log : AxisScale::linear;
+  const Dataset2D* matrix = run.stat(state.direction, state.stat);
+  if (matrix == nullptr || run.records() == 0) return spec;
+  const auto probes = probes_of_kind(run.probes, state.probe_kind);
+  spec.rows = static_cast<std::int64_t>(probes.size());
+  spec.columns = static_cast<std::int64_t>(run.records());
+  spec.values.resize(static_cast<std::size_t>(spec.rows * spec.columns));
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    spec.row_labels.push_back(run.probes[probes[i]].name);
+    for (std::int64_t r = 0; r < spec.columns; ++r) {
+      spec.values[i * static_cast<std::size_t>(spec.columns) + static_cast<std::size_t>(r)] =
+          matrix->at(r, static_cast<std::int64_t>(probes[i]));
+    }
+  }
+  for (const auto step : run.record_steps) spec.column_values.push_back(static_cast<double>(step));
+  return spec;
+}
+
+// Uploads the heatmap of `spec` into the panel's texture when what it shows changed; sets spec.texture.
+void attach_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec) {
+  if (spec.rows <= 0 || spec.columns <= 0) return;
+  const std::string key = detail::concat(
+      run.path.string(), "|", run.modified.time_since_epoch().count(), "|", run.file_size, "|", run.records(), "|",
+      direction_name(state.direction), "|", state.stat, "|", state.probe_kind, "|", state.heatmap_log, "|",
+      spec.value_range ? spec.value_range->min : 0.0, "|", spec.value_range ? spec.value_range->max : 0.0);
+  AppState::HeatmapTexture& texture = state.heatmap_textures[panel];
+  if (texture.key != key) {
+    const std::vector<unsigned char> rgba = heatmap_rgba(spec);
+    if (rgba.empty()) return;
+    if (texture.texture == 0) glGenTextures(1, &texture.texture);
+    glBindTexture(GL_TEXTURE_2D, texture.texture);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MIN_FILTER, GL_NEAREST);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_MAG_FILTER, GL_NEAREST);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_WRAP_S, GL_CLAMP_TO_EDGE);
+    glTexParameteri(GL_TEXTURE_2D, GL_TEXTURE_WRAP_T, GL_CLAMP_TO_EDGE);
+    glPixelStorei(GL_UNPACK_ALIGNMENT, 1);
+    glTexImage2D(GL_TEXTURE_2D, 0, GL_RGBA8, static_cast<GLsizei>(spec.columns), static_cast<GLsizei>(spec.rows), 0,
+                 GL_RGBA, GL_UNSIGNED_BYTE, rgba.data());
+    texture.key = key;
+  }
+  spec.texture = reinterpret_cast<ImTextureID>(static_cast<std::uintptr_t>(texture.texture));
+}
+
+void probe_kind_combo(AppState& state, const RunList& runs) {
+  std::vector<std::string> kinds;
+  for (const auto& run : runs) {
+    for (const auto& kind : probe_kinds(run->probes)) {
+      if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
+    }
+  }
+  ImGui::SetNextItemWidth(120);
+  combo_strings("##kind", state.probe_kind, kinds, "all probes");
+}
+
+// Begins a tiled window at a fixed place, or the only window, full size, for a headless frame.
+bool begin_view_window(AppState& state, const char* title) {
+  const ImGuiIO& io = ImGui::GetIO();
+  if (state.single_view) {
+    ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
+    ImGui::SetNextWindowSize(io.DisplaySize, ImGuiCond_Always);
+    return ImGui::Begin(title, nullptr, tiled_window | ImGuiWindowFlags_NoTitleBar);
+  }
+  const float top = ImGui::GetFrameHeight();
+  const float left = std::max(380.0f, io.DisplaySize.x * 0.32f);
+  ImGui::SetNextWindowPos(ImVec2(left, top), ImGuiCond_Always);
+  ImGui::SetNextWindowSize(ImVec2(io.DisplaySize.x - left, io.DisplaySize.y - top), ImGuiCond_Always);
+  return ImGui::Begin(title, nullptr, tiled_window);
+}
+
+void empty_hint(const RunList& runs) {
+  if (runs.empty()) ImGui::TextDisabled("No run selected: pick runs in the Runs panel (or open a folder, Ctrl+O).");
+}
+
+// Small multiples over the groups of `runs` by the compare key, with shared axes.
+void draw_compare_panels(AppState& state, const RunList& runs) {
+  std::vector<std::size_t> all(runs.size());
+  for (std::size_t i = 0; i < runs.size(); ++i) all[i] = i;
+  const auto groups = group_runs(runs, all, state.compare_key);
+  if (groups.empty()) return;
+  const int columns = std::max(1, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(groups.size())))));
+  const int rows = static_cast<int>((groups.size() + columns - 1) / columns);
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const ImVec2 panel((avail.x - (columns - 1) * 6.0f) / columns,
+                     std::max(120.0f, (avail.y - (rows - 1) * 6.0f) / rows));
+
+  if (state.compare_plot == View::heatmap) {
+    // One heatmap per group (its first run), on one shared colour scale.
+    std::vector<HeatmapSpec> specs;
+    std::vector<ValueSpan> values;
+    for (const auto& group : groups) specs.push_back(heatmap_spec(state, *runs[group.members.front()]));
+    for (const auto& spec : specs) values.push_back({spec.values.data(), spec.values.size()});
+    const AxisRange shared = fit_range(values, state.heatmap_log ? AxisScale::log : AxisScale::linear, 0.0);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      if (g % columns != 0) ImGui::SameLine(0, 6.0f);
+      const RunSnapshot& run = *runs[groups[g].members.front()];
+      HeatmapSpec& spec = specs[g];
+      spec.value_range = shared;
+      attach_texture(state, "compare/" + groups[g].value, run, spec);
+      spec.title = state.compare_key + " = " + groups[g].value + " (" + spec.title + ")";
+      draw_heatmap(("compare_heatmap_" + groups[g].value).c_str(), state.heatmaps["compare/" + groups[g].value], spec,
+                   panel);
+    }
+    return;
+  }
+  std::vector<PlotSpec> specs;
+  std::vector<ValueSpan> xs, ys;
+  for (const auto& group : groups) {
+    RunList members;
+    for (const auto index : group.members) members.push_back(runs[index]);
+    PlotSpec spec = state.compare_plot == View::dynamics ? dynamics_spec(state, members) : depth_spec(state, members);
+    spec.title = state.compare_key + " = " + group.value + (spec.title.empty() ? "" : ", " + spec.title);
+    specs.push_back(std::move(spec));
+  }
+  for (const auto& spec : specs) {
+    for (const auto& series : spec.series) {
+      xs.push_back({series.x.data(), series.x.size()});
+      ys.push_back({series.y.data(), series.y.size()});
+    }
+  }
+  const AxisRange x_range = fit_range(xs, specs.front().x_scale, 0.02);
+  const AxisRange y_range = fit_range(ys, specs.front().y_scale, 0.05);
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    if (g % columns != 0) ImGui::SameLine(0, 6.0f);
+    specs[g].x_range = x_range;
+    specs[g].y_range = y_range;
+    specs[g].legend = true;
+    draw_plot(("compare_" + groups[g].value).c_str(), state.plots["compare/" + groups[g].value], specs[g], panel);
+  }
+}
+
+}  // namespace
+
+ImVec4 background_colour() {
+  ImVec4 colour = ImGui::GetStyle().Colors[ImGuiCol_WindowBg];
+  colour.w = 1.0f;
+  return colour;
+}
+
+const char* view_name(View view) { return view_names[static_cast<int>(view)]; }
+
+std::optional<View> parse_view(const std::string& text) {
+  for (int i = 0; i < 4; ++i) {
+    if (text == view_names[i]) return static_cast<View>(i);
+  }
+  return std::nullopt;
+}
+
+void refresh_from_library(AppState& state) {
+  if (!state.library) return;
+  if (state.library->generation() == state.seen_generation) return;
+  state.library_state = state.library->snapshot();
+  state.seen_generation = state.library_state.generation;
+  const RunList& runs = state.library_state.runs;
+  state.config_keys = config_keys(runs);
+  state.differing_keys = differing_config_keys(runs);
+  // The name is already the first column.
+  std::erase(state.differing_keys, std::string("name"));
+  // Selected runs that went away leave the selection.
+  std::unordered_map<std::string, bool> present;
+  for (const auto& run : runs) present.emplace(run->path.string(), run->ok());
+  std::erase_if(state.selection, [&](const fs::path& path) { return present.count(path.string()) == 0; });
+  if (!state.selection_touched) {
+    sync_selection(state);
+    for (const auto& run : runs) {
+      if (state.selection.size() >= auto_select_limit) break;
+      if (run->ok() && !is_selected(state, run->path)) state.selection.push_back(run->path);
+    }
+  }
+  sync_selection(state);
+  if (state.compare_key.empty() ||
+      std::find(state.config_keys.begin(), state.config_keys.end(), state.compare_key) == state.config_keys.end()) {
+    if (!state.differing_keys.empty()) state.compare_key = state.differing_keys.front();
+  }
+  // Bad input is said on stderr too, once per message.
+  for (const auto& problem : state.library_state.problems) {
+    if (state.reported.insert(problem).second) std::cerr << "proplab-gui: " << problem << "\n";
+  }
+  for (const auto& run : runs) {
+    if (run->ok()) continue;
+    const std::string message = run->path.string() + ": " + run->error;
+    if (state.reported.insert(message).second) std::cerr << "proplab-gui: " << message << "\n";
+  }
+}
+
+void release_gpu_resources(AppState& state) {
+  for (auto& [panel, texture] : state.heatmap_textures) {
+    if (texture.texture != 0) glDeleteTextures(1, &texture.texture);
+  }
+  state.heatmap_textures.clear();
+}
+
+void sync_selection(AppState& state) {
+  state.selection_position.clear();
+  for (std::size_t i = 0; i < state.selection.size(); ++i)
+    state.selection_position.emplace(state.selection[i].string(), i);
+  state.selected.assign(state.selection.size(), nullptr);
+  for (const auto& run : state.library_state.runs) {
+    const auto found = state.selection_position.find(run->path.string());
+    if (found != state.selection_position.end() && run->ok()) state.selected[found->second] = run;
+  }
+  std::erase(state.selected, nullptr);
+}
+
+const RunList& selected_runs(const AppState& state) { return state.selected; }
+
+void draw_runs_window(AppState& state) {
+  const ImGuiIO& io = ImGui::GetIO();
+  const float top = ImGui::GetFrameHeight();
+  const float left = std::max(380.0f, io.DisplaySize.x * 0.32f);
+  ImGui::SetNextWindowPos(ImVec2(0, top), ImGuiCond_Always);
+  ImGui::SetNextWindowSize(ImVec2(left, (io.DisplaySize.y - top) * 0.6f), ImGuiCond_Always);
+  if (!ImGui::Begin("Runs", nullptr, tiled_window)) {
+    ImGui::End();
+    return;
+  }
+  const RunList& runs = state.library_state.runs;
+  ImGui::SetNextItemWidth(-200);
+  ImGui::InputTextWithHint("##filter", "filter (name, status, key=value)", &state.filter);
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(-1);
+  combo_strings("##group", state.group_key, state.config_keys, "no grouping");
+
+  std::vector<std::size_t> visible;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (run_matches_filter(*runs[i], state.filter)) visible.push_back(i);
+  }
+  if (ImGui::SmallButton("select shown")) {
+    state.selection_touched = true;
+    for (const auto i : visible) {
+      if (runs[i]->ok() && !is_selected(state, runs[i]->path)) {
+        state.selection.push_back(runs[i]->path);
+        state.selection_position.emplace(runs[i]->path.string(), state.selection.size() - 1);
+      }
+    }
+    sync_selection(state);
+  }
+  ImGui::SameLine();
+  if (ImGui::SmallButton("clear selection")) {
+    state.selection_touched = true;
+    state.selection.clear();
+    sync_selection(state);
+  }
+  ImGui::SameLine();
+  ImGui::TextDisabled("%zu runs, %zu shown, %zu selected%s", runs.size(), visible.size(), state.selection.size(),
+                      state.library_state.initial_scan_done ? "" : " (loading...)");
+
+  // Bad input under the table: paths that hold no runs, then files that could not be read.
+  std::vector<std::string> messages = state.library_state.problems;
+  for (const auto& run : runs) {
+    if (!run->ok()) messages.push_back(run->path.filename().string() + ": " + run->error);
+  }
+  const std::size_t shown_messages = std::min(messages.size(), problem_lines);
+  const std::size_t extra = std::min(state.differing_keys.size(), table_config_columns);
+  const int columns = 4 + static_cast<int>(extra);
+  const float table_height = ImGui::GetContentRegionAvail().y -
+                             ImGui::GetTextLineHeightWithSpacing() * (1.0f + static_cast<float>(shown_messages));
+  if (ImGui::BeginTable("runs", columns,
+                        ImGuiTableFlags_ScrollY | ImGuiTableFlags_ScrollX | ImGuiTableFlags_RowBg |
+                            ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_Resizable,
+                        ImVec2(0, std::max(80.0f, table_height)))) {
+    ImGui::TableSetupScrollFreeze(1, 1);
+    ImGui::TableSetupColumn("run", ImGuiTableColumnFlags_WidthFixed, 170.0f);
+    ImGui::TableSetupColumn("status");
+    ImGui::TableSetupColumn("steps");
+    ImGui::TableSetupColumn("loss");
+    for (std::size_t k = 0; k < extra; ++k) ImGui::TableSetupColumn(state.differing_keys[k].c_str());
+    ImGui::TableHeadersRow();
+    auto row = [&](const RunSnapshot& run) {
+      ImGui::TableNextRow();
+      ImGui::TableSetColumnIndex(0);
+      const bool selected = is_selected(state, run.path);
+      ImGui::PushID(run.path.c_str());
+      if (selected) {
+        const auto rgb = series_rgb(colour_index(state, run));
+        ImGui::PushStyleColor(ImGuiCol_Text, IM_COL32(rgb[0], rgb[1], rgb[2], 255));
+      }
+      if (ImGui::Selectable(run.name.c_str(), selected, ImGuiSelectableFlags_SpanAllColumns) && run.ok()) {
+        toggle_selection(state, run.path);
+      }
+      if (selected) ImGui::PopStyleColor();
+      if (ImGui::IsItemHovered()) {
+        ImGui::SetTooltip("%s%s%s", run.path.c_str(), run.ok() ? "" : "\n", run.error.c_str());
+      }
+      ImGui::PopID();
+      ImGui::TableSetColumnIndex(1);
+      ImGui::TextColored(status_colour(run), "%s", run.status_text().c_str());
+      ImGui::TableSetColumnIndex(2);
+      if (run.ok()) ImGui::Text("%zu", run.train.size());
+      ImGui::TableSetColumnIndex(3);
+      if (run.ok() && run.train.size() > 0) ImGui::TextUnformatted(format_value(run.final_loss()).c_str());
+      for (std::size_t k = 0; k < extra; ++k) {
+        ImGui::TableSetColumnIndex(4 + static_cast<int>(k));
+        ImGui::TextUnformatted(run.config_value(state.differing_keys[k]).c_str());
+      }
+    };
+    if (state.group_key.empty()) {
+      ImGuiListClipper clipper;
+      clipper.Begin(static_cast<int>(visible.size()));
+      while (clipper.Step()) {
+        for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) row(*runs[visible[i]]);
+      }
+    } else {
+      for (const auto& group : group_runs(runs, visible, state.group_key)) {
+        ImGui::TableNextRow();
+        ImGui::TableSetColumnIndex(0);
+        ImGui::TextDisabled("%s = %s (%zu)", state.group_key.c_str(), group.value.c_str(), group.members.size());
+        for (const auto index : group.members) row(*runs[index]);
+      }
+    }
+    ImGui::EndTable();
+  }
+  for (std::size_t i = 0; i < shown_messages; ++i) {
+    const bool last = i + 1 == shown_messages && messages.size() > shown_messages;
+    if (last) {
+      ImGui::TextColored(ImVec4(1.0f, 0.5f, 0.4f, 1.0f), "... and %zu more problems (stderr lists them all)",
+                         messages.size() - shown_messages + 1);
+    } else {
+      ImGui::TextColored(ImVec4(1.0f, 0.5f, 0.4f, 1.0f), "%s", messages[i].c_str());
+    }
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", messages[i].c_str());
+  }
+  ImGui::End();
+}
+
+void draw_depth_window(AppState& state) {
+  if (!begin_view_window(state, "Depth profile")) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  direction_combo(state.direction);
+  ImGui::SameLine();
+  stat_combo(state, runs);
+  ImGui::SameLine();
+  probe_kind_combo(state, runs);
+  record_controls(state, runs);
+  ImGui::SameLine();
+  ImGui::Checkbox("log y", &state.depth_log_y);
+  ImGui::SameLine();
+  ImGui::Checkbox("theory", &state.show_theory);
+  empty_hint(runs);
+  draw_plot("depth", state.plots["depth"], depth_spec(state, runs), ImGui::GetContentRegionAvail());
+  ImGui::End();
+}
+
+void draw_dynamics_window(AppState& state) {
+  if (!begin_view_window(state, "Dynamics")) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  direction_combo(state.direction);
+  ImGui::SameLine();
+  stat_combo(state, runs);
+  ImGui::SameLine();
+  const std::string probes_preview = state.dynamics_probes.empty()
+                                         ? "first, middle, last block"
+                                         : std::to_string(state.dynamics_probes.size()) + " probes";
+  ImGui::SetNextItemWidth(200);
+  if (ImGui::BeginCombo("##probes", probes_preview.c_str())) {
+    if (ImGui::Selectable("first, middle, last block", state.dynamics_probes.empty())) state.dynamics_probes.clear();
+    if (!runs.empty()) {
+      for (const auto& probe : runs.front()->probes) {
+        const auto found = std::find(state.dynamics_probes.begin(), state.dynamics_probes.end(), probe.name);
+        bool chosen = found != state.dynamics_probes.end();
+        if (ImGui::Checkbox(probe.name.c_str(), &chosen)) {
+          if (chosen) {
+            state.dynamics_probes.push_back(probe.name);
+          } else {
+            state.dynamics_probes.erase(found);
+          }
+        }
+      }
+    }
+    ImGui::EndCombo();
+  }
+  ImGui::SameLine();
+  ImGui::Checkbox("log x", &state.dynamics_log_x);
+  ImGui::SameLine();
+  ImGui::Checkbox("log y", &state.dynamics_log_y);
+  empty_hint(runs);
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const float lower = std::max(140.0f, avail.y * 0.34f);
+  draw_plot("dynamics", state.plots["dynamics"], dynamics_spec(state, runs), ImVec2(avail.x, avail.y - lower - 6.0f));
+  const float panel = (avail.x - 12.0f) / 3.0f;
+  const char* curves[] = {"loss", "lr", "grad_norm"};
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0) ImGui::SameLine(0, 6.0f);
+    draw_plot(curves[i], state.plots[std::string("train/") + curves[i]], train_spec(state, runs, curves[i]),
+              ImVec2(panel, lower));
+  }
+  ImGui::End();
+}
+
+void draw_heatmap_window(AppState& state) {
+  if (!begin_view_window(state, "Heatmap")) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  const RunSnapshot* run = nullptr;
+  for (const auto& candidate : runs) {
+    if (candidate->path == state.heatmap_run) run = candidate.get();
+  }
+  if (run == nullptr && !runs.empty()) run = runs.front().get();
+  ImGui::SetNextItemWidth(200);
+  if (ImGui::BeginCombo("##run", run ? run->name.c_str() : "(no run)")) {
+    for (const auto& candidate : runs) {
+      if (ImGui::Selectable(candidate->name.c_str(), candidate.get() == run)) state.heatmap_run = candidate->path;
+    }
+    ImGui::EndCombo();
+  }
+  ImGui::SameLine();
+  direction_combo(state.direction);
+  ImGui::SameLine();
+  stat_combo(state, runs);
+  ImGui::SameLine();
+  probe_kind_combo(state, runs);
+  ImGui::SameLine();
+  ImGui::Checkbox("log colour", &state.heatmap_log);
+  empty_hint(runs);
+  if (run != nullptr) {
+    HeatmapSpec spec = heatmap_spec(state, *run);
+    attach_texture(state, "heatmap", *run, spec);
+    draw_heatmap("heatmap", state.heatmaps["heatmap"], spec, ImGui::GetContentRegionAvail());
+  }
+  ImGui::End();
+}
+
+void draw_compare_window(AppState& state) {
+  if (!begin_view_window(state, "Compare")) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  ImGui::SetNextItemWidth(180);
+  combo_strings("##key", state.compare_key, state.config_keys);
+  ImGui::SameLine();
+  int plot = state.compare_plot == View::dynamics ? 1 : state.compare_plot == View::heatmap ? 2 : 0;
+  ImGui::SetNextItemWidth(120);
+  if (ImGui::Combo("##plot", &plot, "depth\0dynamics\0heatmap\0")) {
+    state.compare_plot = plot == 1 ? View::dynamics : plot == 2 ? View::heatmap : View::depth;
+  }
+  ImGui::SameLine();
+  direction_combo(state.direction);
+  ImGui::SameLine();
+  stat_combo(state, runs);
+  ImGui::SameLine();
+  probe_kind_combo(state, runs);
+  record_controls(state, runs);
+  empty_hint(runs);
+  if (!runs.empty()) draw_compare_panels(state, runs);
+  ImGui::End();
+}
+
+void draw_details_window(AppState& state) {
+  const ImGuiIO& io = ImGui::GetIO();
+  const float top = ImGui::GetFrameHeight();
+  const float left = std::max(380.0f, io.DisplaySize.x * 0.32f);
+  const float runs_height = (io.DisplaySize.y - top) * 0.6f;
+  ImGui::SetNextWindowPos(ImVec2(0, top + runs_height), ImGuiCond_Always);
+  ImGui::SetNextWindowSize(ImVec2(left, io.DisplaySize.y - top - runs_height), ImGuiCond_Always);
+  if (!ImGui::Begin("Run details", nullptr, tiled_window)) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  if (runs.empty()) {
+    ImGui::TextDisabled("Select a run to see its details.");
+    ImGui::End();
+    return;
+  }
+  if (ImGui::BeginTabBar("details")) {
+    if (ImGui::BeginTabItem("run")) {
+      const RunSnapshot& run = *runs.front();
+      ImGui::Text("%s", run.path.c_str());
+      ImGui::TextColored(status_colour(run), "%s", run.status_text().c_str());
+      if (!run.status_detail.empty()) {
+        ImGui::SameLine();
+        ImGui::TextWrapped("%s", run.status_detail.c_str());
+      }
+      ImGui::Text("started %s   ended %s", run.start_time.c_str(), run.end_time.empty() ? "-" : run.end_time.c_str());
+      if (!run.train.wall_time.empty()) {
+        ImGui::Text("wall time %.1f s, %s tokens/s at the end", run.train.wall_time.back(),
+                    format_value(run.train.tokens_per_s.back()).c_str());
+      }
+      ImGui::Text("%s, %s, %lld threads, %s", run.host.c_str(), run.device.c_str(), static_cast<long long>(run.threads),
+                  run.layout.c_str());
+      ImGui::Text("%zu steps, %zu records, %zu probes%s", run.train.size(), run.records(), run.probes.size(),
+                  run.swmr ? " (read live, SWMR)" : "");
+      ImGui::Separator();
+      ImGui::BeginChild("config", ImVec2(0, 0), false, ImGuiWindowFlags_HorizontalScrollbar);
+      ImGui::TextUnformatted(run.config_text.c_str());
+      ImGui::EndChild();
+      ImGui::EndTabItem();
+    }
+    if (ImGui::BeginTabItem("config diff")) {
+      auto pick = [&](const char* label, fs::path& path, std::size_t fallback) {
+        const RunSnapshot* chosen = nullptr;
+        for (const auto& run : runs) {
+          if (run->path == path) chosen = run.get();
+        }
+        if (chosen == nullptr) chosen = runs[std::min(fallback, runs.size() - 1)].get();
+        ImGui::SetNextItemWidth(160);
+        if (ImGui::BeginCombo(label, chosen->name.c_str())) {
+          for (const auto& run : runs) {
+            if (ImGui::Selectable(run->name.c_str(), run.get() == chosen)) path = run->path;
+          }
+          ImGui::EndCombo();
+        }
+        return chosen;
+      };
+      const RunSnapshot* a = pick("##left", state.diff_left, 0);
+      ImGui::SameLine();
+      ImGui::TextUnformatted("vs");
+      ImGui::SameLine();
+      const RunSnapshot* b = pick("##right", state.diff_right, 1);
+      const auto diff = config_diff(a->config, b->config);
+      if (diff.empty()) ImGui::TextDisabled("identical configs");
+      if (!diff.empty() && ImGui::BeginTable("diff", 3, ImGuiTableFlags_RowBg | ImGuiTableFlags_ScrollY)) {
+        ImGui::TableSetupColumn("key");
+        ImGui::TableSetupColumn(a->name.c_str());
+        ImGui::TableSetupColumn(b->name.c_str());
+        ImGui::TableHeadersRow();
+        for (const auto& difference : diff) {
+          ImGui::TableNextRow();
+          ImGui::TableSetColumnIndex(0);
+          ImGui::TextUnformatted(difference.key.c_str());
+          ImGui::TableSetColumnIndex(1);
+          ImGui::TextUnformatted(difference.left ? difference.left->c_str() : "(missing)");
+          ImGui::TableSetColumnIndex(2);
+          ImGui::TextUnformatted(difference.right ? difference.right->c_str() : "(missing)");
+        }
+        ImGui::EndTable();
+      }
+      ImGui::EndTabItem();
+    }
+    ImGui::EndTabBar();
+  }
+  ImGui::End();
+}
+
+void draw_help_window(AppState& state) {
+  if (!state.show_help) return;
+  const ImGuiIO& io = ImGui::GetIO();
+  ImGui::SetNextWindowPos(ImVec2(io.DisplaySize.x / 2, io.DisplaySize.y / 2), ImGuiCond_Always, ImVec2(0.5f, 0.5f));
+  ImGui::SetNextWindowBgAlpha(0.95f);
+  if (ImGui::Begin("Help", &state.show_help, ImGuiWindowFlags_AlwaysAutoResize | ImGuiWindowFlags_NoSavedSettings)) {
+    ImGui::TextUnformatted(
+        "Left / Right     previous / next record\n"
+        "Space            play / pause through the records\n"
+        "Ctrl+O           open a run file or folder\n"
+        "F1 or ?          this help\n"
+        "\n"
+        "In a plot: wheel zooms (Shift: x only, Ctrl: y only), left drag pans,\n"
+        "right drag zooms to a box, double-click fits, right click: menu (save PNG),\n"
+        "click a legend entry to hide or show its series.\n"
+        "Runs panel: click a run to select it; colours follow the selection order.");
+  }
+  ImGui::End();
+}
+
+void draw_open_folder_window(AppState& state) {
+  if (state.open_folder_requested) {
+    ImGui::OpenPopup("Open run file or folder");
+    state.open_folder_requested = false;
+  }
+  if (ImGui::BeginPopupModal("Open run file or folder", nullptr, ImGuiWindowFlags_AlwaysAutoResize)) {
+    ImGui::SetNextItemWidth(420);
+    if (ImGui::IsWindowAppearing()) ImGui::SetKeyboardFocusHere();
+    const bool entered = ImGui::InputText("##path", &state.open_folder_path, ImGuiInputTextFlags_EnterReturnsTrue);
+    if ((ImGui::Button("Open") || entered) && !state.open_folder_path.empty()) {
+      // The library checks the path on its worker; a bad one shows up as a problem in the Runs panel.
+      state.library->add_root(state.open_folder_path);
+      state.status_message = "opening " + state.open_folder_path;
+      ImGui::CloseCurrentPopup();
+    }
+    ImGui::SameLine();
+    if (ImGui::Button("Cancel")) ImGui::CloseCurrentPopup();
+    ImGui::EndPopup();
+  }
+}
+
+void handle_keyboard(AppState& state) {
+  const ImGuiIO& io = ImGui::GetIO();
+  if (io.WantTextInput) return;
+  const std::int64_t records = max_records(selected_runs(state));
+  const std::int64_t current = state.record < 0 ? records - 1 : std::min(state.record, records - 1);
+  if (records > 0 && ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_LeftArrow))) {
+    state.record = std::max<std::int64_t>(0, current - 1);
+    state.playing = false;
+  }
+  if (records > 0 && ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_RightArrow))) {
+    state.record = std::min(records - 1, current + 1);
+    state.playing = false;
+  }
+  if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Space), false)) {
+    state.playing = !state.playing;
+    if (state.playing && current >= records - 1) state.record = 0;
+  }
+  if (io.KeyCtrl && ImGui::IsKeyPressed(key_o, false)) state.open_folder_requested = true;
+  if (ImGui::IsKeyPressed(key_f1, false)) state.show_help = !state.show_help;
+  for (const ImWchar c : io.InputQueueCharacters) {
+    if (c == '?') state.show_help = !state.show_help;
+  }
+}
+
+void draw_frame(AppState& state) {
+  refresh_from_library(state);
+  sync_selection(state);
+  handle_keyboard(state);
+  const ImGuiIO& io = ImGui::GetIO();
+  if (state.playing) {
+    const std::int64_t records = max_records(selected_runs(state));
+    state.play_clock_s += io.DeltaTime;
+    const double period = 1.0 / std::max(0.1f, state.play_rate);
+    while (state.play_clock_s >= period && records > 0) {
+      state.play_clock_s -= period;
+      const std::int64_t current = state.record < 0 ? records - 1 : state.record;
+      state.record = current + 1 >= records ? 0 : current + 1;
+    }
+  }
+  if (state.single_view) {
+    switch (state.view) {
+      case View::depth:
+        draw_depth_window(state);
+        break;
+      case View::dynamics:
+        draw_dynamics_window(state);
+        break;
+      case View::heatmap:
+        draw_heatmap_window(state);
+        break;
+      case View::compare:
+        draw_compare_window(state);
+        break;
+    }
+    return;
+  }
+  if (ImGui::BeginMainMenuBar()) {
+    if (ImGui::BeginMenu("File")) {
+      if (ImGui::MenuItem("Open file or folder...", "Ctrl+O")) state.open_folder_requested = true;
+      ImGui::EndMenu();
+    }
+    for (int i = 0; i < 4; ++i) {
+      const View view = static_cast<View>(i);
+      if (ImGui::MenuItem(view_names[i], nullptr, state.view == view)) state.view = view;
+    }
+    if (ImGui::MenuItem("help", "F1")) state.show_help = !state.show_help;
+    if (!state.status_message.empty()) ImGui::TextDisabled("  %s", state.status_message.c_str());
+    ImGui::EndMainMenuBar();
+  }
+  draw_runs_window(state);
+  draw_details_window(state);
+  switch (state.view) {
+    case View::depth:
+      draw_depth_window(state);
+      break;
+    case View::dynamics:
+      draw_dynamics_window(state);
+      break;
+    case View::heatmap:
+      draw_heatmap_window(state);
+      break;
+    case View::compare:
+      draw_compare_window(state);
+      break;
+  }
+  draw_help_window(state);
+  draw_open_folder_window(state);
+}
+
+}  // namespace proplab::gui

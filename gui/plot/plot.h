@@ -1,0 +1,101 @@
+// gui/plot/plot: a focused line-plot and heatmap widget drawn with ImGui's ImDrawList (ImPlot is not packaged
+// for Debian). The maths (ticks, transforms, zoom, colour maps) is in plot_math.h and unit-tested.
+//
+// Interaction (when the mouse is over the plot): wheel zooms about the mouse (Shift: x only, Ctrl: y only),
+// left drag pans, right drag draws a zoom box, double-click fits the data again, a right click (no drag) opens a
+// menu (fit, save PNG), clicking a legend entry hides or shows that series; the crosshair follows the mouse and
+// the nearest point's series, x and y are shown.
+//
+// Invariants:
+// - Everything a plot remembers between frames lives in its PlotState / HeatmapState, owned by the caller (the
+//   app's AppState): the widget keeps no statics. Ranges follow the data (or the spec's fixed ranges) until the
+//   user zooms or pans; double-click returns to following.
+// - Values an axis cannot show (NaN, inf, <= 0 on a log axis) break the line instead of being drawn.
+// - A PNG export only records a request (ExportRequest: the plot's screen rectangle); the app reads the pixels
+//   back after rendering the next frame (the one without the menu that asked) and writes the file off the frame
+//   thread.
+#pragma once
+
+#include <imgui.h>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gui/plot/plot_math.h"
+
+namespace proplab::gui {
+
+ImU32 series_colour(std::size_t index, float alpha = 1.0f);
+
+struct PlotSeries {
+  std::string label;
+  std::vector<double> x, y;
+  ImU32 colour = IM_COL32_WHITE;
+  bool dashed = false;
+  float thickness = 2.0f;
+  bool in_legend = true;
+};
+
+struct PlotSpec {
+  std::string title, x_label, y_label;
+  AxisScale x_scale = AxisScale::linear;
+  AxisScale y_scale = AxisScale::linear;
+  std::vector<PlotSeries> series;
+  std::optional<AxisRange> x_range, y_range;  // fixed ranges (e.g. shared axes); else fitted to the data
+  std::optional<double> x_marker;             // a vertical line, e.g. the current record's step
+  bool legend = true;
+};
+
+// The screen rectangle a widget last drew, and a pending PNG export of it.
+struct ExportRequest {
+  bool requested = false;
+  bool armed = false;                    // the request has waited one frame (for the menu that made it to close)
+  float x0 = 0, y0 = 0, x1 = 0, y1 = 0;  // screen pixels, top-left origin
+  std::string name;                      // suggested file stem (the plot's title)
+};
+
+struct PlotState {
+  bool user_view = false;  // zoomed or panned: keep x/y instead of fitting
+  AxisRange x, y;
+  AxisScale x_scale = AxisScale::linear, y_scale = AxisScale::linear;  // scales the view was made for
+  std::set<std::string> hidden;                                        // labels of hidden series
+  bool box_active = false;
+  float box_x = 0, box_y = 0;  // where the zoom box started
+  ExportRequest export_request;
+};
+
+// Draws a line plot of `size` pixels at the cursor of the current window.
+void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 size);
+
+struct HeatmapSpec {
+  std::string title, x_label, y_label, value_label;
+  std::int64_t rows = 0, columns = 0;   // rows along y (probes, bottom = row 0), columns along x (records)
+  std::vector<double> values;           // [rows, columns] row-major
+  std::vector<std::string> row_labels;  // one per row (probe names)
+  std::vector<double> column_values;    // one per column (record steps), for labels
+  AxisScale colour_scale = AxisScale::linear;
+  std::optional<AxisRange> value_range;  // a fixed colour range (e.g. shared by small multiples); else the data's
+  // When set: a texture holding heatmap_rgba(spec) (nearest filtering), drawn as one image instead of one
+  // rectangle per cell (the app uploads it when the data changes; 40k cells cost ~5 ms of tessellation a frame).
+  ImTextureID texture = nullptr;
+};
+
+struct HeatmapState {
+  ExportRequest export_request;
+};
+
+// The colour range of a heatmap: spec.value_range, else that of every plottable value (on its colour scale).
+AxisRange heatmap_value_range(const HeatmapSpec& spec);
+// The cells as an RGBA image, columns × rows, top image row = the last spec row (drawn at the top).
+std::vector<unsigned char> heatmap_rgba(const HeatmapSpec& spec);
+
+// Draws a heatmap with a viridis colour bar and a hover read-out.
+void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, ImVec2 size);
+
+// Writes `rgba` (width × height × 4 bytes, top row first) as a PNG; false when the file could not be written.
+bool write_png(const std::string& path, int width, int height, const std::vector<unsigned char>& rgba);
+
+}  // namespace proplab::gui

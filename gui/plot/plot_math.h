@@ -1,0 +1,104 @@
+// gui/plot/plot_math: the pure maths behind the plot widget: tick placement, axis transforms, zoom and pan,
+// data ranges, nearest-point search and the colour maps. No ImGui, no GL: unit-tested in tests/gui.
+//
+// Invariants:
+// - An AxisRange has min < max and, on a log axis, min > 0 (make_valid_range repairs anything else).
+// - Linear ticks are multiples of a "nice" step 1, 2 or 5 × 10^k; log ticks sit on powers of ten (with 2 and 5
+//   between them when the range spans few decades). Every returned tick lies inside [min, max] (with a relative
+//   tolerance of 1e-9 of the range).
+// - AxisTransform maps data to pixels affinely in the value (linear) or in log10 of the value (log); pixel_min
+//   corresponds to range.min (for a y axis pass pixel_min = bottom, pixel_max = top). from_pixel inverts to_pixel.
+// - Values that a log axis cannot show (<= 0, NaN, inf) are "not plottable" and are skipped by fit_range.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace proplab::gui {
+
+enum class AxisScale { linear, log };
+
+struct AxisRange {
+  double min = 0.0;
+  double max = 1.0;
+};
+
+struct Tick {
+  double value = 0.0;
+  std::string label;
+  bool major = true;  // minor ticks get a grid line but no label
+};
+
+// A 1, 2 or 5 × 10^k step giving about `target` intervals over `span` (> 0).
+double nice_step(double span, int target);
+// Ticks on a linear axis, about `target` of them, labelled with as many decimals as the step needs.
+std::vector<Tick> linear_ticks(AxisRange range, int target);
+// Ticks on a log axis: labelled powers of ten (every k-th decade when there are too many); minor ticks at
+// 2..9 × 10^k when the range spans few decades; for a range inside one decade, linear ticks instead.
+std::vector<Tick> log_ticks(AxisRange range, int target);
+std::vector<Tick> axis_ticks(AxisRange range, AxisScale scale, int target);
+// A short label for a value on an axis whose ticks are `step` apart (linear) or any value (step 0).
+std::string format_tick(double value, double step);
+// A compact number for read-outs (hover, legends): 4 significant digits, scientific when large or small.
+std::string format_value(double value);
+
+bool plottable(double value, AxisScale scale);
+// Fixes an empty, inverted, non-finite or (log) non-positive range.
+AxisRange make_valid_range(AxisRange range, AxisScale scale);
+
+class AxisTransform {
+ public:
+  AxisTransform(AxisRange range, AxisScale scale, double pixel_min, double pixel_max);
+  double to_pixel(double value) const;
+  double from_pixel(double pixel) const;
+  AxisRange range() const { return range_; }
+  AxisScale scale() const { return scale_; }
+
+ private:
+  double forward(double value) const;  // value -> linear space (log10 on a log axis)
+  AxisRange range_;
+  AxisScale scale_;
+  double pixel_min_, pixel_max_;
+  double low_, high_;  // range in linear space
+};
+
+// The range covering every plottable value of the given series, padded by `padding` of its span on each side
+// (in linear space); nothing plottable: the default [0, 1] (linear) or [0.1, 10] (log).
+struct ValueSpan {
+  const double* values = nullptr;
+  std::size_t size = 0;
+};
+AxisRange fit_range(const std::vector<ValueSpan>& series, AxisScale scale, double padding = 0.05);
+// Zooms by `factor` (< 1 zooms in) keeping `anchor` (a data value) at the same place.
+AxisRange zoom_range(AxisRange range, AxisScale scale, double anchor, double factor);
+// Moves the range by `pixels` of a `pixel_span`-pixel axis (positive: towards larger values).
+AxisRange pan_range(AxisRange range, AxisScale scale, double pixels, double pixel_span);
+// The range between two data values (e.g. a zoom box), either order.
+AxisRange range_between(double a, double b, AxisScale scale);
+
+// Index of the point nearest to (px, py) in pixels within `max_distance`; -1 when none.
+struct PixelPoint {
+  double x = 0.0, y = 0.0;
+};
+long nearest_point(const std::vector<PixelPoint>& points, double px, double py, double max_distance);
+
+// The colour of the i-th series (runs in selection order): Tableau's 10 categorical colours, then again
+// darkened by a fifth, then lightened, and so on. RGB bytes.
+std::array<unsigned char, 3> series_rgb(std::size_t index);
+
+// Perceptual colour maps: t in [0, 1] (clamped; NaN gives grey) -> RGB in [0, 1].
+std::array<float, 3> viridis(double t);
+// Where `value` falls in [min, max] on a linear or log colour scale, clamped to [0, 1]; NaN when not plottable.
+double colour_position(double value, double min, double max, AxisScale scale);
+
+// Alternating on/off lengths (pixels) along a polyline: the dashes of a dashed series. Returns the pieces
+// as (start, end) fractions of each segment, for segment i of lengths[i].
+struct DashPiece {
+  std::size_t segment = 0;
+  double from = 0.0, to = 1.0;  // fractions of the segment
+};
+std::vector<DashPiece> dash_pieces(const std::vector<double>& segment_lengths, double on, double off);
+
+}  // namespace proplab::gui

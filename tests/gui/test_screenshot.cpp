@@ -1,0 +1,259 @@
+// proplab-gui run as a child process: headless screenshots of every view (EGL surfaceless, no display server),
+// bad input, and the windowed app under Xvfb. Skipped, with a message, when the GUI app is not built.
+#include <gtest/gtest.h>
+
+#ifdef PROPLAB_GUI_BINARY
+
+#include <stb/stb_image.h>
+
+#include <array>
+#include <cstdlib>
+#include <set>
+
+#include "cli/cli_test_support.h"
+#include "gui/data/synthetic_run.h"
+#include "gui/plot/plot_math.h"
+
+namespace proplab::gui {
+namespace {
+
+namespace fs = std::filesystem;
+using RGB = std::array<unsigned char, 3>;
+
+struct Image {
+  int width = 0, height = 0;
+  std::vector<unsigned char> rgb;  // width × height × 3, top row first
+  RGB at(int x, int y) const {
+    const std::size_t i = (static_cast<std::size_t>(y) * width + x) * 3;
+    return {rgb[i], rgb[i + 1], rgb[i + 2]};
+  }
+};
+
+Image load_png(const fs::path& path) {
+  Image image;
+  int channels = 0;
+  unsigned char* data = stbi_load(path.c_str(), &image.width, &image.height, &channels, 3);
+  if (data == nullptr) return image;
+  image.rgb.assign(data, data + static_cast<std::size_t>(image.width) * image.height * 3);
+  stbi_image_free(data);
+  return image;
+}
+
+bool near(const RGB& a, const RGB& b, int tolerance = 6) {
+  for (int c = 0; c < 3; ++c) {
+    if (std::abs(static_cast<int>(a[c]) - static_cast<int>(b[c])) > tolerance) return false;
+  }
+  return true;
+}
+
+std::size_t count_colour(const Image& image, const RGB& colour) {
+  std::size_t count = 0;
+  for (int y = 0; y < image.height; ++y) {
+    for (int x = 0; x < image.width; ++x) count += near(image.at(x, y), colour) ? 1 : 0;
+  }
+  return count;
+}
+
+std::size_t distinct_colours(const Image& image) {
+  std::set<unsigned> colours;
+  for (std::size_t i = 0; i + 2 < image.rgb.size(); i += 3) {
+    colours.insert(image.rgb[i] << 16 | image.rgb[i + 1] << 8 | image.rgb[i + 2]);
+  }
+  return colours.size();
+}
+
+// The most separate horizontal runs (>= 3 pixels each) of `colour` in any one row: a dashed horizontal line
+// gives many, a solid curve crossing a row only one or two.
+int most_dashes_in_a_row(const Image& image, const RGB& colour) {
+  int best = 0;
+  for (int y = 0; y < image.height; ++y) {
+    int dashes = 0, run = 0;
+    for (int x = 0; x <= image.width; ++x) {
+      if (x < image.width && near(image.at(x, y), colour)) {
+        ++run;
+      } else {
+        if (run >= 3) ++dashes;
+        run = 0;
+      }
+    }
+    best = std::max(best, dashes);
+  }
+  return best;
+}
+
+RGB colour_of(std::size_t index) { return series_rgb(index); }
+
+class GuiScreenshotTest : public cli_test::CliTest {
+ protected:
+  // Not CliTest::SetUp: these tests run proplab-gui, not proplab (PROPLAB_BINARY).
+  void SetUp() override {
+    gui_ = PROPLAB_GUI_BINARY;
+    ASSERT_TRUE(fs::is_regular_file(gui_)) << gui_ << " is not built";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    base_ = fs::temp_directory_path() / ("proplab_gui_" + std::to_string(getpid()) + "_" + info->name());
+    fs::remove_all(base_);
+    work_ = base_ / "work";
+    capture_ = base_ / "capture";
+    fs::create_directories(work_);
+    fs::create_directories(capture_);
+  }
+
+  // Two runs under different rules: "pre" grows with depth (theory: a flat line at 5), "dslm" stays flat
+  // (theory: a flat line at 0.7). The GUI selects them in path order, so a.h5 gets colour 0 and b.h5 colour 1.
+  void write_two_runs() {
+    SyntheticRunSpec grows;
+    grows.name = "a_pre_standard";
+    grows.rule = "standard";
+    grows.layers = 3;
+    grows.records = 4;
+    grows.depth_slope = 0.5;
+    grows.theory_constant = 5.0;
+    write_synthetic_run(work_ / "runs" / "a.h5", grows);
+    SyntheticRunSpec flat = grows;
+    flat.name = "b_deepscalelm";
+    flat.rule = "deepscalelm";
+    flat.depth_slope = 0.02;
+    flat.theory_constant = 0.7;
+    write_synthetic_run(work_ / "runs" / "nested" / "b.h5", flat);
+  }
+
+  cli_test::CliResult screenshot(const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--screenshot", (work_ / name).string(), "--size", "640x400"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_program(gui_, args);
+  }
+
+  // Produced, of the requested size, and not blank.
+  Image expect_image(const std::string& name, const cli_test::CliResult& result) {
+    EXPECT_EQ(result.exit_code, 0) << describe(result);
+    const Image image = load_png(work_ / name);
+    EXPECT_EQ(image.width, 640) << name;
+    EXPECT_EQ(image.height, 400) << name;
+    if (image.rgb.empty()) return image;
+    EXPECT_GT(distinct_colours(image), 30u) << name << " looks blank";
+    return image;
+  }
+
+  fs::path gui_;
+};
+
+TEST_F(GuiScreenshotTest, DepthProfileShowsBothRulesAndTheDashedTheory) {
+  write_two_runs();
+  const auto result = screenshot("depth.png", {(work_ / "runs").string()});
+  EXPECT_NE(result.out.find("2 runs"), std::string::npos) << describe(result);
+  const Image image = expect_image("depth.png", result);
+  ASSERT_FALSE(image.rgb.empty());
+  EXPECT_GT(count_colour(image, colour_of(0)), 200u) << "the first run's colour is missing";
+  EXPECT_GT(count_colour(image, colour_of(1)), 200u) << "the second run's colour is missing";
+  EXPECT_FALSE(near(colour_of(0), colour_of(1), 40));
+  // Each run's theory is a flat dashed line in its own colour.
+  EXPECT_GE(most_dashes_in_a_row(image, colour_of(0)), 10);
+  EXPECT_GE(most_dashes_in_a_row(image, colour_of(1)), 10);
+
+  // Without the theory (forward rms has no prediction) there are no dashes.
+  const auto rms = screenshot("rms.png", {"--stat", "rms", (work_ / "runs").string()});
+  const Image plain = expect_image("rms.png", rms);
+  ASSERT_FALSE(plain.rgb.empty());
+  EXPECT_LT(most_dashes_in_a_row(plain, colour_of(0)), 4);
+}
+
+TEST_F(GuiScreenshotTest, EveryViewRendersHeadless) {
+  write_two_runs();
+  for (const std::string view : {"dynamics", "compare"}) {
+    SCOPED_TRACE(view);
+    const auto result = screenshot(view + ".png", {"--view", view, (work_ / "runs").string()});
+    const Image image = expect_image(view + ".png", result);
+    if (image.rgb.empty()) continue;
+    EXPECT_GT(count_colour(image, colour_of(0)), 100u);
+    EXPECT_GT(count_colour(image, colour_of(1)), 100u);
+  }
+  const auto heatmap = screenshot("heatmap.png", {"--view", "heatmap", "--backward", (work_ / "runs").string()});
+  const Image image = expect_image("heatmap.png", heatmap);
+  ASSERT_FALSE(image.rgb.empty());
+  // Both ends of the viridis map: the smallest and the largest value, in cells and in the colour bar.
+  const auto low = viridis(0.0), high = viridis(1.0);
+  const RGB low_rgb = {static_cast<unsigned char>(low[0] * 255), static_cast<unsigned char>(low[1] * 255),
+                       static_cast<unsigned char>(low[2] * 255)};
+  const RGB high_rgb = {static_cast<unsigned char>(high[0] * 255), static_cast<unsigned char>(high[1] * 255),
+                        static_cast<unsigned char>(high[2] * 255)};
+  EXPECT_GT(count_colour(image, low_rgb), 100u);
+  EXPECT_GT(count_colour(image, high_rgb), 100u);
+}
+
+TEST_F(GuiScreenshotTest, BadInputIsAMessageNotACrash) {
+  write_two_runs();
+  std::ofstream(work_ / "runs" / "garbage.h5") << "not hdf5";
+  fs::create_directories(work_ / "empty");
+  const auto result = screenshot("mixed.png", {(work_ / "runs").string(), (work_ / "empty").string()});
+  const Image image = expect_image("mixed.png", result);
+  EXPECT_NE(result.err.find("garbage.h5"), std::string::npos) << describe(result);
+  EXPECT_NE(result.err.find("holds no run files"), std::string::npos) << describe(result);
+  EXPECT_GT(count_colour(image, colour_of(0)), 100u) << "the good runs must still be drawn";
+
+  // Command-line mistakes: exit 2, a message, no PNG.
+  const auto stat = screenshot("nostat.png", {"--stat", "nonsense", (work_ / "runs").string()});
+  EXPECT_EQ(stat.exit_code, 2) << describe(stat);
+  EXPECT_NE(stat.err.find("recorded: rms, var"), std::string::npos) << describe(stat);
+  EXPECT_FALSE(fs::exists(work_ / "nostat.png"));
+  const auto view = screenshot("noview.png", {"--view", "sideways", (work_ / "runs").string()});
+  EXPECT_EQ(view.exit_code, 2) << describe(view);
+  EXPECT_NE(view.err.find("depth, dynamics, heatmap or compare"), std::string::npos) << describe(view);
+  const auto frames = run_program(gui_, {"--frames", "many"});
+  EXPECT_EQ(frames.exit_code, 2) << describe(frames);
+  const auto size = run_program(gui_, {"--screenshot", (work_ / "size.png").string(), "--size", "huge"});
+  EXPECT_EQ(size.exit_code, 2) << describe(size);
+  EXPECT_FALSE(fs::exists(work_ / "size.png"));
+}
+
+// The example runs docs/gui.md shows (real `proplab run` output) stay readable and render, each in its colour.
+TEST_F(GuiScreenshotTest, ShippedExampleRunsRender) {
+  const char* source = std::getenv("PROPLAB_SOURCE_DIR");
+  ASSERT_NE(source, nullptr) << "PROPLAB_SOURCE_DIR is not set: run through ctest";
+  const fs::path runs = fs::path(source) / "docs" / "examples" / "gui-runs";
+  for (const std::string view : {"depth", "heatmap"}) {
+    SCOPED_TRACE(view);
+    const auto result = screenshot(view + ".png", {"--view", view, "--kind", "residual", runs.string()});
+    EXPECT_NE(result.out.find("3 runs"), std::string::npos) << describe(result);
+    // No bad-input message (the graphics driver may print its own notes: those are not ours to judge).
+    EXPECT_EQ(result.err.find("proplab-gui:"), std::string::npos) << describe(result);
+    const Image image = expect_image(view + ".png", result);
+    if (view == "depth" && !image.rgb.empty()) {
+      for (std::size_t run = 0; run < 3; ++run) EXPECT_GT(count_colour(image, colour_of(run)), 100u) << run;
+    }
+  }
+}
+
+// Where xvfb-run is on PATH, or empty.
+fs::path find_on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string entries = path ? path : "/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= entries.size()) {
+    const std::size_t end = std::min(entries.find(':', start), entries.size());
+    const fs::path candidate = fs::path(entries.substr(start, end - start)) / program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+TEST_F(GuiScreenshotTest, StartsShowsARunAndQuitsUnderXvfb) {
+  const fs::path xvfb_run = find_on_path("xvfb-run");
+  if (xvfb_run.empty()) GTEST_SKIP() << "xvfb-run is not installed (Debian: xvfb xauth)";
+  write_two_runs();
+  const auto result = run_program(xvfb_run, {"-a", "-s", "-screen 0 1024x768x24", gui_.string(), "--frames", "5",
+                                             "--size", "1024x700", (work_ / "runs" / "a.h5").string()});
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_NE(result.out.find("closed after 5 frames with 1 runs, 1 shown"), std::string::npos) << describe(result);
+}
+
+}  // namespace
+}  // namespace proplab::gui
+
+#else
+
+TEST(GuiScreenshot, NeedsTheGuiApp) {
+  GTEST_SKIP() << "proplab-gui is not built (PROPLAB_GUI=OFF or imgui/glfw3/EGL missing): no screenshot tests";
+}
+
+#endif
