@@ -1,6 +1,7 @@
 // proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file; `proplab inspect
 // RUN.h5` summarises a run file; `proplab recover RUN.h5` repairs the run file of a killed run; `proplab theory
-// STUDY.toml` prints the theoretical predictions at initialisation (and compares them with a run).
+// STUDY.toml` prints the theoretical predictions at initialisation (and compares them with a run); `proplab sweep
+// STUDY.toml` runs the points of the study's [sweep] into one folder (exit statuses: cli/sweep.h).
 //
 // Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
 // written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
@@ -15,6 +16,7 @@
 
 #include "cli/inspect.h"
 #include "dist/communicator.h"
+#include "cli/sweep.h"
 #include "cli/theory.h"
 #include "study/run_spec.h"
 #include "study/study.h"
@@ -81,7 +83,9 @@ int main(int argc, char** argv) {
   app.footer(
       "Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
       "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
-      "  proplab recover RUN.h5\n  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
+      "  proplab recover RUN.h5\n"
+      "  proplab sweep STUDY.toml [--jobs N] [--out DIR] [--dry-run] [--shard i/n] [--retry-failed] [--emit slurm]\n"
+      "  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
       "Run `proplab <command> --help` for a command's options. Study keys: "
       "docs/studies.md; run files: docs/run-format.md.");
 
@@ -144,6 +148,34 @@ int main(int argc, char** argv) {
                      "A run file of this study (with a record at step 0): print measured vs predicted per probe and "
                      "the residual stream's median and worst relative error");
 
+  proplab::SweepCommandOptions sweep_options;
+  CLI::App* sweep = app.add_subcommand(
+      "sweep",
+      "Run every point of a study's [sweep] as its own `proplab run`, N at a time, into DIR/<run>.h5 with "
+      "DIR/index.csv. Rerunning continues: finished points are skipped, interrupted ones resumed. Exit status: 0 "
+      "all finished, 2 bad input, 4 stopped (rerun to continue), 5 some point failed (see index.csv).");
+  sweep->add_option("study", sweep_options.study_path, "The study file with a [sweep] table (docs/studies.md)")
+      ->required();
+  sweep->add_option("--set", sweep_options.overrides,
+                    "Override a study key for every point, as for `proplab run`. Repeatable.");
+  sweep->add_option("--jobs", sweep_options.jobs, "Points run at once (each gets cores/N CPUs; default 1)")
+      ->check(CLI::Range(1, 4096));
+  sweep->add_option("--out", sweep_options.out_dir, "The sweep folder (default: runs/<name>/)");
+  sweep->add_flag("--dry-run", sweep_options.dry_run,
+                  "Validate every point and print the plan (what would run, skip or resume); write nothing");
+  sweep->add_option("--shard", sweep_options.shard,
+                    "Run only shard i of n (0-based): the points whose index % n == i, e.g. --shard 0/4");
+  sweep->add_flag("--retry-failed", sweep_options.retry_failed, "Rerun points that failed before");
+  sweep->add_option("--emit", sweep_options.emit,
+                    "Write a job script instead of running: slurm (DIR/<name>.sbatch, an sbatch job array with one "
+                    "shard per task; docs/clusters.md)");
+  sweep->add_option("--tasks", sweep_options.tasks, "--emit slurm: array tasks (default: one per point)")
+      ->check(CLI::Range(1, 1000000));
+  sweep
+      ->add_option("--cpus-per-task", sweep_options.cpus_per_task,
+                   "--emit slurm: CPUs per array task (default: 2 per job)")
+      ->check(CLI::Range(1, 4096));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -161,6 +193,7 @@ int main(int argc, char** argv) {
       proplab::inspect_run_file(inspect_options, std::cout);
       return 0;
     }
+    if (*sweep) return proplab::sweep_command(sweep_options, std::cout);
     if (*theory) {
       theory_options.compare = compare_path;
       proplab::theory_command(theory_options, std::cout);

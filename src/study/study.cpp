@@ -398,7 +398,7 @@ Field required(Field field) {
 
 std::string check_name(const std::string& name) {
   const bool safe = std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '=' || c == ',';
   });
   if (name.empty()) return "is empty";
   if (!safe) return toml_string(name) + " has characters that are not safe in file names";
@@ -449,7 +449,8 @@ std::vector<TableSpec> build_schema() {
       {"",
        {
            required(string_field("name", PROPLAB_MEMBER(name),
-                                 "a name of letters, digits, '.', '_' and '-' (at most 128 characters)", check_name)),
+                                 "a name of letters, digits, '.', '_', '-', '=' and ',' (at most 128 characters)",
+                                 check_name)),
            integer_field("seed", PROPLAB_MEMBER(seed), 0, kMaxInt64),
        }},
       {"model",
