@@ -127,6 +127,15 @@ void draw_open_folder_window(AppState& state);
 // Arrow keys step records, space plays, Ctrl+O opens a folder, F1 or ? shows the help.
 void handle_keyboard(AppState& state);
 
+// The plot specs the views draw, for other renderers of the same figures (`proplab report`, gui/report): the
+// depth profile of `runs` at state.record (theory dashed), one training curve per run ("loss" with evaluation
+// dashed, "lr", "grad_norm"), and the heatmap of one run. Colours follow the selection order, as in the views.
+PlotSpec depth_plot_spec(const AppState& state, const RunList& runs);
+PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which);
+HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run);
+// Uploads `spec`'s cells into the texture of heatmap panel `panel` when they changed and sets spec.texture.
+void attach_heatmap_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec);
+
 // Deletes the heatmap textures; call while the OpenGL context is still current.
 void release_gpu_resources(AppState& state);
 

@@ -160,6 +160,10 @@ HeadlessRenderer::~HeadlessRenderer() {
 }
 
 HeadlessRenderer::FrameTime HeadlessRenderer::render_frame(AppState& state, float delta_s) {
+  return render_frame([&state] { draw_frame(state); }, delta_s);
+}
+
+HeadlessRenderer::FrameTime HeadlessRenderer::render_frame(const std::function<void()>& draw, float delta_s) {
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   ImGuiIO& io = ImGui::GetIO();
@@ -167,7 +171,7 @@ HeadlessRenderer::FrameTime HeadlessRenderer::render_frame(AppState& state, floa
   io.DeltaTime = delta_s;
   ImGui_ImplOpenGL3_NewFrame();
   ImGui::NewFrame();
-  draw_frame(state);
+  draw();
   ImGui::Render();
   const auto built = clock::now();
   glViewport(0, 0, width_, height_);

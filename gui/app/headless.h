@@ -1,7 +1,7 @@
 // gui/app/headless: renders proplab-gui frames offscreen, without a display server: EGL on Mesa's surfaceless
 // platform (llvmpipe on CI machines), else EGL's device platform (e.g. the NVIDIA driver on GPU nodes), an
 // OpenGL 3.3 core context and a framebuffer object of the requested size. `--screenshot`, the screenshot tests,
-// bench_gui and (next) `proplab report` draw through it.
+// bench_gui and `proplab report` (gui/report) draw through it.
 //
 // Invariants:
 // - One HeadlessRenderer per process at a time: it owns the EGL display/context, the FBO and the ImGui context,
@@ -9,6 +9,7 @@
 // - read_rgba() returns width × height × 4 bytes, top row first (PNG order).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ class HeadlessRenderer {
   };
   // Draws one frame of `state` (delta time `delta_s`) and waits until it is rendered.
   FrameTime render_frame(AppState& state, float delta_s = 1.0f / 60.0f);
+  // Draws one frame built by `draw` (called between ImGui::NewFrame and ImGui::Render instead of draw_frame) and
+  // waits until it is rendered; `proplab report` lays out its figures this way.
+  FrameTime render_frame(const std::function<void()>& draw, float delta_s = 1.0f / 60.0f);
   std::vector<unsigned char> read_rgba() const;
   int width() const { return width_; }
   int height() const { return height_; }

@@ -411,6 +411,18 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
 
 }  // namespace
 
+PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) { return depth_spec(state, runs); }
+
+PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which) {
+  return train_spec(state, runs, which);
+}
+
+HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) { return heatmap_spec(state, run); }
+
+void attach_heatmap_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec) {
+  attach_texture(state, panel, run, spec);
+}
+
 ImVec4 background_colour() {
   ImVec4 colour = ImGui::GetStyle().Colors[ImGuiCol_WindowBg];
   colour.w = 1.0f;

@@ -1,7 +1,8 @@
 // proplab: the command line. `proplab run STUDY.toml` trains a study and writes its run file; `proplab inspect
 // RUN.h5` summarises a run file; `proplab recover RUN.h5` repairs the run file of a killed run; `proplab theory
 // STUDY.toml` prints the theoretical predictions at initialisation (and compares them with a run); `proplab sweep
-// STUDY.toml` runs the points of the study's [sweep] into one folder (exit statuses: cli/sweep.h).
+// STUDY.toml` runs the points of the study's [sweep] into one folder (exit statuses: cli/sweep.h); `proplab report
+// DIR` draws a sweep folder's figures and report.md headless (exit statuses: cli/report.h).
 //
 // Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
 // written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
@@ -15,6 +16,7 @@
 #include <optional>
 
 #include "cli/inspect.h"
+#include "cli/report.h"
 #include "dist/communicator.h"
 #include "cli/sweep.h"
 #include "cli/theory.h"
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
       "  proplab recover RUN.h5\n"
       "  proplab sweep STUDY.toml [--jobs N] [--out DIR] [--dry-run] [--shard i/n] [--retry-failed] [--emit slurm]\n"
       "  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
+      "  proplab report DIR [--out DIR/report]\n"
       "Run `proplab <command> --help` for a command's options. Study keys: "
       "docs/studies.md; run files: docs/run-format.md.");
 
@@ -176,6 +179,16 @@ int main(int argc, char** argv) {
                    "--emit slurm: CPUs per array task (default: 2 per job)")
       ->check(CLI::Range(1, 4096));
 
+  proplab::ReportCommandOptions report_options;
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Draw the standard figures of a sweep folder (or any folder of run files) as PNGs, headless, and write "
+      "report.md with a summary table of every run. Exit status: 0 written, 1 this build has no renderer, 2 no "
+      "runs in DIR or some run file unreadable (the others are reported).");
+  report->add_option("dir", report_options.dir, "The sweep folder (with index.csv) or a folder of run files")
+      ->required();
+  report->add_option("--out", report_options.out, "The report folder (default: DIR/report)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -194,6 +207,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*sweep) return proplab::sweep_command(sweep_options, std::cout);
+    if (*report) return proplab::report_command(report_options, std::cout, std::cerr);
     if (*theory) {
       theory_options.compare = compare_path;
       proplab::theory_command(theory_options, std::cout);

@@ -1,0 +1,448 @@
+// `proplab report`: which runs, how they group, their summary values and report.md (no GL here; the figures are
+// drawn in report_figures.cpp).
+#include "gui/report/report.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "gui/data/run_groups.h"
+#include "gui/data/run_library.h"
+#include "sweep/index.h"
+
+namespace proplab::gui {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Columns of index.csv that are not swept values (sweep/index.h).
+const std::set<std::string> index_tail_columns = {"status",  "final_loss", "final_val_loss", "steps",
+                                                  "seconds", "file",       "detail"};
+
+bool is_seed_key(const std::string& key) {
+  return key == "seed" || (key.size() > 5 && key.compare(key.size() - 5, 5, ".seed") == 0);
+}
+
+std::string read_whole_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path.string() + ": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Fills a run's status from its readable file, or records why the file is bad.
+void attach_snapshot(ReportRun& run, std::vector<std::string>& bad_files) {
+  run.snapshot = load_run_snapshot(run.file);
+  if (run.snapshot->ok()) {
+    run.status = run.snapshot->status_text();
+    run.detail = run.snapshot->status_detail;
+    if (run.name.empty()) run.name = run.snapshot->name;
+    return;
+  }
+  if (run.name.empty()) run.name = run.file.stem().string();
+  bad_files.push_back(run.file.string() + ": " + run.snapshot->error);
+  run.detail = run.snapshot->error;
+  run.status = "unreadable";
+  run.snapshot = nullptr;
+}
+
+// Groups runs by their values of `keys` (one value vector per run), in order of first appearance.
+void group_by_values(ReportPlan& plan, const std::vector<std::vector<std::string>>& values) {
+  std::map<std::vector<std::string>, std::size_t> found;
+  for (std::size_t r = 0; r < plan.runs.size(); ++r) {
+    const auto [it, inserted] = found.emplace(values[r], plan.groups.size());
+    if (inserted) {
+      ReportGroup group;
+      std::string slug;
+      for (std::size_t k = 0; k < plan.group_keys.size(); ++k) {
+        group.label += (k ? ", " : "") + plan.group_keys[k] + "=" + values[r][k];
+        slug += (k ? "," : "") + plan.group_keys[k] + "=" + values[r][k];
+      }
+      if (plan.group_keys.empty()) {
+        group.label = "all runs";
+        slug = "all";
+      }
+      group.slug = report_slug(slug);
+      plan.groups.push_back(std::move(group));
+    }
+    plan.runs[r].group = it->second;
+    plan.groups[it->second].members.push_back(r);
+  }
+}
+
+void plan_from_index(ReportPlan& plan, const fs::path& index_file) {
+  const auto records = parse_csv(read_whole_file(index_file));
+  if (records.empty()) throw UserError(index_file.string() + ": empty (expected a header row: run, ..., status, ...)");
+  const std::vector<std::string>& header = records.front();
+  auto column = [&](const std::string& name) -> std::optional<std::size_t> {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? std::nullopt : std::optional<std::size_t>(it - header.begin());
+  };
+  const auto run_column = column("run"), status_column = column("status"), file_column = column("file"),
+             detail_column = column("detail");
+  if (!run_column || !status_column) {
+    throw UserError(index_file.string() + ": the header lacks the `run` or `status` column (not a sweep index)");
+  }
+  std::vector<std::size_t> key_columns;
+  for (std::size_t c = 0; c < header.size(); ++c) {
+    if (c == *run_column || index_tail_columns.count(header[c]) || is_seed_key(header[c])) continue;
+    key_columns.push_back(c);
+    plan.group_keys.push_back(header[c]);
+  }
+  std::vector<std::vector<std::string>> values;
+  for (std::size_t r = 1; r < records.size(); ++r) {
+    const auto& fields = records[r];
+    auto field = [&](std::optional<std::size_t> c) { return c && *c < fields.size() ? fields[*c] : std::string(); };
+    ReportRun run;
+    run.name = field(run_column);
+    if (run.name.empty()) continue;
+    const std::string file = field(file_column);
+    run.file = plan.dir / (file.empty() ? run.name + ".h5" : file);
+    run.status = field(status_column);
+    run.detail = field(detail_column);
+    if (fs::exists(run.file)) attach_snapshot(run, plan.bad_files);
+    std::vector<std::string> run_values;
+    for (const auto c : key_columns) run_values.push_back(field(c));
+    values.push_back(std::move(run_values));
+    plan.runs.push_back(std::move(run));
+  }
+  group_by_values(plan, values);
+}
+
+void plan_from_files(ReportPlan& plan) {
+  std::vector<std::string> problems;
+  const auto files = discover_run_files({plan.dir}, problems);
+  RunList readable;
+  for (const auto& file : files) {
+    ReportRun run;
+    run.file = file;
+    attach_snapshot(run, plan.bad_files);
+    if (run.snapshot) readable.push_back(run.snapshot);
+    plan.runs.push_back(std::move(run));
+  }
+  std::vector<std::string> keys;
+  for (const auto& key : differing_config_keys(readable)) {
+    if (key != "name" && !is_seed_key(key)) keys.push_back(key);
+  }
+  auto value_of = [](const ReportRun& run, const std::string& key) {
+    const std::string value = run.snapshot ? run.snapshot->config_value(key) : std::string();
+    return value.empty() ? std::string(unset_value) : value;
+  };
+  auto values_of = [&](const std::vector<std::string>& of) {
+    std::vector<std::vector<std::string>> values;
+    for (const auto& run : plan.runs) {
+      std::vector<std::string> run_values;
+      for (const auto& key : of) run_values.push_back(value_of(run, key));
+      values.push_back(std::move(run_values));
+    }
+    return values;
+  };
+  auto group_count = [&](const std::vector<std::string>& of) {
+    const auto values = values_of(of);
+    return std::set<std::vector<std::string>>(values.begin(), values.end()).size();
+  };
+  // Keys that the others already determine are left out of the labels (a rule's own parameters follow the
+  // rule): first those some run leaves unset, then the rest from the last.
+  const std::size_t groups = group_count(keys);
+  std::vector<std::string> candidates;
+  for (const bool unset_somewhere : {true, false}) {
+    for (auto key = keys.rbegin(); key != keys.rend(); ++key) {
+      const bool unset = std::any_of(plan.runs.begin(), plan.runs.end(), [&](const ReportRun& run) {
+        return run.snapshot && value_of(run, *key) == unset_value;
+      });
+      if (unset == unset_somewhere) candidates.push_back(*key);
+    }
+  }
+  for (const auto& candidate : candidates) {
+    std::vector<std::string> fewer;
+    for (const auto& key : keys) {
+      if (key != candidate) fewer.push_back(key);
+    }
+    if (group_count(fewer) == groups) keys = std::move(fewer);
+  }
+  plan.group_keys = keys;
+  group_by_values(plan, values_of(keys));
+}
+
+double ratio_at(const Dataset2D& matrix, std::int64_t record, std::size_t last, std::size_t first) {
+  if (record < 0 || record >= matrix.rows) return std::nan("");
+  return matrix.at(record, static_cast<std::int64_t>(last)) / matrix.at(record, static_cast<std::int64_t>(first));
+}
+
+double relative_error(double measured, double predicted) {
+  if (std::isnan(measured) || std::isnan(predicted)) return std::nan("");
+  const double difference = std::abs(measured - predicted);
+  if (predicted == 0.0) return difference == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return difference / std::abs(predicted);
+}
+
+// Median of the defined relative errors of `var` at record 0 over the residual-stream probes.
+double median_theory_error(const RunSnapshot& run, Direction direction) {
+  const Dataset2D* measured = run.stat(direction, "var");
+  const std::vector<double>* predicted = run.theory(direction, "var");
+  if (measured == nullptr || predicted == nullptr || measured->rows < 1) return std::nan("");
+  std::vector<double> errors;
+  for (std::size_t p = 0; p < run.probes.size(); ++p) {
+    if (run.probes[p].kind != "residual") continue;
+    const double error = relative_error(measured->at(0, static_cast<std::int64_t>(p)), (*predicted)[p]);
+    if (!std::isnan(error)) errors.push_back(error);
+  }
+  if (errors.empty()) return std::nan("");
+  std::sort(errors.begin(), errors.end());
+  const std::size_t n = errors.size();
+  return n % 2 == 1 ? errors[n / 2] : 0.5 * (errors[n / 2 - 1] + errors[n / 2]);
+}
+
+std::string table_cell(const std::string& text) {
+  std::string cell;
+  for (const char c : text) {
+    if (c == '|') {
+      cell += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      cell += ' ';
+    } else {
+      cell += c;
+    }
+  }
+  return cell;
+}
+
+}  // namespace
+
+ReportPlan plan_report(const fs::path& dir) {
+  if (!fs::is_directory(dir))
+    throw UserError(dir.string() + ": not a folder (expected a sweep folder or a folder of run files)");
+  ReportPlan plan;
+  plan.dir = dir;
+  const fs::path index_file = dir / "index.csv";
+  plan.from_index = fs::is_regular_file(index_file);
+  if (plan.from_index) {
+    plan_from_index(plan, index_file);
+  } else {
+    plan_from_files(plan);
+  }
+  const bool any_readable =
+      std::any_of(plan.runs.begin(), plan.runs.end(), [](const ReportRun& run) { return run.snapshot != nullptr; });
+  if (!any_readable) {
+    std::string message = dir.string() + ": no readable runs";
+    message += plan.from_index
+                   ? " (index.csv lists " + std::to_string(plan.runs.size()) + " points, none with a readable run file)"
+                   : " (no run files *.h5 under it that could be read)";
+    for (const auto& bad : plan.bad_files) message += "\n  unreadable: " + bad;
+    throw UserError(message);
+  }
+  return plan;
+}
+
+std::optional<std::pair<std::size_t, std::size_t>> growth_probe_pair(const std::vector<ProbeInfo>& probes) {
+  auto find = [&](const std::string& name) -> std::optional<std::size_t> {
+    for (std::size_t p = 0; p < probes.size(); ++p) {
+      if (probes[p].name == name) return p;
+    }
+    return std::nullopt;
+  };
+  std::int64_t last_block = -1;
+  for (const auto& probe : probes) last_block = std::max(last_block, probe.block);
+  if (last_block >= 0) {
+    const std::string last = std::to_string(last_block);
+    const auto block_in = find("blocks.0.in"), block_out = find("blocks." + last + ".out");
+    if (block_in && block_out) return std::make_pair(*block_in, *block_out);
+    const auto layer_in = find("layers.0.preact"), layer_out = find("layers." + last + ".preact");
+    if (layer_in && layer_out) return std::make_pair(*layer_in, *layer_out);
+  }
+  const auto residual = probes_of_kind(probes, "residual");
+  if (residual.size() >= 2) return std::make_pair(residual.front(), residual.back());
+  return std::nullopt;
+}
+
+RunMetrics report_metrics(const RunSnapshot& run) {
+  RunMetrics metrics;
+  metrics.final_loss = run.final_loss();
+  const auto pair = growth_probe_pair(run.probes);
+  if (pair) {
+    metrics.growth_first = run.probes[pair->first].name;
+    metrics.growth_last = run.probes[pair->second].name;
+    const std::int64_t last_record = static_cast<std::int64_t>(run.records()) - 1;
+    if (const Dataset2D* forward = run.stat(Direction::forward, "var")) {
+      metrics.growth_forward_init = ratio_at(*forward, 0, pair->second, pair->first);
+      metrics.growth_forward_end = ratio_at(*forward, last_record, pair->second, pair->first);
+    }
+    if (const Dataset2D* backward = run.stat(Direction::backward, "var")) {
+      metrics.growth_backward_init = ratio_at(*backward, 0, pair->second, pair->first);
+      metrics.growth_backward_end = ratio_at(*backward, last_record, pair->second, pair->first);
+    }
+  }
+  // The prediction is for the network at initialisation: only a record at step 0 compares with it.
+  if (run.records() > 0 && run.record_steps.front() == 0) {
+    metrics.theory_error_forward = median_theory_error(run, Direction::forward);
+    metrics.theory_error_backward = median_theory_error(run, Direction::backward);
+  }
+  return metrics;
+}
+
+std::string report_number(double value) {
+  if (std::isnan(value)) return "n/a";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.6g", value);
+  return text;
+}
+
+std::string report_slug(const std::string& text) {
+  std::string slug;
+  for (const char c : text) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '=' || c == ',' ||
+                      c == '+' || c == '-';
+    slug += keep ? c : '_';
+  }
+  return slug.empty() ? "_" : slug;
+}
+
+ReportFigures report_figure_names(const ReportPlan& plan) {
+  ReportFigures figures;
+  for (const auto& group : plan.groups) {
+    const bool readable = std::any_of(group.members.begin(), group.members.end(),
+                                      [&](std::size_t r) { return plan.runs[r].snapshot != nullptr; });
+    figures.depth.push_back(readable ? "figures/depth_" + group.slug + ".png" : "");
+    figures.loss.push_back(readable ? "figures/loss_" + group.slug + ".png" : "");
+  }
+  std::set<std::string> taken;
+  for (const auto& run : plan.runs) {
+    if (!run.snapshot) {
+      figures.heatmap.emplace_back();
+      continue;
+    }
+    // Two runs of a plain folder may share a name (in different subfolders): the later ones get a number.
+    std::string name = "figures/heatmap_" + report_slug(run.name);
+    for (int n = 2; taken.count(name); ++n) name = "figures/heatmap_" + report_slug(run.name) + "_" + std::to_string(n);
+    taken.insert(name);
+    figures.heatmap.push_back(name + ".png");
+  }
+  return figures;
+}
+
+std::string report_markdown(const ReportPlan& plan, const ReportFigures& figures,
+                            const std::vector<RunMetrics>& metrics) {
+  std::ostringstream md;
+  const std::string folder = fs::absolute(plan.dir).lexically_normal().filename().string();
+  md << "# proplab report: " << (folder.empty() ? plan.dir.string() : folder) << "\n\n";
+  md << plan.runs.size() << " runs from `" << plan.dir.string() << "` ("
+     << (plan.from_index ? "a sweep folder: index.csv" : "a folder of run files") << "), in " << plan.groups.size()
+     << (plan.groups.size() == 1 ? " group" : " groups");
+  if (!plan.group_keys.empty()) {
+    md << " by ";
+    for (std::size_t k = 0; k < plan.group_keys.size(); ++k) md << (k ? ", " : "") << "`" << plan.group_keys[k] << "`";
+  }
+  md << ".\n\n## Summary\n\n";
+  md << "| run | group | status | final loss | growth fwd init | growth fwd end | growth bwd init | growth bwd end | "
+        "theory error fwd | theory error bwd |\n";
+  md << "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::set<std::string> growth_definitions;
+  for (std::size_t r = 0; r < plan.runs.size(); ++r) {
+    const ReportRun& run = plan.runs[r];
+    const RunMetrics& m = metrics[r];
+    md << "| " << table_cell(run.name) << " | " << table_cell(plan.groups[run.group].label) << " | "
+       << table_cell(run.status) << " | " << report_number(m.final_loss) << " | "
+       << report_number(m.growth_forward_init) << " | " << report_number(m.growth_forward_end) << " | "
+       << report_number(m.growth_backward_init) << " | " << report_number(m.growth_backward_end) << " | "
+       << report_number(m.theory_error_forward) << " | " << report_number(m.theory_error_backward) << " |\n";
+    if (!m.growth_first.empty()) growth_definitions.insert("`" + m.growth_last + "` / `" + m.growth_first + "`");
+  }
+  md << "\n*final loss*: the last training loss. *growth*: `var` of the activations (fwd) or of their gradients "
+        "(bwd) at the last block's output over the first block's input";
+  if (!growth_definitions.empty()) {
+    md << " (";
+    std::size_t k = 0;
+    for (const auto& definition : growth_definitions) md << (k++ ? "; " : "") << definition;
+    md << ")";
+  }
+  md << ", at initialisation (record 0) and at the end (last record). *theory error*: the median over the "
+        "residual-stream probes of |measured − predicted| / |predicted| of `var` at initialisation (step 0). "
+        "n/a: the run file does not have what the value needs.\n";
+
+  bool any_detail = false;
+  for (const auto& run : plan.runs) any_detail = any_detail || (!run.detail.empty() && run.status != "completed");
+  if (any_detail) {
+    md << "\nNot completed:\n\n";
+    for (const auto& run : plan.runs) {
+      if (run.detail.empty() || run.status == "completed") continue;
+      md << "- " << run.name << " (" << run.status << "): " << table_cell(run.detail) << "\n";
+    }
+  }
+
+  for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+    const ReportGroup& group = plan.groups[g];
+    md << "\n## " << group.label << "\n\n";
+    if (figures.depth[g].empty()) {
+      md << "No readable run file in this group.\n";
+      continue;
+    }
+    md << "Depth profiles of `var`, forward (top) and backward (bottom), at initialisation (left) and at the end "
+          "(right); one colour per run, the theory's prediction at initialisation dashed.\n\n";
+    md << "![depth profiles: " << group.label << "](" << figures.depth[g] << ")\n\n";
+    md << "Training loss (evaluation loss dashed).\n\n";
+    md << "![loss: " << group.label << "](" << figures.loss[g] << ")\n\n";
+    md << "Heatmaps of `var` (probes by depth × records), forward and backward:\n";
+    for (const auto r : group.members) {
+      if (figures.heatmap[r].empty()) continue;
+      md << "\n### " << plan.runs[r].name << "\n\n![heatmap: " << plan.runs[r].name << "](" << figures.heatmap[r]
+         << ")\n";
+    }
+  }
+  if (!plan.bad_files.empty()) {
+    md << "\n## Unreadable files\n\n";
+    for (const auto& bad : plan.bad_files) md << "- " << table_cell(bad) << "\n";
+  }
+  return md.str();
+}
+
+int report_command(const ReportOptions& options, std::ostream& out, std::ostream& err, bool terminal) {
+  const ReportPlan plan = plan_report(options.dir);
+  const fs::path report_dir = options.out.empty() ? options.dir / "report" : options.out;
+  const ReportFigures figures = report_figure_names(plan);
+  std::vector<RunMetrics> metrics;
+  for (const auto& run : plan.runs) metrics.push_back(run.snapshot ? report_metrics(*run.snapshot) : RunMetrics{});
+  std::error_code error;
+  fs::create_directories(report_dir / "figures", error);
+  if (error)
+    throw UserError(detail::concat((report_dir / "figures").string(), ": cannot be created (", error.message(), ")"));
+  std::size_t shown_width = 0;
+  render_report_figures(plan, figures, report_dir, [&](std::size_t index, std::size_t count, const std::string& what) {
+    const std::string line = detail::concat("proplab report: figure ", index + 1, "/", count, ": ", what);
+    if (terminal) {
+      err << "\r" << line << std::string(shown_width > line.size() ? shown_width - line.size() : 0, ' ') << std::flush;
+      shown_width = line.size();
+    } else {
+      err << line << "\n";
+    }
+  });
+  if (terminal && shown_width > 0) err << "\n";
+  const fs::path markdown = report_dir / "report.md";
+  {
+    std::ofstream file(markdown, std::ios::binary);
+    file << report_markdown(plan, figures, metrics);
+    if (!file) throw UserError(markdown.string() + ": could not be written");
+  }
+  std::size_t written = 0;
+  for (const auto& group : figures.depth) written += group.empty() ? 0 : 1;
+  for (const auto& group : figures.loss) written += group.empty() ? 0 : 1;
+  for (const auto& heatmap : figures.heatmap) written += heatmap.empty() ? 0 : 1;
+  out << "proplab report: wrote " << markdown.string() << " (" << plan.runs.size() << " runs, " << plan.groups.size()
+      << " groups, " << written << " figures)\n";
+  if (plan.bad_files.empty()) return 0;
+  err << "proplab report: " << plan.bad_files.size() << " run file" << (plan.bad_files.size() == 1 ? "" : "s")
+      << " could not be read (left out of the report):\n";
+  for (const auto& bad : plan.bad_files) err << "  " << bad << "\n";
+  return 2;
+}
+
+}  // namespace proplab::gui
