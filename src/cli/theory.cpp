@@ -67,6 +67,13 @@ std::string model_text(const Study& study) {
     return detail::concat("transformer, layers ", m.layers, ", width ", m.width, ", heads ", m.heads, ", seq_len ",
                           m.seq_len, ", vocab ", m.vocab);
   }
+  if (study.model.type == "resnet") {
+    const ResnetConfig& m = study.model.resnet;
+    return detail::concat("resnet, depth ", m.depth, ", width ", m.width, ", ",
+                          m.block == ResnetBlock::basic ? "basic" : "bottleneck", " blocks, ",
+                          m.preact ? "pre" : "post", "-activation, norm ",
+                          m.norm == ResnetNorm::batchnorm ? "batchnorm" : "none");
+  }
   const MlpConfig& m = study.model.mlp;
   return detail::concat("mlp, layers ", m.layers, ", width ", m.width, ", input_dim ", m.input_dim);
 }

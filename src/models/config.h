@@ -50,10 +50,34 @@ struct MlpConfig {
   MlpHead head = MlpHead::classification;
 };
 
+enum class ResnetBlock { basic, bottleneck };
+enum class ResnetNorm { batchnorm, none };
+
+// CIFAR-style ResNet on NCHW images (He et al. 2016): a 3x3 stem conv, three stages of residual blocks with
+// 16·width, 32·width, 64·width channels (×4 at a bottleneck block's output), each stage after the first opening
+// with a transition block (stride 2, projection shortcut), global average pooling and a linear classifier.
+// depth = 6n + 2 (basic: n blocks of two 3x3 convs per stage) or 9n + 2 (bottleneck: 1x1, 3x3, 1x1).
+// preact: pre-activation blocks x + f(act(norm(x))) (He et al. 2016b); otherwise post-activation
+// act(x + norm(conv(...))).
+struct ResnetConfig {
+  int depth = 20;
+  int width = 1;
+  ResnetBlock block = ResnetBlock::basic;
+  ResnetNorm norm = ResnetNorm::batchnorm;
+  bool preact = false;
+  ops::Activation activation = ops::Activation::relu;
+  int in_channels = 3;
+  int image_size = 32;
+  int classes = 10;
+  float norm_eps = 1e-5f;
+  float bn_momentum = 0.1f;
+};
+
 struct ModelConfig {
-  std::string type = "transformer";  // transformer | mlp
+  std::string type = "transformer";  // transformer | mlp | resnet
   TransformerConfig transformer;
   MlpConfig mlp;
+  ResnetConfig resnet;
 };
 
 }  // namespace proplab

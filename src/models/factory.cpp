@@ -1,4 +1,5 @@
 #include "models/mlp.h"
+#include "models/resnet.h"
 #include "models/transformer.h"
 
 namespace proplab {
@@ -8,13 +9,15 @@ ModelShape model_shape(const ModelConfig& config) {
   shape.type = config.type;
   shape.transformer = config.transformer;
   shape.mlp = config.mlp;
+  shape.resnet = config.resnet;
   return shape;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed) {
   if (config.type == "transformer") return std::make_unique<Transformer>(config.transformer, scaling, seed);
   if (config.type == "mlp") return std::make_unique<Mlp>(config.mlp, scaling, seed);
-  throw UserError("model.type: unknown model \"" + config.type + "\"; allowed: transformer, mlp");
+  if (config.type == "resnet") return std::make_unique<Resnet>(config.resnet, scaling, seed);
+  throw UserError("model.type: unknown model \"" + config.type + "\"; allowed: transformer, mlp, resnet");
 }
 
 }  // namespace proplab

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "models/config.h"
 #include "nn/parameter.h"
@@ -48,6 +51,9 @@ class Model {
   virtual std::int64_t tokens_per_sample() const = 0;
   // Copies learnable residual scalars etc. from parameters after a checkpoint load (nothing to do by default).
   virtual void after_parameter_load() {}
+  // Named state that is not a parameter but must survive a checkpoint (BatchNorm running statistics): tensors the
+  // model updates itself, never the optimizer (none by default).
+  virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
 };
 
 // Builds the model described by `config` with parameters initialised by the scaling rule from `seed`.

@@ -95,6 +95,58 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor
 // Mean squared error 0.5*mean((pred - target)²) over all elements; d_pred = grad_scale*(pred - target)/numel.
 double mse_loss(const Tensor& pred, const Tensor& target, Tensor* d_pred, float grad_scale = 1.0f);
 
+// ---- images (NCHW) -----------------------------------------------------------------------------------------------
+// Images are [N, C, H, W], row-major (w fastest, then h, then channel, then sample). Convolution weights are
+// [C_out, C_in / groups, KH, KW]; group g maps input channels g·C_in/groups.. to output channels g·C_out/groups..
+// Output sizes: H_out = (H + 2·padding − KH) / stride + 1 (floor), likewise W_out. Zero padding.
+struct Conv2dParams {
+  int stride = 1;
+  int padding = 0;
+  int groups = 1;
+};
+// The output spatial size for an input size, kernel size and params (a UserError when it would be < 1).
+std::int64_t conv2d_out_size(std::int64_t in, std::int64_t kernel, int stride, int padding);
+// y [N, C_out, H_out, W_out] = conv(x [N, C_in, H, W], weight) (+ bias [C_out]); im2col + sgemm.
+void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, const Conv2dParams& params, Tensor& y);
+// d_x (overwrite, skipped when null), d_weight (+=), d_bias (+=, skipped when null).
+void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, const Conv2dParams& params, Tensor* d_x,
+                     Tensor& d_weight, Tensor* d_bias);
+
+// BatchNorm per channel over (N, H, W) of x [N, C, H, W] (or [N, C]): y = (x − mean_c)·rstd_c (·gamma + beta).
+// training: batch statistics (population variance), saved into mean/rstd [C], and the running statistics are
+// updated running ← (1 − momentum)·running + momentum·batch (running_var takes the unbiased batch variance).
+// eval: mean/rstd are filled from running_mean/running_var (left unchanged) and used instead.
+void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                       float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
+                       Tensor& rstd);
+// d_x (overwrite; through the batch statistics when training, the fixed running ones in eval), d_gamma/d_beta (+=).
+void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
+                        bool training, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
+
+// Scaled weight standardisation (NF-Nets) of weight [C_out, ...] per output row o over its fan_in elements:
+// w_hat[o, j] = gain[o] · scale · (w[o, j] − mean_o) · rstd_o, rstd_o = 1/sqrt(fan_in · var_o + eps)
+// (var population), so a standardised row has Σ_j w_hat² ≈ (gain·scale)². Saves mean, rstd [C_out].
+void weight_standardize_forward(const Tensor& weight, const Tensor* gain, float scale, float eps, Tensor& w_hat,
+                                Tensor& mean, Tensor& rstd);
+// d_weight (+=) and d_gain (+=, skipped when null) from d_w_hat: both are parameter gradients.
+void weight_standardize_backward(const Tensor& weight, const Tensor* gain, float scale, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& d_w_hat, Tensor& d_weight, Tensor* d_gain);
+
+// Average pooling, kernel k × k, stride s, no padding: y [N, C, H_out, W_out].
+void avg_pool2d_forward(const Tensor& x, int kernel, int stride, Tensor& y);
+void avg_pool2d_backward(const Tensor& d_y, int kernel, int stride, Tensor& d_x);
+// Max pooling, kernel k × k, stride s, padding p (padding never wins). argmax i32 [N, C, H_out, W_out] holds the
+// flat h·W + w index of each window's maximum (first one on ties) for backward.
+void max_pool2d_forward(const Tensor& x, int kernel, int stride, int padding, Tensor& y, Tensor& argmax);
+void max_pool2d_backward(const Tensor& d_y, const Tensor& argmax, Tensor& d_x);
+// Global average pooling: y [N, C] = mean over H, W of x [N, C, H, W].
+void global_avg_pool_forward(const Tensor& x, Tensor& y);
+void global_avg_pool_backward(const Tensor& d_y, Tensor& d_x);
+// Channels last: y [N, H·W, C] from x [N, C, H, W] (how probes see an image: tokens = pixels, features =
+// channels); and its inverse.
+void nchw_to_nhwc(const Tensor& x, Tensor& y);
+void nhwc_to_nchw(const Tensor& x, Tensor& y);
+
 // ---- optimizers (in place on one parameter tensor)
 // --------------------------------------------------------------------
 struct AdamWHyper {

@@ -22,9 +22,13 @@ class CustomRule final : public ScalingRule {
       case ParamRole::ffn_in:
       case ParamRole::mlp_input:
       case ParamRole::mlp_hidden:
+      case ParamRole::conv_stem:
+      case ParamRole::conv_branch:
+      case ParamRole::conv_shortcut:
         return InitSpec::normal_std(p_.at("hidden_std"));
       case ParamRole::attn_out:
       case ParamRole::ffn_out:
+      case ParamRole::conv_branch_out:
         return InitSpec::normal_std(p_.at("out_proj_std"));
       case ParamRole::readout:
         return InitSpec::normal_std(p_.at("readout_std"));

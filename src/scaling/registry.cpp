@@ -36,12 +36,24 @@ const char* param_role_name(ParamRole role) {
       return "norm_bias";
     case ParamRole::residual_scale:
       return "residual_scale";
+    case ParamRole::conv_stem:
+      return "conv_stem";
+    case ParamRole::conv_branch:
+      return "conv_branch";
+    case ParamRole::conv_branch_out:
+      return "conv_branch_out";
+    case ParamRole::conv_shortcut:
+      return "conv_shortcut";
   }
   return "?";
 }
 
 int ModelShape::residual_adds() const {
   if (type == "transformer") return 2 * transformer.layers;
+  if (type == "resnet") {
+    const int per_block = resnet.block == ResnetBlock::basic ? 6 : 9;
+    return 3 * std::max((resnet.depth - 2) / per_block, 0);
+  }
   return mlp.residual ? std::max(mlp.layers - 1, 0) : 0;
 }
 
@@ -49,6 +61,8 @@ double ScalingRule::logit_scale(int d_head) const { return 1.0 / std::sqrt(stati
 double ScalingRule::lr_multiplier(const ParamInfo&) const { return 1.0; }
 double ScalingRule::output_multiplier() const { return 1.0; }
 std::optional<ProfileRequest> ScalingRule::profile_request() const { return std::nullopt; }
+ResnetRuleSpec ScalingRule::resnet() const { return {}; }
+ResnetBlockSpec ScalingRule::resnet_block(int) const { return {}; }
 void ScalingRule::set_profile(const RuleProfile&) {
   PROPLAB_CHECK(false, "scaling rule \"", name(), "\" was given a profile it did not ask for");
 }

@@ -31,6 +31,11 @@ enum class ParamRole {
   norm_gain,
   norm_bias,
   residual_scale,  // learnable lambda / beta scalars
+  // ResNets (fan_in = input channels per group · kernel area):
+  conv_stem,        // the first conv (image channels -> stage 0)
+  conv_branch,      // a residual branch's conv other than its last
+  conv_branch_out,  // a residual branch's last conv
+  conv_shortcut,    // a transition block's projection shortcut
 };
 const char* param_role_name(ParamRole role);
 
@@ -66,6 +71,21 @@ struct ResidualSpec {
   bool learnable_beta = false;
 };
 
+// ResNets (models/resnet.h): model-wide choices a rule makes.
+struct ResnetRuleSpec {
+  // Scaled weight standardisation (NF-Nets) of every conv, with a learnable per-channel gain (role norm_gain);
+  // a conv that reads an activation's output standardises with scale activation_gain (γ = 1/std of φ(z),
+  // z ~ N(0, 1)), the stem with scale 1.
+  bool weight_standardization = false;
+  double activation_gain = 1.0;
+  // Fixup: a learnable scalar bias (role bias, init 0) before every conv and after every branch conv.
+  bool scalar_biases = false;
+};
+// ResNets: per residual block b (0-based over all blocks).
+struct ResnetBlockSpec {
+  double input_scale = 1.0;  // the branch (and a transition's shortcut) reads input_scale·x (NF-ResNets: 1/β_b)
+};
+
 // What a profiling pass measured on the initialised model (models/profile.h), for rules whose residual weights
 // depend on it (Admin). Population variances over the whole profiling batch, with every λ = β = 1.
 struct RuleProfile {
@@ -80,9 +100,10 @@ struct ProfileRequest {
 
 // What a rule may look at: the model as configured.
 struct ModelShape {
-  std::string type;  // transformer | mlp
+  std::string type;  // transformer | mlp | resnet
   TransformerConfig transformer;
   MlpConfig mlp;
+  ResnetConfig resnet;
   int residual_adds() const;  // number of residual combines in the model
 };
 
@@ -104,6 +125,9 @@ class ScalingRule {
   virtual std::optional<ProfileRequest> profile_request() const;
   // Takes the profiling pass's measurement (only called on a rule that asked for it).
   virtual void set_profile(const RuleProfile& profile);
+  // ResNets: what the rule fixes beyond init and (λ, β) (defaults: nothing).
+  virtual ResnetRuleSpec resnet() const;
+  virtual ResnetBlockSpec resnet_block(int block) const;
 };
 
 struct RuleParamDoc {

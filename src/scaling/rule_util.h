@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "scaling/resnet_util.h"
 #include "scaling/rule.h"
 
 namespace proplab::rule_util {
@@ -71,7 +72,8 @@ inline int whole_param(const ScalingConfig& config, const std::string& key, int 
 }
 
 // ReZero / SkipInit: x ← x + α·f with one learnable scalar α per residual add, initialised to alpha0; no
-// normalisation. Transformer weights and embeddings Xavier; MLP weights and biases mean-field from [model].
+// normalisation. Transformer weights and embeddings Xavier; MLP weights and biases mean-field from [model];
+// ResNets He (scaling/resnet_util.h).
 class LearnableBranchRule final : public ScalingRule {
  public:
   LearnableBranchRule(std::string name, double alpha0, const ModelShape& shape)
@@ -80,6 +82,7 @@ class LearnableBranchRule final : public ScalingRule {
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(alpha0_);
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
+    if (shape_.type == "resnet") return resnet_util::he_init(param);
     switch (param.role) {
       case ParamRole::bias:
       case ParamRole::norm_bias:

@@ -5,7 +5,7 @@
 // (SkipInit: a per-branch multiplier replacing BatchNorm in ResNets; ReZero: a residual weight, which its
 // reference transformer shares between a layer's attention and FFN sublayers, whereas proplab has one per
 // residual add for both). Transformer weights and embeddings Xavier, biases 0; a residual MLP keeps its
-// mean-field init.
+// mean-field init; a ResNet He init (norm = "none", every block's branch multiplier starts at alpha0).
 #include "scaling/rule_util.h"
 
 namespace proplab {
@@ -20,6 +20,8 @@ const RuleInfo kSkipInit{
       rule_util::require_norm(shape, "skipinit", NormPlacement::none,
                               "SkipInit removes normalisation and relies on its branch multipliers");
       rule_util::require_residual_mlp(shape, "skipinit");
+      resnet_util::require_resnet_norm(shape, "skipinit", ResnetNorm::none,
+                                       "SkipInit replaces BatchNorm by its branch multipliers");
       return std::make_unique<rule_util::LearnableBranchRule>("skipinit", config.params.at("alpha0"), shape);
     }};
 PROPLAB_REGISTER_RULE(kSkipInit);

@@ -1,8 +1,10 @@
 // The GPT-2 rule: weights N(0, std²) (std = 0.02), the two residual-branch output projections
 // N(0, (std/√(2N))²) with N the number of blocks, biases 0, norm gains 1, λ = β = 1.
 // For the MLP: weights N(0, σ_w²/fan_in), biases N(0, σ_b²) from [model], λ = β = 1 in the residual form.
+// For ResNets: He init (convs N(0, 2/fan_in), classifier N(0, 1/fan_in)), BatchNorm γ = 1, β = 0, λ = β = 1.
 #include <cmath>
 
+#include "scaling/resnet_util.h"
 #include "scaling/rule.h"
 
 namespace proplab {
@@ -15,6 +17,7 @@ class StandardRule final : public ScalingRule {
   std::string name() const override { return "standard"; }
   InitSpec init(const ParamInfo& param) const override {
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
+    if (shape_.type == "resnet") return resnet_util::he_init(param);
     switch (param.role) {
       case ParamRole::attn_out:
       case ParamRole::ffn_out:

@@ -428,6 +428,10 @@ std::vector<TableSpec> build_schema() {
     return when(std::move(field), "model.type", "model.type = \"mlp\"",
                 [](const Study& s) { return s.model.type == "mlp"; });
   };
+  const auto resnet = [](Field field) {
+    return when(std::move(field), "model.type", "model.type = \"resnet\"",
+                [](const Study& s) { return s.model.type == "resnet"; });
+  };
   const auto adamw = [](Field field) {
     return when(std::move(field), "train.optimizer", "train.optimizer = \"adamw\"",
                 [](const Study& s) { return s.train.optimizer == OptimizerKind::adamw; });
@@ -455,7 +459,8 @@ std::vector<TableSpec> build_schema() {
        }},
       {"model",
        {
-           choice_field("type", PROPLAB_MEMBER(model.type), {{"transformer", "transformer"}, {"mlp", "mlp"}}),
+           choice_field("type", PROPLAB_MEMBER(model.type),
+                        {{"transformer", "transformer"}, {"mlp", "mlp"}, {"resnet", "resnet"}}),
            transformer(integer_field("layers", PROPLAB_MEMBER(model.transformer.layers), 1, 100000)),
            transformer(integer_field("width", PROPLAB_MEMBER(model.transformer.width), 1, kMaxDim)),
            transformer(integer_field("heads", PROPLAB_MEMBER(model.transformer.heads), 1, kMaxDim)),
@@ -489,6 +494,23 @@ std::vector<TableSpec> build_schema() {
            mlp(bool_field("residual", PROPLAB_MEMBER(model.mlp.residual))),
            mlp(choice_field("head", PROPLAB_MEMBER(model.mlp.head),
                             {{"regression", MlpHead::regression}, {"classification", MlpHead::classification}})),
+           resnet(integer_field("depth", PROPLAB_MEMBER(model.resnet.depth), 8, 100000)),
+           resnet(integer_field("width", PROPLAB_MEMBER(model.resnet.width), 1, 64)),
+           resnet(choice_field("block", PROPLAB_MEMBER(model.resnet.block),
+                               {{"basic", ResnetBlock::basic}, {"bottleneck", ResnetBlock::bottleneck}})),
+           resnet(choice_field("norm", PROPLAB_MEMBER(model.resnet.norm),
+                               {{"batchnorm", ResnetNorm::batchnorm}, {"none", ResnetNorm::none}})),
+           resnet(bool_field("preact", PROPLAB_MEMBER(model.resnet.preact))),
+           resnet(choice_field("activation", PROPLAB_MEMBER(model.resnet.activation),
+                               {{"relu", Activation::relu},
+                                {"gelu", Activation::gelu_tanh},
+                                {"gelu_erf", Activation::gelu_erf},
+                                {"tanh", Activation::tanh}})),
+           resnet(integer_field("in_channels", PROPLAB_MEMBER(model.resnet.in_channels), 1, 64)),
+           resnet(integer_field("image_size", PROPLAB_MEMBER(model.resnet.image_size), 4, 1024)),
+           resnet(integer_field("classes", PROPLAB_MEMBER(model.resnet.classes), 2, kMaxDim)),
+           resnet(real_field("norm_eps", PROPLAB_MEMBER(model.resnet.norm_eps), RealRange{0, 1, true})),
+           resnet(real_field("bn_momentum", PROPLAB_MEMBER(model.resnet.bn_momentum), RealRange{0, 1})),
        }},
       {"train",
        {
@@ -520,11 +542,18 @@ std::vector<TableSpec> build_schema() {
                          {"markov", "markov"},
                          {"text", "text"},
                          {"tokens", "tokens"},
-                         {"gaussian", "gaussian"}}),
-           data_kind(
-               string_field("path", PROPLAB_MEMBER(data.path),
-                            "a readable file (relative paths start at the study file's directory)", check_not_empty),
-               {"text", "tokens"}),
+                         {"gaussian", "gaussian"},
+                         {"images", "images"},
+                         {"idx", "idx"},
+                         {"cifar10", "cifar10"}}),
+           data_kind(string_field("path", PROPLAB_MEMBER(data.path),
+                                  "a readable file, or for idx and cifar10 the directory of the files (relative paths "
+                                  "start at the study file's directory)",
+                                  check_not_empty),
+                     {"text", "tokens", "idx", "cifar10"}),
+           data_kind(bool_field("augment", PROPLAB_MEMBER(data.augment)), {"idx", "cifar10"}),
+           data_kind(integer_field("crop_padding", PROPLAB_MEMBER(data.crop_padding), 0, 64), {"idx", "cifar10"}),
+           data_kind(bool_field("flip", PROPLAB_MEMBER(data.flip)), {"idx", "cifar10"}),
            real_field("val_fraction", PROPLAB_MEMBER(data.val_fraction), RealRange{0, 1, true, true}),
            data_kind(integer_field("markov_successors", PROPLAB_MEMBER(data.markov_successors), 1, kMaxDim),
                      {"markov"}),
@@ -953,6 +982,46 @@ void Validator::check_combinations(Study& study) {
   if (!ok({"data.kind"})) return;
   if ((d.kind == "text" || d.kind == "tokens") && ok({"data.path"})) check_data_file(study);
   if (!ok({"model.type"})) return;
+  // ResNets read images (data/images.h), every other model reads no image data.
+  const bool is_resnet = study.model.type == "resnet";
+  const bool image_kind = d.kind == "images" || d.kind == "idx" || d.kind == "cifar10";
+  if (is_resnet && ok({"model.depth", "model.block"})) {
+    const int per_block = study.model.resnet.block == ResnetBlock::basic ? 6 : 9;
+    const int depth = study.model.resnet.depth;
+    if (depth < per_block + 2 || (depth - 2) % per_block != 0)
+      add("model.depth", lookup("model.depth"),
+          std::to_string(depth) + " is not " + std::to_string(per_block) + "n + 2 for " +
+              (per_block == 6 ? "basic" : "bottleneck") + " blocks",
+          std::to_string(per_block) + "n + 2 with n >= 1: " + std::to_string(per_block + 2) + ", " +
+              std::to_string(2 * per_block + 2) + ", " + std::to_string(3 * per_block + 2) + ", ...",
+          {"model.block"});
+  }
+  if (is_resnet || image_kind) {
+    if (is_resnet != image_kind) {
+      add("data.kind", lookup("data.kind"),
+          toml_string(d.kind) +
+              (image_kind ? " makes images, which only a resnet reads" : " does not make images, which a resnet reads"),
+          is_resnet ? "\"images\", \"idx\" or \"cifar10\" for model.type = \"resnet\""
+                    : "a data kind of model.type = " + toml_string(study.model.type),
+          {"model.type"});
+      return;
+    }
+    if (d.kind != "images" && ok({"data.path"})) {
+      fs::path path(d.path);
+      if (path.is_relative()) path = fs::path(base_dir_) / path;
+      path = path.lexically_normal();
+      study.data.path = path.string();
+      std::error_code error;
+      if (d.path.empty() || !fs::is_directory(path, error))
+        add("data.path", lookup("data.path"),
+            d.path.empty() ? "missing: data.kind = " + toml_string(d.kind) + " reads files"
+                           : toml_string(path.string()) + " is not a directory",
+            d.kind == "idx" ? "the directory of train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz]"
+                            : "the directory of data_batch_1..5.bin and test_batch.bin",
+            {"data.kind", "data"});
+    }
+    return;
+  }
   const bool token_kind = d.kind != "gaussian";
   if (is_transformer != token_kind) {
     add("data.kind", lookup("data.kind"),
@@ -977,7 +1046,8 @@ bool Validator::validate(const toml::table& root, Study& study) {
   root_ = &root;
   for (const TableSpec& spec : schema_) {
     // The data kind's default follows the model: token data for transformers, vectors for MLPs.
-    if (spec.name == "data") study.data.kind = study.model.type == "mlp" ? "gaussian" : "markov";
+    if (spec.name == "data")
+      study.data.kind = study.model.type == "mlp" ? "gaussian" : study.model.type == "resnet" ? "images" : "markov";
     read_table(spec, spec.name.empty() ? &root : root.get(spec.name), study);
     if (spec.name == "model") read_scaling(root.get("scaling"), study);
   }
@@ -990,7 +1060,8 @@ bool Validator::validate(const toml::table& root, Study& study) {
   if (problems_.empty()) {
     // The rule may reject a model it cannot scale (e.g. a norm placement it fixes).
     try {
-      make_rule(study.scaling, ModelShape{study.model.type, study.model.transformer, study.model.mlp});
+      make_rule(study.scaling,
+                ModelShape{study.model.type, study.model.transformer, study.model.mlp, study.model.resnet});
     } catch (const UserError& error) {
       const std::string message = error.what();
       const std::string body =

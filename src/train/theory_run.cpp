@@ -8,6 +8,7 @@
 #include "nn/parameter.h"
 #include "ops/ops.h"
 #include "probe/moments.h"
+#include "scaling/resnet_theory.h"
 #include "scaling/theory_numbers.h"
 
 namespace proplab {
@@ -36,9 +37,46 @@ double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
   return probe::finalize(sums).corr;
 }
 
+// A ResNet's predictions: the rule's variance bookkeeping (scaling/resnet_theory.h) for the stem, every block's
+// stream in, branch and stream out; token correlations, the logits and all gradients have no prediction.
+theory::ProbePrediction predict_resnet(const RunSpec& spec) {
+  const ResnetConfig& config = spec.model.resnet;
+  std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
+  // Every image kind gives pixels of variance 1 per channel (synthetic N(0, 1); files normalised per channel).
+  const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, *rule, 1.0);
+  const double nan = std::nan("");
+  theory::ProbePrediction prediction;
+  prediction.formulae = bookkeeping.formulae;
+  auto add = [&](const std::string& name, const char* kind, int block, const StreamMoments* moments) {
+    theory::ProbeTheory p;
+    p.name = name;
+    p.kind = kind;
+    p.block = block;
+    p.mean = moments ? moments->mean : nan;
+    p.var = moments ? moments->var : nan;
+    p.corr = nan;
+    p.backward_var = nan;
+    p.no_forward = moments ? "corr: images have no token correlation in the bookkeeping"
+                           : "the classifier's logits are outside the variance bookkeeping";
+    p.no_backward = "the ResNet bookkeeping predicts forward statistics only";
+    prediction.probes.push_back(std::move(p));
+  };
+  add("stem.out", "embed", -1, &bookkeeping.stem);
+  for (std::size_t b = 0; b < bookkeeping.stream_in.size(); ++b) {
+    const std::string prefix = "blocks." + std::to_string(b);
+    const int block = static_cast<int>(b);
+    add(prefix + ".in", "residual", block, &bookkeeping.stream_in[b]);
+    add(prefix + ".branch", "branch", block, &bookkeeping.branch[b]);
+    add(prefix + ".out", "residual", block, &bookkeeping.stream_out[b]);
+  }
+  add("head.logits", "logits", -1, nullptr);
+  return prediction;
+}
+
 }  // namespace
 
 theory::ProbePrediction predict_for_run(const RunSpec& spec) {
+  if (spec.model.type == "resnet") return predict_resnet(spec);
   theory::TheoryInputs inputs;
   inputs.sequences = spec.train.batch / spec.train.grad_accum;
   inputs.grad_scale = 1.0 / spec.train.grad_accum;

@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "data/dataset.h"
+#include "data/images.h"
 #include "io/checkpoint.h"
 #include "io/run_reader.h"
 #include "models/model.h"
@@ -20,7 +21,8 @@ namespace proplab {
 
 namespace {
 
-// The data side of a run: token data for the transformer, vectors for the MLP, behind one batch() call.
+// The data side of a run: token data for the transformer, vectors for the MLP, images for the ResNet, behind one
+// batch() call.
 class RunData {
  public:
   RunData(const RunSpec& spec, std::int64_t micro_batch) {
@@ -32,6 +34,11 @@ class RunData {
                         std::to_string(m.vocab) + "; allowed: model.vocab >= " + std::to_string(tokens_->vocab()));
       batch_.inputs = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
       batch_.targets = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
+    } else if (spec.model.type == "resnet") {
+      const ResnetConfig& m = spec.model.resnet;
+      images_ = make_image_dataset(spec.data, m.in_channels, m.image_size, m.classes, spec.seed);
+      batch_.inputs = Tensor::empty({micro_batch, m.in_channels, m.image_size, m.image_size});
+      batch_.targets = Tensor::empty({micro_batch}, DType::i32);
     } else {
       const MlpConfig& m = spec.model.mlp;
       const bool classification = m.head == MlpHead::classification;
@@ -43,26 +50,36 @@ class RunData {
   }
 
   const Batch& batch(Split split, std::int64_t index) {
-    if (tokens_)
+    if (images_)
+      images_->batch(split, index, batch_.inputs, batch_.targets);
+    else if (tokens_)
       tokens_->batch(split, index, batch_.inputs, batch_.targets);
     else
       vectors_->batch(split, index, batch_.inputs, batch_.targets);
     return batch_;
   }
 
-  std::optional<double> loss_floor() const { return tokens_ ? tokens_->entropy_rate() : vectors_->loss_floor(); }
-  std::string describe() const { return tokens_ ? tokens_->describe() : vectors_->describe(); }
+  std::optional<double> loss_floor() const {
+    if (images_) return std::nullopt;
+    return tokens_ ? tokens_->entropy_rate() : vectors_->loss_floor();
+  }
+  std::string describe() const {
+    if (images_) return images_->describe();
+    return tokens_ ? tokens_->describe() : vectors_->describe();
+  }
 
  private:
   std::unique_ptr<TokenDataset> tokens_;
   std::unique_ptr<VectorDataset> vectors_;
+  std::unique_ptr<ImageDataset> images_;  // resnet
   Batch batch_;
 };
 
-std::map<std::string, Tensor> checkpoint_tensors(ParameterStore& params, Optimizer& optimizer) {
+std::map<std::string, Tensor> checkpoint_tensors(Model& model, Optimizer& optimizer) {
   std::map<std::string, Tensor> tensors;
-  for (auto& p : params.all()) tensors.emplace("param/" + p->name, p->value);
+  for (auto& p : model.params().all()) tensors.emplace("param/" + p->name, p->value);
   for (auto& [name, tensor] : optimizer.state()) tensors.emplace("optim/" + name, *tensor);
+  for (auto& [name, tensor] : model.buffers()) tensors.emplace("buffer/" + name, *tensor);
   return tensors;
 }
 
@@ -136,7 +153,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (options.resume) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
-    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(model->params(), optimizer));
+    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(*model, optimizer));
     if (loaded.string_value("config") != spec.config_toml)
       throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
                       " was written with; resume with the same study and --set options");
@@ -208,7 +225,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   auto save = [&](std::int64_t step) {
     if (!root) return;  // the replicas' parameters and optimizer state are identical
     Checkpoint checkpoint;
-    checkpoint.tensors = checkpoint_tensors(model->params(), optimizer);
+    checkpoint.tensors = checkpoint_tensors(*model, optimizer);
     checkpoint.ints["step"] = step;
     checkpoint.ints["optimizer_steps"] = optimizer.steps_taken();
     checkpoint.ints["seed"] = static_cast<std::int64_t>(spec.seed);

@@ -1,0 +1,242 @@
+// ops/conv: 2-D convolution on NCHW images through im2col + OpenBLAS sgemm, with stride, zero padding and groups.
+//
+// Samples are processed in fixed chunks (a function of the shape only): im2col writes a chunk's columns
+// [C_in/groups · KH · KW, chunk · H_out · W_out] for one group, one sgemm multiplies them by that group's weights,
+// and the result is scattered into NCHW. The weight gradient accumulates chunk by chunk in chunk order (sgemm
+// with beta = 1), so it is bitwise the same for any thread count. im2col/col2im run on the OpenMP pool; sgemm is
+// only ever called from the calling thread, outside any OpenMP region (core/parallel.h).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+namespace proplab::ops {
+
+namespace {
+
+constexpr std::int64_t kParallelMin = 1 << 14;
+// Upper bound on the floats of one chunk's column buffer (16 MiB); at least one sample per chunk.
+constexpr std::int64_t kColumnBudget = 1 << 22;
+
+struct ConvGeometry {
+  std::int64_t n = 0, c_in = 0, h = 0, w = 0;
+  std::int64_t c_out = 0, kh = 0, kw = 0;
+  std::int64_t h_out = 0, w_out = 0;
+  std::int64_t groups = 1, c_in_group = 0, c_out_group = 0;
+  std::int64_t patch = 0;   // c_in_group · kh · kw: rows of the column matrix
+  std::int64_t pixels = 0;  // h_out · w_out
+  std::int64_t chunk = 1;   // samples per chunk
+  int stride = 1, padding = 0;
+};
+
+ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dParams& params) {
+  PROPLAB_CHECK(x.ndim() == 4, "op '", op, "': x must be [N, C, H, W], got ", shape_string(x.shape()));
+  PROPLAB_CHECK(weight.ndim() == 4, "op '", op, "': weight must be [C_out, C_in/groups, KH, KW], got ",
+                shape_string(weight.shape()));
+  PROPLAB_CHECK(params.groups >= 1 && params.stride >= 1 && params.padding >= 0, "op '", op,
+                "': groups and stride must be >= 1 and padding >= 0");
+  ConvGeometry g;
+  g.n = x.dim(0), g.c_in = x.dim(1), g.h = x.dim(2), g.w = x.dim(3);
+  g.c_out = weight.dim(0), g.kh = weight.dim(2), g.kw = weight.dim(3);
+  g.groups = params.groups;
+  g.stride = params.stride;
+  g.padding = params.padding;
+  PROPLAB_CHECK(g.c_in % g.groups == 0 && g.c_out % g.groups == 0, "op '", op, "': channels ", g.c_in, " -> ", g.c_out,
+                " are not divisible by groups ", g.groups);
+  g.c_in_group = g.c_in / g.groups;
+  g.c_out_group = g.c_out / g.groups;
+  PROPLAB_CHECK(weight.dim(1) == g.c_in_group, "op '", op, "': weight ", shape_string(weight.shape()),
+                " does not take ", g.c_in_group, " input channels per group");
+  g.h_out = conv2d_out_size(g.h, g.kh, params.stride, params.padding);
+  g.w_out = conv2d_out_size(g.w, g.kw, params.stride, params.padding);
+  g.patch = g.c_in_group * g.kh * g.kw;
+  g.pixels = g.h_out * g.w_out;
+  g.chunk = std::clamp<std::int64_t>(kColumnBudget / std::max<std::int64_t>(g.patch * g.pixels, 1), 1,
+                                     std::max<std::int64_t>(g.n, 1));
+  return g;
+}
+
+// Columns for samples [n0, n0 + count) of group `group`: cols[(c·kh + i)·kw + j][s·pixels + p] is x at the
+// input position that kernel tap (i, j) of output pixel p reads (0 in the padding).
+void im2col(const float* x, const ConvGeometry& g, std::int64_t group, std::int64_t n0, std::int64_t count,
+            float* cols) {
+  const std::int64_t row_length = count * g.pixels;
+#pragma omp parallel for collapse(2) schedule(static) if (g.patch * row_length > kParallelMin)
+  for (std::int64_t row = 0; row < g.patch; ++row) {
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t c = row / (g.kh * g.kw), i = (row / g.kw) % g.kh, j = row % g.kw;
+      const float* plane = x + ((n0 + s) * g.c_in + group * g.c_in_group + c) * g.h * g.w;
+      float* out = cols + row * row_length + s * g.pixels;
+      for (std::int64_t oh = 0; oh < g.h_out; ++oh) {
+        const std::int64_t ih = oh * g.stride - g.padding + i;
+        float* out_row = out + oh * g.w_out;
+        if (ih < 0 || ih >= g.h) {
+          std::fill(out_row, out_row + g.w_out, 0.0f);
+          continue;
+        }
+        const float* in_row = plane + ih * g.w;
+        for (std::int64_t ow = 0; ow < g.w_out; ++ow) {
+          const std::int64_t iw = ow * g.stride - g.padding + j;
+          out_row[ow] = (iw >= 0 && iw < g.w) ? in_row[iw] : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// The inverse scatter: d_x planes of group `group`, samples [n0, n0 + count), are overwritten with the sum of the
+// column gradients that read them. One task per (sample, channel) plane, taps in a fixed order: no races.
+void col2im(const float* cols, const ConvGeometry& g, std::int64_t group, std::int64_t n0, std::int64_t count,
+            float* d_x) {
+  const std::int64_t row_length = count * g.pixels;
+#pragma omp parallel for collapse(2) schedule(static) if (g.patch * row_length > kParallelMin)
+  for (std::int64_t s = 0; s < count; ++s) {
+    for (std::int64_t c = 0; c < g.c_in_group; ++c) {
+      float* plane = d_x + ((n0 + s) * g.c_in + group * g.c_in_group + c) * g.h * g.w;
+      std::fill(plane, plane + g.h * g.w, 0.0f);
+      for (std::int64_t i = 0; i < g.kh; ++i) {
+        for (std::int64_t j = 0; j < g.kw; ++j) {
+          const float* in = cols + ((c * g.kh + i) * g.kw + j) * row_length + s * g.pixels;
+          for (std::int64_t oh = 0; oh < g.h_out; ++oh) {
+            const std::int64_t ih = oh * g.stride - g.padding + i;
+            if (ih < 0 || ih >= g.h) continue;
+            float* out_row = plane + ih * g.w;
+            const float* in_row = in + oh * g.w_out;
+            for (std::int64_t ow = 0; ow < g.w_out; ++ow) {
+              const std::int64_t iw = ow * g.stride - g.padding + j;
+              if (iw >= 0 && iw < g.w) out_row[iw] += in_row[ow];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scratch reused across calls on the calling thread (no allocation per step).
+float* scratch(std::vector<float>& buffer, std::int64_t count) {
+  if (static_cast<std::int64_t>(buffer.size()) < count) buffer.resize(static_cast<std::size_t>(count));
+  return buffer.data();
+}
+
+}  // namespace
+
+std::int64_t conv2d_out_size(std::int64_t in, std::int64_t kernel, int stride, int padding) {
+  const std::int64_t span = in + 2 * static_cast<std::int64_t>(padding) - kernel;
+  if (span < 0 || stride < 1)
+    throw UserError("conv2d: input size " + std::to_string(in) + " with padding " + std::to_string(padding) +
+                    " is smaller than the kernel " + std::to_string(kernel) + " (or stride < 1)");
+  return span / stride + 1;
+}
+
+void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, const Conv2dParams& params, Tensor& y) {
+  constexpr const char* op = "conv2d_forward";
+  const ConvGeometry g = geometry(op, x, weight, params);
+  expect_shape(op, "x", x, x.shape());
+  expect_shape(op, "weight", weight, weight.shape());
+  if (bias) expect_shape(op, "bias", *bias, {g.c_out});
+  expect_shape(op, "y", y, {g.n, g.c_out, g.h_out, g.w_out});
+  const Device device = common_device(op, {&x, &weight, bias, &y});
+  if (device == Device::cuda) missing_device_impl(op, device);
+  if (g.n == 0 || g.c_out == 0) return;
+
+  thread_local std::vector<float> cols_buffer, out_buffer;
+  float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
+  float* out = scratch(out_buffer, g.c_out_group * g.chunk * g.pixels);
+  const float* x_data = x.f32();
+  float* y_data = y.f32();
+  const float* bias_data = bias ? bias->f32() : nullptr;
+  for (std::int64_t n0 = 0; n0 < g.n; n0 += g.chunk) {
+    const std::int64_t count = std::min(g.chunk, g.n - n0);
+    const std::int64_t columns = count * g.pixels;
+    for (std::int64_t group = 0; group < g.groups; ++group) {
+      im2col(x_data, g, group, n0, count, cols);
+      // out [C_out_g, columns] = W_g [C_out_g, patch] · cols [patch, columns]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(g.c_out_group), static_cast<int>(columns),
+                  static_cast<int>(g.patch), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
+                  static_cast<int>(g.patch), cols, static_cast<int>(columns), 0.0f, out, static_cast<int>(columns));
+#pragma omp parallel for collapse(2) schedule(static) if (g.c_out_group * columns > kParallelMin)
+      for (std::int64_t s = 0; s < count; ++s) {
+        for (std::int64_t o = 0; o < g.c_out_group; ++o) {
+          const std::int64_t channel = group * g.c_out_group + o;
+          const float b = bias_data ? bias_data[channel] : 0.0f;
+          const float* from = out + o * columns + s * g.pixels;
+          float* to = y_data + ((n0 + s) * g.c_out + channel) * g.pixels;
+#pragma omp simd
+          for (std::int64_t p = 0; p < g.pixels; ++p) to[p] = from[p] + b;
+        }
+      }
+    }
+  }
+}
+
+void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, const Conv2dParams& params, Tensor* d_x,
+                     Tensor& d_weight, Tensor* d_bias) {
+  constexpr const char* op = "conv2d_backward";
+  const ConvGeometry g = geometry(op, x, weight, params);
+  expect_shape(op, "x", x, x.shape());
+  expect_shape(op, "weight", weight, weight.shape());
+  expect_shape(op, "d_y", d_y, {g.n, g.c_out, g.h_out, g.w_out});
+  if (d_x) expect_shape(op, "d_x", *d_x, x.shape());
+  expect_shape(op, "d_weight", d_weight, weight.shape());
+  if (d_bias) expect_shape(op, "d_bias", *d_bias, {g.c_out});
+  const Device device = common_device(op, {&x, &weight, &d_y, d_x, &d_weight, d_bias});
+  if (device == Device::cuda) missing_device_impl(op, device);
+  if (g.n == 0) return;
+  if (g.c_out == 0) {
+    if (d_x) std::fill(d_x->f32(), d_x->f32() + d_x->numel(), 0.0f);
+    return;
+  }
+
+  thread_local std::vector<float> cols_buffer, d_out_buffer;
+  float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
+  float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
+  const float* x_data = x.f32();
+  const float* d_y_data = d_y.f32();
+  for (std::int64_t n0 = 0; n0 < g.n; n0 += g.chunk) {
+    const std::int64_t count = std::min(g.chunk, g.n - n0);
+    const std::int64_t columns = count * g.pixels;
+    for (std::int64_t group = 0; group < g.groups; ++group) {
+      // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
+#pragma omp parallel for collapse(2) schedule(static) if (g.c_out_group * columns > kParallelMin)
+      for (std::int64_t s = 0; s < count; ++s) {
+        for (std::int64_t o = 0; o < g.c_out_group; ++o) {
+          const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
+          std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
+        }
+      }
+      im2col(x_data, g, group, n0, count, cols);
+      // d_W_g [C_out_g, patch] += d_out [C_out_g, columns] · cols^T [columns, patch]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(g.c_out_group), static_cast<int>(g.patch),
+                  static_cast<int>(columns), 1.0f, d_out, static_cast<int>(columns), cols, static_cast<int>(columns),
+                  1.0f, d_weight.f32() + group * g.c_out_group * g.patch, static_cast<int>(g.patch));
+      if (d_x) {
+        // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(g.patch), static_cast<int>(columns),
+                    static_cast<int>(g.c_out_group), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
+                    static_cast<int>(g.patch), d_out, static_cast<int>(columns), 0.0f, cols, static_cast<int>(columns));
+        col2im(cols, g, group, n0, count, d_x->f32());
+      }
+    }
+  }
+  if (d_bias) {
+    float* d_b = d_bias->f32();
+    // Per channel, summed over samples then pixels in a fixed order in double.
+#pragma omp parallel for schedule(static) if (g.n * g.c_out * g.pixels > kParallelMin)
+    for (std::int64_t o = 0; o < g.c_out; ++o) {
+      double sum = 0.0;
+      for (std::int64_t s = 0; s < g.n; ++s) {
+        const float* plane = d_y_data + (s * g.c_out + o) * g.pixels;
+        for (std::int64_t p = 0; p < g.pixels; ++p) sum += plane[p];
+      }
+      d_b[o] += static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace proplab::ops
