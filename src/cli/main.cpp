@@ -6,7 +6,7 @@
 //
 // Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
 // written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
-// --resume.
+// --resume; 5 a collective timed out under mpirun (a rank died or stalled; the run file says failed).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -37,7 +37,8 @@ constexpr const char* kDescription =
     "Trains deep transformers and MLPs described by a study file (TOML, see docs/studies.md) and records\n"
     "what happens to the signal in a run file (HDF5, see docs/run-format.md).\n\n"
     "Exit status: 0 completed, 1 internal error, 2 bad input (nothing written), 3 diverged,\n"
-    "4 stopped early (interrupted or --stop-after; continue with --resume).";
+    "4 stopped early (interrupted or --stop-after; continue with --resume), 5 a collective timed out under\n"
+    "mpirun (a rank died or stalled; the run file says failed).";
 
 int run_command(const std::string& study_path, const std::vector<std::string>& overrides, const std::string& out,
                 bool resume, bool force, std::int64_t stop_after) {
@@ -66,6 +67,11 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   proplab::RunSummary summary = proplab::run_training(proplab::to_run_spec(study), options);
+  if (summary.collective_timeout) {
+    std::cerr << "proplab: " << study.name << ": " << summary.detail << "\n";
+    std::cerr.flush();
+    proplab::dist::abort_all(5);  // ends every rank, the stalled one included
+  }
   switch (summary.status) {
     case proplab::RunStatus::completed:
       return 0;

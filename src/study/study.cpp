@@ -1142,4 +1142,6 @@ Study parse_study(const std::string& toml_text, const std::string& source_name, 
   return run_validation(toml_text, source_name, base_dir.empty() ? "." : base_dir, overrides);
 }
 
+std::string toml_basic_string(const std::string& text) { return toml_string(text); }
+
 }  // namespace proplab

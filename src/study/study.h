@@ -40,4 +40,7 @@ Study load_study(const std::string& path, const std::vector<std::string>& overri
 Study parse_study(const std::string& toml_text, const std::string& source_name, const std::string& base_dir,
                   const std::vector<std::string>& overrides = {});
 
+// `text` as a TOML basic string: quoted, with `"` and `\` escaped and control characters as \uXXXX.
+std::string toml_basic_string(const std::string& text);
+
 }  // namespace proplab

@@ -89,6 +89,20 @@ std::string layout_text(const ParallelConfig& p) {
   return out.str();
 }
 
+// The resolved study as it defines the experiment: without [parallel] and [device], which say how it runs. A
+// checkpoint (full tensors) resumes under another layout or thread count.
+std::string experiment_config(const std::string& toml) {
+  std::istringstream in(toml);
+  std::ostringstream out;
+  std::string line;
+  bool skip = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') skip = line == "[parallel]" || line == "[device]";
+    if (!skip) out << line << '\n';
+  }
+  return out.str();
+}
+
 }  // namespace
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name) {
@@ -154,9 +168,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
     Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(*model, optimizer));
-    if (loaded.string_value("config") != spec.config_toml)
+    if (experiment_config(loaded.string_value("config")) != experiment_config(spec.config_toml))
       throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
-                      " was written with; resume with the same study and --set options");
+                      " was written with; resume with the same study and --set options (only [parallel] and "
+                      "[device] may change)");
     start_step = loaded.int_value("step");
     optimizer.set_steps_taken(loaded.int_value("optimizer_steps"));
     model->after_parameter_load();
@@ -248,109 +263,118 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   std::int64_t step = start_step;
   RunStatus status = RunStatus::completed;
   std::string detail;
-  while (step < tc.steps) {
-    bool interrupted = options.interrupt && options.interrupt->load();
-    if (group && replicas > 1) {  // every replica stops at the same step, or the others would wait forever
-      double any = interrupted ? 1.0 : 0.0;
-      group->all_reduce(&any, 1, dist::ReduceOp::max);
-      interrupted = any != 0.0;
-    }
-    if (interrupted) {
-      status = RunStatus::failed;
-      detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
-      break;
-    }
-    if (options.stop_after >= 0 && step >= options.stop_after) {
-      status = RunStatus::failed;
-      detail = "stopped at step " + std::to_string(step) + " (--stop-after); continue with --resume";
-      break;
-    }
-    const auto step_start = clock::now();
-    const double lr = scheduled_lr(tc, step);
-    // Forward and backward over the step's micro-batches; the recorder sees every probe when `record`.
-    auto forward_backward = [&](bool record) {
-      if (record) recorder.begin_step();
-      model->params().zero_grads();
-      double total = 0.0;
-      for (int m = 0; m < tc.grad_accum; ++m) {
-        const std::int64_t index = step * tc.grad_accum + m;
-        StepContext context;
-        context.seed = spec.seed;
-        context.micro_step = static_cast<std::uint64_t>(index);
-        context.training = true;
-        context.sink = record ? &recorder : nullptr;
-        // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
-        // ones: the sum over the group is the gradient of the global batch's mean loss.
-        total += model->forward_backward(local(data.batch(Split::train, index)),
-                                         1.0f / static_cast<float>(tc.grad_accum * replicas), context);
+  // A collective that times out (a rank died or stalled) ends the run as failed, with every record so far flushed;
+  // the caller then ends the other ranks (dist::abort_all).
+  try {
+    while (step < tc.steps) {
+      bool interrupted = options.interrupt && options.interrupt->load();
+      if (group && replicas > 1) {  // every replica stops at the same step, or the others would wait forever
+        double any = interrupted ? 1.0 : 0.0;
+        group->all_reduce(&any, 1, dist::ReduceOp::max);
+        interrupted = any != 0.0;
       }
-      double loss = total / tc.grad_accum;
-      if (group && replicas > 1) {
-        for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
-        group->all_reduce(&loss, 1);
-        loss /= replicas;
-        if (record) recorder.merge_replicas(*group);
+      if (interrupted) {
+        status = RunStatus::failed;
+        detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
+        break;
       }
-      return loss;
-    };
-    const bool record = recorder.records(step);
-    double loss = forward_backward(record);
-    double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
-      // is a pure function of the parameters, which have not been updated).
-      if (!record) {
-        loss = forward_backward(true);
-        grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+      if (options.stop_after >= 0 && step >= options.stop_after) {
+        status = RunStatus::failed;
+        detail = "stopped at step " + std::to_string(step) + " (--stop-after); continue with --resume";
+        break;
       }
-      recorder.before_update();
-      recorder.skip_update();
-      recorder.after_update();
-      const std::string first = root ? recorder.write_record(*writer, step) : std::string();
-      status = RunStatus::diverged;
-      detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
-               std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
+      const auto step_start = clock::now();
+      const double lr = scheduled_lr(tc, step);
+      // Forward and backward over the step's micro-batches; the recorder sees every probe when `record`.
+      auto forward_backward = [&](bool record) {
+        if (record) recorder.begin_step();
+        model->params().zero_grads();
+        double total = 0.0;
+        for (int m = 0; m < tc.grad_accum; ++m) {
+          const std::int64_t index = step * tc.grad_accum + m;
+          StepContext context;
+          context.seed = spec.seed;
+          context.micro_step = static_cast<std::uint64_t>(index);
+          context.training = true;
+          context.sink = record ? &recorder : nullptr;
+          // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
+          // ones: the sum over the group is the gradient of the global batch's mean loss.
+          total += model->forward_backward(local(data.batch(Split::train, index)),
+                                           1.0f / static_cast<float>(tc.grad_accum * replicas), context);
+        }
+        double loss = total / tc.grad_accum;
+        if (group && replicas > 1) {
+          for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
+          group->all_reduce(&loss, 1);
+          loss /= replicas;
+          if (record) recorder.merge_replicas(*group);
+        }
+        return loss;
+      };
+      const bool record = recorder.records(step);
+      double loss = forward_backward(record);
+      double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+      if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+        // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
+        // is a pure function of the parameters, which have not been updated).
+        if (!record) {
+          loss = forward_backward(true);
+          grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+        }
+        recorder.before_update();
+        recorder.skip_update();
+        recorder.after_update();
+        const std::string first = root ? recorder.write_record(*writer, step) : std::string();
+        status = RunStatus::diverged;
+        detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
+                 std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
+        if (root)
+          writer->append_train({step, loss, lr, grad_norm, 0.0,
+                                wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+        ++step;
+        break;
+      }
+      if (record) recorder.before_update();
+      optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
+      std::string first_nonfinite;
+      if (record) {
+        recorder.after_update();
+        if (root) first_nonfinite = recorder.write_record(*writer, step);
+        if (group && replicas > 1) {  // only rank 0 finalised the statistics: tell the others
+          std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
+          group->broadcast(&nonfinite, 1, 0);
+          if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
+        }
+      }
+      const auto now = clock::now();
+      const double step_seconds = std::chrono::duration<double>(now - step_start).count();
+      summary.tokens_per_s = tokens_per_step / step_seconds;
       if (root)
-        writer->append_train({step, loss, lr, grad_norm, 0.0,
-                              wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+        writer->append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
+                              wall_offset + std::chrono::duration<double>(now - run_start).count()});
+      summary.last_loss = loss;
       ++step;
-      break;
-    }
-    if (record) recorder.before_update();
-    optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
-    std::string first_nonfinite;
-    if (record) {
-      recorder.after_update();
-      if (root) first_nonfinite = recorder.write_record(*writer, step);
-      if (group && replicas > 1) {  // only rank 0 finalised the statistics: tell the others
-        std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
-        group->broadcast(&nonfinite, 1, 0);
-        if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
+      if (!first_nonfinite.empty() && spec.record.on_nonfinite == "stop") {
+        status = RunStatus::diverged;
+        detail = "a statistic became non-finite at step " + std::to_string(step - 1) + ": first " + first_nonfinite;
+        break;
       }
+      if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
+        const double eval_loss = evaluate();
+        if (root) writer->append_eval({step, eval_loss});
+        summary.last_eval_loss = eval_loss;
+      }
+      if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) save(step);
+      progress.update(step, loss, summary.last_eval_loss, summary.tokens_per_s);
     }
-    const auto now = clock::now();
-    const double step_seconds = std::chrono::duration<double>(now - step_start).count();
-    summary.tokens_per_s = tokens_per_step / step_seconds;
-    if (root)
-      writer->append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
-                            wall_offset + std::chrono::duration<double>(now - run_start).count()});
-    summary.last_loss = loss;
-    ++step;
-    if (!first_nonfinite.empty() && spec.record.on_nonfinite == "stop") {
-      status = RunStatus::diverged;
-      detail = "a statistic became non-finite at step " + std::to_string(step - 1) + ": first " + first_nonfinite;
-      break;
-    }
-    if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
-      const double eval_loss = evaluate();
-      if (root) writer->append_eval({step, eval_loss});
-      summary.last_eval_loss = eval_loss;
-    }
-    if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) save(step);
-    progress.update(step, loss, summary.last_eval_loss, summary.tokens_per_s);
+  } catch (const dist::CollectiveTimeout& e) {
+    status = RunStatus::failed;
+    detail = e.what();
+    summary.collective_timeout = true;
   }
   summary.steps_done = step;
-  if (status != RunStatus::diverged) save(step);
+  // No checkpoint after a timeout: it may have struck between the update and the step count.
+  if (status != RunStatus::diverged && !summary.collective_timeout) save(step);
   summary.status = status;
   summary.detail = status == RunStatus::completed ? "completed " + std::to_string(step) + " steps" : detail;
   if (root) writer->finish(status, summary.detail);

@@ -63,6 +63,9 @@ struct RunSummary {
   double tokens_per_s = 0.0;
   std::filesystem::path run_file;
   std::filesystem::path checkpoint;
+  // Data parallel: a collective timed out (status failed, detail names it); the other ranks cannot be relied on
+  // to finish, so the caller ends the job (dist::abort_all).
+  bool collective_timeout = false;
 };
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name);

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Fault: under `mpirun -np 2 proplab run` with [parallel] dp = 2 and timeout_s = 3, rank 1 is stopped (SIGSTOP)
+mid-run. Rank 0's next collective must time out: the job ends within timeout_s plus a margin with exit status 5
+and a message naming the operation, and the run file is readable with status "failed" and that message.
+
+usage: check_fault.py PROPLAB MPIEXEC WORKDIR
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import h5py
+
+STUDY = textwrap.dedent("""\
+    name = "fault"
+    seed = 1
+    [model]
+    type = "transformer"
+    layers = 2
+    width = 32
+    heads = 2
+    vocab = 32
+    seq_len = 16
+    [train]
+    steps = 1000000
+    batch = 8
+    eval_every = 0
+    checkpoint_every = 0
+    [record]
+    every = 5
+    [parallel]
+    dp = 2
+    timeout_s = 3
+    [device]
+    threads = 1
+    """)
+TIMEOUT_S = 3.0
+MARGIN_S = 20.0
+
+
+def rank_pids(launcher_pid):
+    """The proplab processes under the launcher, by their Open MPI world rank."""
+    ranks = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK" in env and b"proplab" in cmdline and b"fault.toml" in cmdline:
+            ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+    return ranks
+
+
+def main():
+    proplab, mpiexec, work = sys.argv[1:4]
+    os.makedirs(work, exist_ok=True)
+    study = os.path.join(work, "fault.toml")
+    with open(study, "w") as f:
+        f.write(STUDY)
+    run_file = os.path.join(work, "out", "fault.h5")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    job = subprocess.Popen([mpiexec, "-np", "2", "--oversubscribe", proplab, "run", study, "--out",
+                            os.path.join(work, "out"), "--force"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    failures = []
+    deadline = time.time() + 120
+    ranks = {}
+    while time.time() < deadline and (len(ranks) < 2 or not os.path.exists(run_file)):
+        time.sleep(0.2)
+        ranks = rank_pids(job.pid)
+    if len(ranks) < 2 or not os.path.exists(run_file):
+        job.kill()
+        sys.exit("the job did not start: ranks %s, run file %s\n%s" % (ranks, os.path.exists(run_file),
+                                                                      job.communicate()[0]))
+    time.sleep(2.0)  # a few steps in
+    os.kill(ranks[1], signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        output, _ = job.communicate(timeout=TIMEOUT_S + MARGIN_S)
+    except subprocess.TimeoutExpired:
+        os.kill(ranks[1], signal.SIGKILL)
+        job.kill()
+        sys.exit("the job did not end within timeout_s + %g s after rank 1 stalled:\n%s" % (MARGIN_S,
+                                                                                            job.communicate()[0]))
+    ended = time.time() - stopped
+    try:
+        os.kill(ranks[1], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if job.returncode != 5:
+        failures.append("exit status %d, expected 5" % job.returncode)
+    if "did not complete within timeout_s = 3 s on world rank 0" not in output:
+        failures.append("no timeout message from rank 0 in:\n" + output)
+    if ended < TIMEOUT_S:
+        failures.append("ended %.1f s after the stall, before the timeout" % ended)
+    with h5py.File(run_file, "r") as f:
+        status = f.attrs["status"].decode()
+        detail = f.attrs["status_detail"].decode()
+        rows = f["train/loss"].shape[0]
+    if status != "failed" or "did not complete within timeout_s" not in detail:
+        failures.append("run file status %r, detail %r" % (status, detail))
+    if rows < 1:
+        failures.append("no training rows were flushed before the fault")
+    for f in failures:
+        print(f)
+    if failures:
+        sys.exit(1)
+    print("rank 1 stalled; the job ended %.1f s later (timeout_s = 3) with exit 5; run file failed after %d steps: %s"
+          % (ended, rows, detail))
+
+
+if __name__ == "__main__":
+    main()
