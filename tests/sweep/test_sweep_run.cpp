@@ -168,7 +168,9 @@ class SweepRunTest : public CliTest {
       EXPECT_EQ(row["steps"], train.size() ? std::to_string(train.step.back() + 1) : std::string("0"));
       const EvalCurves eval = reader.read_eval();
       EXPECT_EQ(row["final_val_loss"], eval.size() ? exact_text(eval.loss.back()) : std::string());
-      if (status == "completed") EXPECT_EQ(reader.attribute_string("status"), "completed");
+      if (status == "completed") {
+        EXPECT_EQ(reader.attribute_string("status"), "completed");
+      }
       if (status == "interrupted") {
         EXPECT_EQ(reader.attribute_string("status"), "failed");
         EXPECT_EQ(reader.attribute_string("status_detail").rfind("interrupted", 0), 0u);
