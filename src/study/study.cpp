@@ -580,6 +580,9 @@ std::vector<TableSpec> build_schema() {
            single_process_field("pp", PROPLAB_MEMBER(parallel.pp)),
            single_process_field("microbatches", PROPLAB_MEMBER(parallel.microbatches)),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),
+           choice_field("dp_mode", PROPLAB_MEMBER(parallel.dp_mode),
+                        {{"allreduce", "allreduce"}, {"local_sgd", "local_sgd"}}),
+           integer_field("sync_every", PROPLAB_MEMBER(parallel.sync_every), 1, 1000000),
        }},
       {"device",
        {

@@ -43,6 +43,10 @@ struct ParallelConfig {
   int pp = 1;
   int microbatches = 1;
   double timeout_s = 300.0;  // a collective that waits longer ends the run (a rank died or stalled)
+  // Data parallel: "allreduce" (gradients summed every step) or "local_sgd" (each replica steps on its own
+  // gradient; parameters averaged every `sync_every` steps).
+  std::string dp_mode = "allreduce";
+  int sync_every = 1;
 };
 
 // What to record (used by the recording module): schedule and statistic selection.

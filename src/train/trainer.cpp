@@ -259,6 +259,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
   std::vector<Tensor*> grads;
   for (auto& p : model->params().all()) grads.push_back(&p->grad);
+  // allreduce: each replica's gradient is its share of the global one (scaled by 1/dp) and the shares are summed.
+  // local_sgd: each replica steps on its own mean gradient (its share times dp); parameters are averaged every
+  // sync_every steps (with SGD and sync_every = 1 this is allreduce again, up to rounding).
+  const bool local_sgd = replicas > 1 && spec.parallel.dp_mode == "local_sgd";
 
   std::int64_t step = start_step;
   RunStatus status = RunStatus::completed;
@@ -304,7 +308,15 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         }
         double loss = total / tc.grad_accum;
         if (group && replicas > 1) {
-          for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
+          if (!local_sgd) {
+            for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
+          } else {
+            // The replica's own mean gradient (its share times dp); probes keep the single-process scale.
+            for (Tensor* g : grads) {
+              float* v = g->f32();
+              for (std::int64_t i = 0; i < g->numel(); ++i) v[i] *= static_cast<float>(replicas);
+            }
+          }
           group->all_reduce(&loss, 1);
           loss /= replicas;
           if (record) recorder.merge_replicas(*group);
@@ -336,6 +348,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       }
       if (record) recorder.before_update();
       optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
+      if (local_sgd && (step + 1) % spec.parallel.sync_every == 0) {
+        for (auto& p : model->params().all()) {
+          group->all_reduce(p->value.f32(), p->value.numel());
+          float* v = p->value.f32();
+          for (std::int64_t i = 0; i < p->value.numel(); ++i) v[i] /= static_cast<float>(replicas);
+        }
+      }
       std::string first_nonfinite;
       if (record) {
         recorder.after_update();

@@ -541,9 +541,14 @@ TEST_F(StudyFiles, DataFilesAreChecked) {
 }
 
 TEST(Study, DataParallelAcceptedTensorAndPipelineRefused) {
-  const Study study = parse("name = \"x\"\n[parallel]\ndp = 4\ntimeout_s = 30\n");
+  const Study study =
+      parse("name = \"x\"\n[parallel]\ndp = 4\ntimeout_s = 30\ndp_mode = \"local_sgd\"\nsync_every = 8\n");
   EXPECT_EQ(study.parallel.dp, 4);
   EXPECT_EQ(study.parallel.timeout_s, 30.0);
+  EXPECT_EQ(study.parallel.dp_mode, "local_sgd");
+  EXPECT_EQ(study.parallel.sync_every, 8);
+  const std::string mode = error_of([] { parse("name = \"x\"\n[parallel]\ndp_mode = \"gossip\"\n"); });
+  EXPECT_TRUE(contains(mode, "test.toml:3: parallel.dp_mode: \"gossip\" is not a choice")) << mode;
   const std::string message =
       error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\npp = 1\ntp = 4\ntimeout_s = 0\n"); });
   EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp:")) << message;
