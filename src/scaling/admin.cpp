@@ -25,18 +25,8 @@ class AdminRule final : public ScalingRule {
   AdminRule(int layers, int sequences, bool learnable)
       : layers_(layers), sequences_(sequences), learnable_(learnable) {}
   std::string name() const override { return "admin"; }
-  InitSpec init(const ParamInfo& param) const override {
-    switch (param.role) {
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-      case ParamRole::residual_scale:  // a learnable ω: ResidualSite writes the profiled value over this
-        return InitSpec::constant(1.0);
-      default:
-        return InitSpec::normal_std(rule_util::xavier_std(param));
-    }
-  }
+  // A learnable ω starts at 1 here; ResidualSite writes the profiled value over it.
+  InitSpec init(const ParamInfo& param) const override { return rule_util::xavier_init(param); }
   ResidualSpec residual(int block, Branch branch) const override {
     PROPLAB_CHECK(!omega_.empty(),
                   "admin: residual weights asked for before the profiling pass (build the rule with "

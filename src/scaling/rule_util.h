@@ -21,6 +21,21 @@ inline double xavier_std(const ParamInfo& param) {
   return std::sqrt(2.0 / static_cast<double>(param.fan_in + param.fan_out));
 }
 
+// The `xavier` rule's init (also Admin's): Glorot for every matrix and embedding, biases 0, norm gains and
+// learnable residual scalars 1 (a rule with its own residual values writes them over the scalars).
+inline InitSpec xavier_init(const ParamInfo& param) {
+  switch (param.role) {
+    case ParamRole::bias:
+    case ParamRole::norm_bias:
+      return InitSpec::constant(0.0);
+    case ParamRole::norm_gain:
+    case ParamRole::residual_scale:
+      return InitSpec::constant(1.0);
+    default:
+      return InitSpec::normal_std(xavier_std(param));
+  }
+}
+
 // Throws unless the model is a transformer (`what` says what the rule is defined for).
 inline void require_transformer(const ModelShape& shape, const std::string& rule, const std::string& what) {
   if (shape.type != "transformer")

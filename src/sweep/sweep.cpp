@@ -34,8 +34,6 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
   return out;
 }
 
-std::string toml_quote(const std::string& text) { return toml_basic_string(text); }
-
 std::string shortest(double value) {
   char buffer[64];
   const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
@@ -46,7 +44,7 @@ std::string shortest(double value) {
 std::string toml_text(const toml::node& node) {
   switch (node.type()) {
     case toml::node_type::string:
-      return toml_quote(node.as_string()->get());
+      return toml_basic_string(node.as_string()->get());
     case toml::node_type::integer:
       return std::to_string(node.as_integer()->get());
     case toml::node_type::floating_point: {
@@ -64,7 +62,7 @@ std::string toml_text(const toml::node& node) {
     case toml::node_type::table: {
       std::vector<std::string> items;
       for (auto&& [key, value] : *node.as_table())
-        items.push_back(toml_quote(std::string(key.str())) + " = " + toml_text(value));
+        items.push_back(toml_basic_string(std::string(key.str())) + " = " + toml_text(value));
       return "{ " + join(items, ", ") + " }";
     }
     default:
@@ -119,7 +117,7 @@ std::string at(const std::string& source, std::uint32_t line) {
   return source + ":" + std::to_string(line == 0 ? 1 : line);
 }
 
-std::string axis_path(const Axis& axis) { return "sweep." + axis.kind + "." + toml_quote(axis.key); }
+std::string axis_path(const Axis& axis) { return "sweep." + axis.kind + "." + toml_basic_string(axis.key); }
 
 // The leading "<file>:<line>" number of a problem line, for sorting (overrides and unknown lines last).
 std::uint64_t problem_order(const std::string& line, const std::string& source) {
@@ -168,7 +166,7 @@ void SweepReader::collect(const std::string& kind, const std::string& prefix, co
               value.source().begin.line ? value.source().begin.line : table_line);
     return;
   }
-  const std::string path = "sweep." + kind + "." + toml_quote(prefix);
+  const std::string path = "sweep." + kind + "." + toml_basic_string(prefix);
   const toml::array* array = node.as_array();
   if (!array) {
     problem(table_line, path, "expected an array of values, got a single value " + toml_text(node),
@@ -405,11 +403,11 @@ SweepPlan SweepReader::read(const std::string& text) {
     const auto [it, inserted] = names.emplace(point.name, index);
     if (!inserted)
       add(at(source_, sweep_line_) + ": sweep: points " + join(plan.points[it->second].overrides, " ") + " and " +
-          join(point.overrides, " ") + " both get the run name " + toml_quote(point.name) +
+          join(point.overrides, " ") + " both get the run name " + toml_basic_string(point.name) +
           "; allowed: values that differ after unsafe characters become '_'");
     std::vector<std::string> all = user_overrides_;
     all.insert(all.end(), point.overrides.begin(), point.overrides.end());
-    all.push_back("name=" + toml_quote(point.name));
+    all.push_back("name=" + toml_basic_string(point.name));
     const std::string resolved = validate(text, all);
     if (!resolved.empty()) {
       // The point without [sweep] (written last in the resolved text), checked again as `proplab run` will.

@@ -162,9 +162,9 @@ namespace {
 // One sublayer (attention or FFN with its residual add and, for post, its norm) at the field level: what the
 // backward pass reads, and the probes it fills.
 struct Sublayer {
-  TokenField input;    // x entering the sublayer
-  TokenField hidden;   // FFN pre-activation
-  TokenField v, q, k;  // attention projections
+  TokenField input;   // x entering the sublayer
+  TokenField hidden;  // FFN pre-activation
+  TokenField v, q;    // attention projections the backward pass reads
   CausalWeights weights;
   TokenField sum;           // post: λx + βf before the norm
   TokenField out;           // the stream after the sublayer
@@ -206,10 +206,10 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
   if (attention) {
     const double bias_var = bn.qkv_bias_std * bn.qkv_bias_std;
     s.q = linear_forward(branch_in, d, bn.q_std * bn.q_std, bias_var);
-    s.k = linear_forward(branch_in, d, bn.k_std * bn.k_std, bias_var);
+    const TokenField k = linear_forward(branch_in, d, bn.k_std * bn.k_std, bias_var);
     s.v = linear_forward(branch_in, d, bn.v_std * bn.v_std, bias_var);
     const double scale_sq = numbers.logit_scale * numbers.logit_scale;
-    s.weights = causal_weights(s.q, s.k, scale_sq, head_dim);
+    s.weights = causal_weights(s.q, k, scale_sq, head_dim);
     if (builder) {
       p.hidden = builder->add(prefix + ".logits", "logits", l);
       builder->set_forward(p.hidden, Signal{0.0, s.weights.logit_var, kNaN});
@@ -264,7 +264,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     const TokenGrad d_mixed = linear_backward(d_branch, d, bn.attn_out_std * bn.attn_out_std);
     const double scale_sq = numbers.logit_scale * numbers.logit_scale;
     const TokenGrad d_v = causal_mix_backward(d_mixed, s.weights);
-    const ScoreGrads score = causal_score_backward(d_mixed, s.v, s.q, s.k, s.weights, scale_sq, head_dim);
+    const ScoreGrads score = causal_score_backward(d_mixed, s.v, s.q, s.weights, scale_sq, head_dim);
     d_branch_in = linear_backward(d_v, d, bn.v_std * bn.v_std);
     const double q_gain = static_cast<double>(d) * bn.q_std * bn.q_std,
                  k_gain = static_cast<double>(d) * bn.k_std * bn.k_std;

@@ -152,7 +152,8 @@ PointMoments point_moments(Activation kind, double mean, double var, const Gauss
   const bool centred = mean == 0.0;
   if (kind == Activation::identity) return {mean, var, 1.0};
   if (centred && kind == Activation::relu) {
-    return {std::sqrt(var / (2.0 * std::numbers::pi)), var * (0.5 - 0.5 / std::numbers::pi), 0.5};
+    const Signal y = relu_forward(Signal{0.0, var, 0.0});
+    return {y.mean, y.var, 0.5};
   }
   if (centred && (kind == Activation::gelu_erf || kind == Activation::gelu_tanh)) {
     return {gelu_mean(var), gelu_var(var), gelu_slope_sq(var)};
@@ -438,6 +439,7 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   const double per_query = scale_sq * static_cast<double>(head_dim);
   CausalWeights w;
   w.layout = q.layout;
+  w.key_spread = k_stats.spread;
   w.logit_spread.resize(static_cast<std::size_t>(p));
   w.self_sq.resize(static_cast<std::size_t>(p));
   std::vector<double> same_self(static_cast<std::size_t>(p)), root_spread(static_cast<std::size_t>(p));
@@ -541,12 +543,11 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
   return g;
 }
 
-ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q, const TokenField& k,
+ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,
                                  const CausalWeights& w, double scale_sq, std::int64_t head_dim) {
   const std::int64_t p = d_out.buckets();
   const std::vector<Representative> reps = representatives(*d_out.layout);
   const PrefixStats v_stats = prefix_stats(v, reps, RangeSums(block_totals(v.cov, v.within, reps), reps, false));
-  const PrefixStats k_stats = prefix_stats(k, reps, RangeSums(block_totals(k.cov, k.within, reps), reps, false));
   ScoreGrads out{TokenGrad::white(d_out.layout, 0.0), TokenGrad::white(d_out.layout, 0.0)};
   const double per_query = scale_sq * static_cast<double>(head_dim);
   double after = 0.0;  // Σ over the queries of later buckets
@@ -554,7 +555,7 @@ ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, co
     const std::size_t at = static_cast<std::size_t>(a);
     const Representative& r = reps[at];
     const double score = per_query * d_out.diag(a) * v_stats.spread[at] * (1.0 - 1.0 / r.n);
-    out.d_q.at(a, a) = score * w.self_sq[at] * k_stats.spread[at];
+    out.d_q.at(a, a) = score * w.self_sq[at] * w.key_spread[at];
     const double key_term = score * w.self_sq[at] / r.n * (q.diag(a) + q.mean * q.mean);
     out.d_k.at(a, a) = after + r.h * key_term;
     after += r.m * key_term;

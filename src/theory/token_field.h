@@ -124,6 +124,7 @@ TokenGrad scaled(const TokenGrad& g, double factor);
 // for a query with itself; *_within for two different queries of one bucket.
 struct CausalWeights {
   std::shared_ptr<const TokenLayout> layout;
+  std::vector<double> key_spread;    // spread_k: the variance of k over the representative query's keys
   std::vector<double> logit_spread;  // D
   std::vector<double> self_sq;       // s = E[Σ_k w_k²]
   std::vector<double> same_key, other_keys;
@@ -137,13 +138,13 @@ TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w);
 // d_v_k = Σ_i w_ik d_out_i.
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
 // The query and key gradients through the logits (variances only: their cross-token covariance is neglected),
-// for d_out at the mixed output, the value field v, the query field q, the key field k:
+// for d_out at the mixed output, the value field v and the query field q (the keys' spread is in `w`):
 // Var(d_q_i) = scale²·d_head·G_ii·spread_v(i)·s_i(1 - 1/n_i)·spread_k(i),
 // Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·spread_v(i)·(s_i/n_i)(1 - 1/n_i)·E[q_i²].
 struct ScoreGrads {
   TokenGrad d_q, d_k;
 };
-ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q, const TokenField& k,
+ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,
                                  const CausalWeights& w, double scale_sq, std::int64_t head_dim);
 
 }  // namespace proplab::theory

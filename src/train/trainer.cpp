@@ -143,17 +143,21 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     return Batch{batch.inputs.slice(0, first_row, local_rows), batch.targets.slice(0, first_row, local_rows)};
   };
   RunData data(spec, micro);
-  // What theory predicts for every probe at initialisation, stored beside the measurements. Predicted before the
-  // model is built: a rule with a profiling pass (admin) builds a temporary model of its own for it.
-  const theory::ProbePrediction prediction = predict_for_run(spec);
+  // What theory predicts for every probe at initialisation, stored beside the measurements by rank 0 (the only
+  // writer). Predicted before the model is built: a rule with a profiling pass (admin) builds a temporary model of
+  // its own for it.
+  theory::ProbePrediction prediction;
+  if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
   Optimizer optimizer(tc, model->params());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
-  PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
-                " probes, the model has ", model->probes().size());
-  for (std::size_t i = 0; i < prediction.probes.size(); ++i)
-    PROPLAB_CHECK(prediction.probes[i].name == model->probes()[i].name, "theory probe ", prediction.probes[i].name,
-                  " at depth ", i, " is ", model->probes()[i].name, " in the model");
+  if (root) {
+    PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
+                  " probes, the model has ", model->probes().size());
+    for (std::size_t i = 0; i < prediction.probes.size(); ++i)
+      PROPLAB_CHECK(prediction.probes[i].name == model->probes()[i].name, "theory probe ", prediction.probes[i].name,
+                    " at depth ", i, " is ", model->probes()[i].name, " in the model");
+  }
 
   RunSummary summary;
   summary.run_file = run_file_path(options.out_dir, spec.name);

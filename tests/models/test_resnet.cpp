@@ -39,14 +39,7 @@ class CapturingSink final : public ProbeSink {
   void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
   const Tensor& forward_of(int probe) const { return forward_.at(probe); }
   bool has_backward(int probe) const { return backward_.count(probe) > 0; }
-  static double variance(const Tensor& x) {
-    const std::vector<float> v = x.to_vector();
-    double mean = 0, sq = 0;
-    for (float e : v) mean += e;
-    mean /= static_cast<double>(v.size());
-    for (float e : v) sq += (e - mean) * (e - mean);
-    return sq / static_cast<double>(v.size());
-  }
+  static double variance(const Tensor& x) { return testing::population_var(x.to_vector()); }
 
  private:
   std::map<int, Tensor> forward_, backward_;

@@ -27,6 +27,9 @@ namespace proplab {
 
 namespace {
 
+using testing::CapturingSink;
+using testing::population_var;
+
 using Params = std::map<std::string, double>;
 
 ModelConfig post_ln(int layers, int width, int seq_len = 16) {
@@ -73,28 +76,6 @@ std::vector<double> omegas(const ScalingRule& rule, int layers) {
   for (int l = 0; l < layers; ++l)
     for (Branch branch : {Branch::attention, Branch::ffn}) out.push_back(rule.residual(l, branch).lambda);
   return out;
-}
-
-// Keeps a copy of every forward probe tensor, by probe name.
-class CapturingSink final : public ProbeSink {
- public:
-  explicit CapturingSink(const std::vector<ProbeInfo>& probes) : probes_(probes) {}
-  void forward(int probe, const Tensor& x, std::int64_t) override { values[probes_.at(probe).name] = x.to_vector(); }
-  void backward(int, const Tensor&, std::int64_t) override {}
-  void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
-  std::map<std::string, std::vector<float>> values;
-
- private:
-  std::vector<ProbeInfo> probes_;
-};
-
-double population_var(const std::vector<float>& v) {
-  double mean = 0.0;
-  for (float x : v) mean += x;
-  mean /= static_cast<double>(v.size());
-  double var = 0.0;
-  for (float x : v) var += (x - mean) * (x - mean);
-  return var / static_cast<double>(v.size());
 }
 
 // The profiling batch as models/profile.h documents it, rebuilt here: token k = below(k, vocab) of

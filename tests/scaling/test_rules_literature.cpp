@@ -24,6 +24,8 @@ using testing::token_batch;
 
 namespace {
 
+using testing::CapturingSink;
+
 using Params = std::map<std::string, double>;
 
 ModelShape transformer_shape(int layers, int width, NormPlacement norm = NormPlacement::pre) {
@@ -107,19 +109,6 @@ TransformerConfig tiny_transformer(NormPlacement norm) {
   config.norm = norm;
   return config;
 }
-
-// Keeps a copy of every forward probe tensor, by probe name.
-class CapturingSink final : public ProbeSink {
- public:
-  explicit CapturingSink(const std::vector<ProbeInfo>& probes) : probes_(probes) {}
-  void forward(int probe, const Tensor& x, std::int64_t) override { values[probes_.at(probe).name] = x.to_vector(); }
-  void backward(int, const Tensor&, std::int64_t) override {}
-  void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
-  std::map<std::string, std::vector<float>> values;
-
- private:
-  std::vector<ProbeInfo> probes_;
-};
 
 }  // namespace
 

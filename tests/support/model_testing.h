@@ -5,9 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "models/model.h"
+#include "probe/probe.h"
 #include "support/gradcheck.h"
 
 namespace proplab::testing {
@@ -33,6 +37,29 @@ inline void check_all_parameters(Model& model, const std::function<double()>& lo
     GradCheckResult result = check_gradient(loss, p->value, p->grad, options);
     EXPECT_GRAD_OK(result);
   }
+}
+
+// Keeps a copy of every forward probe tensor, by probe name.
+class CapturingSink final : public ProbeSink {
+ public:
+  explicit CapturingSink(const std::vector<ProbeInfo>& probes) : probes_(probes) {}
+  void forward(int probe, const Tensor& x, std::int64_t) override { values[probes_.at(probe).name] = x.to_vector(); }
+  void backward(int, const Tensor&, std::int64_t) override {}
+  void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
+  std::map<std::string, std::vector<float>> values;
+
+ private:
+  std::vector<ProbeInfo> probes_;
+};
+
+// The population variance of the values, in double precision.
+inline double population_var(const std::vector<float>& v) {
+  double mean = 0.0;
+  for (float x : v) mean += x;
+  mean /= static_cast<double>(v.size());
+  double var = 0.0;
+  for (float x : v) var += (x - mean) * (x - mean);
+  return var / static_cast<double>(v.size());
 }
 
 }  // namespace proplab::testing
