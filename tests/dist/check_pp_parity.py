@@ -4,7 +4,8 @@ micro-batches), dp = 2 x pp = 2 (4 ranks) and pp = 3 with fewer micro-batches th
 the same layout with the same loss, every recorded statistic and the same parameter statistics, and the same
 parameters after the steps, within 1e-5 (statistics that can sit near zero, mean and corr, within 1e-5 of the
 probe's rms or of 1). A pp = 2 run stopped after 3 steps and resumed by one process must match too (its checkpoint
-is full-tensor). Uses SGD with momentum and gradient clipping, so the pipelined global gradient norm is checked.
+is full-tensor), and so must a one-process run stopped after 2 steps and resumed with pp = 2. Uses SGD with
+momentum and gradient clipping, so the pipelined global gradient norm is checked.
 
 usage: check_pp_parity.py PROPLAB MPIEXEC WORKDIR
 """
@@ -102,11 +103,21 @@ def main():
     compare_runs(single_run, os.path.join(moved, "parity.h5"), "pp=2 then resumed by one process", failures)
     compare_checkpoints(single_ckpt, os.path.join(moved, "parity.ckpt.h5"), "pp=2 then resumed by one process",
                         failures)
+    # And the other way: one process stopped after 2 steps, continued by pp = 2 (every stage reads the full file).
+    back = os.path.join(work, "single-then-pp2")
+    run([proplab, "run", study, "--out", back, "--force", "--stop-after", "2"], env, allowed=(4,))
+    resumed = run([mpiexec, "-np", "2", "--oversubscribe", proplab, "run", study, "--set", "parallel.pp=2", "--set",
+                   "parallel.microbatches=4", "--out", back, "--resume"], env)
+    if "resuming at step 2" not in resumed:
+        failures.append("one process then pp=2: did not resume at step 2:\n%s" % resumed)
+    compare_runs(single_run, os.path.join(back, "parity.h5"), "one process then resumed by pp=2", failures)
+    compare_checkpoints(single_ckpt, os.path.join(back, "parity.ckpt.h5"), "one process then resumed by pp=2",
+                        failures)
     for f in failures:
         print(f)
     if failures:
         sys.exit(1)
-    print("pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3 and a pp = 2 checkpoint resumed alone")
+    print("pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3, and resuming pp = 2 <-> one process")
 
 
 if __name__ == "__main__":
