@@ -111,7 +111,9 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
   const bool pre = config_.norm == NormPlacement::pre, post = config_.norm == NormPlacement::post;
   stream_.assign(sublayers_.size() + 1, Tensor());
   for (Tensor& x : stream_) x = Tensor::empty({r, d});
-  for (Sublayer& s : sublayers_) {
+  for (std::size_t i = 0; i < sublayers_.size(); ++i) {
+    if (!in_stage(i)) continue;  // a pipeline stage keeps only its own sublayers' activations
+    Sublayer& s = sublayers_[i];
     const std::int64_t hidden = s.is_attention ? 3 * d : f;
     s.normed = pre ? Tensor::empty({r, d}) : Tensor();
     s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r) : nn::Norm::Saved{};

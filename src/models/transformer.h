@@ -34,6 +34,23 @@ class Transformer final : public Model {
 
   const TransformerConfig& config() const { return config_; }
 
+  // Pipeline stage (models/transformer_stage.cpp). After set_stage the model runs only blocks
+  // [first_block, last_block), with the embedding when first_block = 0 and the final norm, head and loss when
+  // last_block = layers, through stage_forward/stage_backward (not forward_backward or evaluate); it keeps the
+  // activations of `slots` micro-batches between their forward and backward. Every parameter still exists here;
+  // the stage reads and accumulates gradients into its own (and the tied token embedding on the last stage).
+  void set_stage(int first_block, int last_block, int slots);
+  // Forward of one micro-batch into `slot`. The first stage embeds batch.inputs, the others start from `x_in`
+  // [R, D]. The last stage returns the mean loss over batch.targets and, when grad_scale != 0, keeps its gradient
+  // (scaled by grad_scale) for stage_backward; the others return 0 and set `x_out` to the stage output [R, D] (a
+  // view of the slot's activations, valid until the slot's next forward).
+  double stage_forward(int slot, const Batch& batch, const Tensor& x_in, Tensor& x_out, float grad_scale,
+                       const StepContext& context);
+  // Backward of the micro-batch in `slot`, from `d_out` (the gradient of the stage output; unused on the last
+  // stage). Parameter gradients accumulate; `d_in` is set to the gradient of the stage input (a view of scratch,
+  // valid until the next stage call; undefined on the first stage).
+  void stage_backward(int slot, const Batch& batch, const Tensor& d_out, Tensor& d_in, const StepContext& context);
+
  private:
   // One residual sublayer (attention or FFN) with its saved activations.
   struct Sublayer {
@@ -68,6 +85,12 @@ class Transformer final : public Model {
   std::uint64_t dropout_stream(const StepContext& context, int site) const;
 
   int add_probe(const std::string& name, int block, ProbeKind kind, bool has_backward = true);
+  bool in_stage(std::size_t sublayer) const {
+    return stage_last_ < 0 || (static_cast<int>(sublayer) >= stage_first_ && static_cast<int>(sublayer) < stage_last_);
+  }
+  // The stage's saved activations (the members a slot swaps), in a fixed order.
+  std::vector<Tensor*> stage_activations();
+  void swap_slot(int slot);
 
   TransformerConfig config_;
   ParameterStore params_;
@@ -93,6 +116,12 @@ class Transformer final : public Model {
   Tensor targets_flat_;
   // Gradient scratch.
   Tensor d_stream_, d_branch_, d_dropped_, d_mixed_, d_hidden_, d_normed_, d_tmp_;
+
+  // Pipeline stage: sublayers [stage_first_, stage_last_) (stage_last_ = -1: the whole model). Slot 0's
+  // activations are the members above; slot k > 0 keeps its own in stage_slots_[k - 1], swapped in around calls.
+  int stage_first_ = 0, stage_last_ = -1, stage_slot_count_ = 1;
+  std::vector<std::vector<Tensor>> stage_slots_;
+  std::int64_t slots_batch_ = 0, slots_tokens_ = 0;
 };
 
 }  // namespace proplab

@@ -241,14 +241,14 @@ Field integer_field(std::string key, Ref ref, std::int64_t lo, std::int64_t hi) 
   return field;
 }
 
-// [parallel] tp, pp, microbatches: only the value 1 exists until tensor and pipeline parallelism land.
+// [parallel] tp: only the value 1 exists until tensor parallelism lands.
 template <class Ref>
 Field single_process_field(std::string key, Ref ref) {
   Field field = integer_field(std::move(key), ref, 1, 1);
   field.allowed = "1";
   field.read = [](const toml::node& node, Study&) -> std::string {
     if (!node.is_integer()) return "expected an integer, got " + describe(node);
-    if (node.as_integer()->get() != 1) return "tensor and pipeline parallelism are not available yet";
+    if (node.as_integer()->get() != 1) return "tensor parallelism is not available yet";
     return {};
   };
   return field;
@@ -577,8 +577,8 @@ std::vector<TableSpec> build_schema() {
        {
            integer_field("dp", PROPLAB_MEMBER(parallel.dp), 1, 4096),
            single_process_field("tp", PROPLAB_MEMBER(parallel.tp)),
-           single_process_field("pp", PROPLAB_MEMBER(parallel.pp)),
-           single_process_field("microbatches", PROPLAB_MEMBER(parallel.microbatches)),
+           integer_field("pp", PROPLAB_MEMBER(parallel.pp), 1, 4096),
+           integer_field("microbatches", PROPLAB_MEMBER(parallel.microbatches), 1, 1000000),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),
            choice_field("dp_mode", PROPLAB_MEMBER(parallel.dp_mode),
                         {{"allreduce", "allreduce"}, {"local_sgd", "local_sgd"}}),

@@ -62,6 +62,8 @@ class Recorder final : public ProbeSink {
   // Data parallel: merges every replica's probe sums into rank 0's, in rank order (exactly: sums add). Call on
   // every rank of the data-parallel group after the step's backward passes; then rank 0 writes the record.
   void merge_replicas(dist::Communicator& group);
+  // The parameter statistics of the step, [stat][parameter] (pipeline stages fill in the rows they own).
+  std::vector<std::vector<double>>& param_rows() { return param_rows_; }
 
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;

@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "ops/ops.h"
 #include "train/optimizer.h"
+#include "train/pipeline.h"
 #include "train/progress.h"
 #include "train/recorder.h"
 #include "train/theory_run.h"
@@ -119,22 +120,23 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError(
         "device.type: training on CUDA is not available in this version (only the residual-combine "
         "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
-  if (spec.parallel.tp != 1 || spec.parallel.pp != 1 || spec.parallel.microbatches != 1)
+  if (spec.parallel.tp != 1)
     throw UserError(
-        "parallel: tensor and pipeline parallelism are not available in this version; allowed: tp = pp = "
-        "microbatches = 1 (data parallel dp > 1 under mpirun)");
+        "parallel: tensor parallelism is not available in this version; allowed: tp = 1 (data parallel dp > 1 "
+        "and pipeline parallel pp > 1 under mpirun)");
   dist::Communicator* group = options.data_parallel;
   const int replicas = group ? group->size() : 1;
   if (replicas != spec.parallel.dp)
     throw UserError("parallel.dp = " + std::to_string(spec.parallel.dp) + " needs " + std::to_string(spec.parallel.dp) +
                     " processes (mpirun -np " + std::to_string(spec.parallel.dp) + " proplab run ...), but " +
                     std::to_string(replicas) + " were started");
-  const bool root = !group || group->rank() == 0;
+  const bool root = (!group || group->rank() == 0) && (!options.pipeline || options.pipeline->rank() == 0);
   set_threads(spec.device.threads);
   const std::int64_t micro = tc.batch / tc.grad_accum;
   if (micro % replicas != 0)
     throw UserError("parallel.dp = " + std::to_string(replicas) + " must divide the micro-batch train.batch / " +
                     "train.grad_accum = " + std::to_string(micro) + "; allowed: a dp that divides it");
+  check_pipeline_layout(spec, options.pipeline, replicas);
   const std::int64_t local_rows = micro / replicas;
   const std::int64_t first_row = group ? group->rank() * local_rows : 0;
   // This replica's rows of a micro-batch (all of them for one process).
@@ -150,6 +152,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
   Optimizer optimizer(tc, model->params());
+  std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
+  if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group);
+  PipelineStage* pipeline = stage ? &*stage : nullptr;
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
   if (root) {
     PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
@@ -238,13 +243,17 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
 
   auto evaluate = [&]() {
     double total = 0.0;
-    for (int i = 0; i < tc.eval_batches; ++i) total += model->evaluate(data.batch(Split::validation, i));
+    for (int i = 0; i < tc.eval_batches; ++i)
+      total += pipeline ? pipeline->evaluate(data.batch(Split::validation, i))
+                        : model->evaluate(data.batch(Split::validation, i));
     return total / tc.eval_batches;
   };
   auto save = [&](std::int64_t step) {
+    std::map<std::string, Tensor> tensors = checkpoint_tensors(*model, optimizer);
+    if (pipeline) pipeline->gather_to_first_stage(tensors);  // each stage's own tensors, full size, to rank 0
     if (!root) return;  // the replicas' parameters and optimizer state are identical
     Checkpoint checkpoint;
-    checkpoint.tensors = checkpoint_tensors(*model, optimizer);
+    checkpoint.tensors = std::move(tensors);
     checkpoint.ints["step"] = step;
     checkpoint.ints["optimizer_steps"] = optimizer.steps_taken();
     checkpoint.ints["seed"] = static_cast<std::int64_t>(spec.seed);
@@ -263,6 +272,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
   std::vector<Tensor*> grads;
   for (auto& p : model->params().all()) grads.push_back(&p->grad);
+  if (pipeline) grads = pipeline->gradients();  // a stage sums only the gradients it computes
   // allreduce: each replica's gradient is its share of the global one (scaled by 1/dp) and the shares are summed.
   // local_sgd: each replica steps on its own mean gradient (its share times dp); parameters are averaged every
   // sync_every steps (with SGD and sync_every = 1 this is allreduce again, up to rounding).
@@ -281,6 +291,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         group->all_reduce(&any, 1, dist::ReduceOp::max);
         interrupted = any != 0.0;
       }
+      if (pipeline) interrupted = pipeline->any(interrupted);
       if (interrupted) {
         status = RunStatus::failed;
         detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
@@ -298,7 +309,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         if (record) recorder.begin_step();
         model->params().zero_grads();
         double total = 0.0;
-        for (int m = 0; m < tc.grad_accum; ++m) {
+        for (int m = 0; m < tc.grad_accum && !pipeline; ++m) {
           const std::int64_t index = step * tc.grad_accum + m;
           StepContext context;
           context.seed = spec.seed;
@@ -310,7 +321,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           total += model->forward_backward(local(data.batch(Split::train, index)),
                                            1.0f / static_cast<float>(tc.grad_accum * replicas), context);
         }
-        double loss = total / tc.grad_accum;
+        double loss = pipeline ? pipeline->forward_backward(
+                                     step, record ? &recorder : nullptr,
+                                     [&](int m) { return local(data.batch(Split::train, step * tc.grad_accum + m)); })
+                               : total / tc.grad_accum;
         if (group && replicas > 1) {
           if (!local_sgd) {
             for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
@@ -325,21 +339,26 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           loss /= replicas;
           if (record) recorder.merge_replicas(*group);
         }
+        if (pipeline) loss = pipeline->finish_backward(loss, record ? &recorder : nullptr);
         return loss;
       };
       const bool record = recorder.records(step);
       double loss = forward_backward(record);
-      double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+      auto clip = [&] {
+        return pipeline ? pipeline->clip_grad_norm(tc.grad_clip) : ops::clip_grad_norm(grads, tc.grad_clip);
+      };
+      double grad_norm = clip();
       if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
         // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
         // is a pure function of the parameters, which have not been updated).
         if (!record) {
           loss = forward_backward(true);
-          grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+          grad_norm = clip();
         }
         recorder.before_update();
         recorder.skip_update();
         recorder.after_update();
+        if (pipeline) pipeline->gather_param_stats(recorder);
         const std::string first = root ? recorder.write_record(*writer, step) : std::string();
         status = RunStatus::diverged;
         detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
@@ -362,10 +381,12 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       std::string first_nonfinite;
       if (record) {
         recorder.after_update();
+        if (pipeline) pipeline->gather_param_stats(recorder);
         if (root) first_nonfinite = recorder.write_record(*writer, step);
-        if (group && replicas > 1) {  // only rank 0 finalised the statistics: tell the others
+        if ((group && replicas > 1) || pipeline) {  // only rank 0 finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
-          group->broadcast(&nonfinite, 1, 0);
+          if (pipeline) pipeline->broadcast_from_first(nonfinite);
+          if (group && replicas > 1) group->broadcast(&nonfinite, 1, 0);
           if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
         }
       }

@@ -50,6 +50,9 @@ struct RunOptions {
   // with the same spec; replica r takes rows [r·B/dp, (r+1)·B/dp) of each micro-batch, gradients are summed over
   // the group, probe sums merged into rank 0's, and only rank 0 writes the run file and checkpoints.
   dist::Communicator* data_parallel = nullptr;
+  // Pipeline parallel: this rank's pipeline group (size = [parallel] pp; its rank is the stage), null without
+  // pipeline parallelism (train/pipeline.h).
+  dist::Communicator* pipeline = nullptr;
   std::string proplab_version = "0.1.0";
 };
 

@@ -1,0 +1,252 @@
+#include "train/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dist/pipeline_schedule.h"
+#include "ops/ops.h"
+
+namespace proplab {
+
+namespace {
+
+std::string text(std::int64_t value) { return std::to_string(value); }
+
+// The parameter a checkpoint tensor belongs to: param/<p>, buffer/<p>, optim/<p>.<state>.
+std::string parameter_of(const std::string& tensor) {
+  const std::size_t slash = tensor.find('/');
+  std::string rest = tensor.substr(slash + 1);
+  if (tensor.rfind("optim/", 0) == 0) rest = rest.substr(0, rest.rfind('.'));
+  return rest;
+}
+
+}  // namespace
+
+void check_pipeline_layout(const RunSpec& spec, const dist::Communicator* stages_started, int data_replicas) {
+  const ParallelConfig& p = spec.parallel;
+  if (p.pp == 1) {
+    if (p.microbatches != 1)
+      throw UserError("parallel.microbatches = " + text(p.microbatches) +
+                      " applies to pipeline parallelism only; allowed: microbatches = 1 when parallel.pp = 1 (split "
+                      "the batch with train.grad_accum instead)");
+    return;
+  }
+  const std::string pp = "parallel.pp = " + text(p.pp);
+  if (spec.model.type != "transformer")
+    throw UserError(pp +
+                    ": pipeline parallelism is built for the transformer only; allowed: pp = 1 for model.type = \"" +
+                    spec.model.type + "\"");
+  if (p.pp > spec.model.transformer.layers)
+    throw UserError(pp + " needs at least " + text(p.pp) + " transformer blocks, but model.layers = " +
+                    text(spec.model.transformer.layers) + "; allowed: pp <= model.layers");
+  const int accum = spec.train.grad_accum;
+  if (p.microbatches % accum != 0)
+    throw UserError("parallel.microbatches = " + text(p.microbatches) +
+                    " must be a multiple of train.grad_accum = " + text(accum) +
+                    " (each of the step's micro-batches is cut into microbatches / grad_accum pieces); "
+                    "allowed: " +
+                    text(accum) + ", " + text(2 * accum) + ", " + text(3 * accum) + ", ...");
+  const std::int64_t rows = spec.train.batch / accum / data_replicas;
+  const int pieces = p.microbatches / accum;
+  if (rows % pieces != 0)
+    throw UserError("parallel.microbatches = " + text(p.microbatches) + " cuts each replica's " + text(rows) +
+                    " rows of a micro-batch (train.batch / train.grad_accum / parallel.dp) into " + text(pieces) +
+                    " pieces, but " + text(pieces) + " does not divide " + text(rows) +
+                    "; allowed: microbatches / grad_accum dividing " + text(rows));
+  const int started = stages_started ? stages_started->size() : 1;
+  if (started != p.pp)
+    throw UserError(pp + " needs dp·tp·pp = " + text(p.dp * p.tp * p.pp) + " processes (mpirun -np " +
+                    text(p.dp * p.tp * p.pp) + " proplab run ...), but the pipeline has " + text(started) +
+                    (started == 1 ? " stage" : " stages"));
+}
+
+std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stages) {
+  const double d = config.width, f = static_cast<double>(config.ffn_mult) * d, t = config.seq_len;
+  // Multiply-adds per token, as in Transformer::train_flops: QKV, output projection, FFN, attention; the head.
+  const double block = 3 * d * d + d * d + 2 * d * f + 2 * t * d;
+  const double head = d * static_cast<double>(config.vocab);
+  return dist::balance_stages(std::vector<double>(static_cast<std::size_t>(config.layers), block), 0.0, head, stages);
+}
+
+PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data)
+    : model_(dynamic_cast<Transformer&>(model)),
+      stages_(stages),
+      data_(data),
+      seed_(spec.seed),
+      stage_(stages.rank()),
+      stage_count_(stages.size()),
+      microbatches_(spec.parallel.microbatches),
+      grad_accum_(spec.train.grad_accum),
+      chunks_per_micro_(spec.parallel.microbatches / spec.train.grad_accum),
+      replicas_(data ? data->size() : 1),
+      tied_(spec.model.transformer.tie_embeddings) {
+  bounds_ = pipeline_stage_blocks(spec.model.transformer, stage_count_);
+  first_block_ = bounds_[static_cast<std::size_t>(stage_)];
+  last_block_ = bounds_[static_cast<std::size_t>(stage_) + 1];
+  slots_ = dist::pipeline_slots(stage_count_, stage_, microbatches_);
+  model_.set_stage(first_block_, last_block_, slots_);
+  chunk_rows_ = spec.train.batch / grad_accum_ / replicas_ / chunks_per_micro_;
+  const std::int64_t t = spec.model.transformer.seq_len, d = spec.model.transformer.width;
+  for (int c = 0; c < microbatches_; ++c)
+    chunks_.push_back({Tensor::empty({chunk_rows_, t}, DType::i32), Tensor::empty({chunk_rows_, t}, DType::i32)});
+  for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}));
+  received_gradient_ = Tensor::empty({chunk_rows_ * t, d});
+  const bool last = stage_ == stage_count_ - 1;
+  for (auto& p : model_.params().all()) {
+    const int owner = owner_of(p->name);
+    const bool tied_copy = tied_ && last && p->name == "embed.token.weight";
+    if (owner == stage_) owned_grads_.push_back(&p->grad);
+    if (owner == stage_ || tied_copy) all_grads_.push_back(&p->grad);
+  }
+}
+
+int PipelineStage::owner_of(const std::string& parameter) const {
+  if (parameter.rfind("embed.", 0) == 0) return 0;
+  if (parameter.rfind("blocks.", 0) == 0) {
+    const int block = std::stoi(parameter.substr(7, parameter.find('.', 7) - 7));
+    for (int s = 0; s < stage_count_; ++s)
+      if (block < bounds_[static_cast<std::size_t>(s) + 1]) return s;
+  }
+  return stage_count_ - 1;  // final_norm, head
+}
+
+void PipelineStage::copy_chunk(const Batch& from, std::int64_t first_row, Batch& to) const {
+  to.inputs.copy_from(from.inputs.slice(0, first_row, chunk_rows_));
+  to.targets.copy_from(from.targets.slice(0, first_row, chunk_rows_));
+}
+
+double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,
+                                       const std::function<Batch(int)>& data_batch) {
+  for (int m = 0; m < grad_accum_; ++m) {
+    const Batch rows = data_batch(m);
+    for (int piece = 0; piece < chunks_per_micro_; ++piece)
+      copy_chunk(rows, piece * chunk_rows_, chunks_[static_cast<std::size_t>(m * chunks_per_micro_ + piece)]);
+  }
+  const float grad_scale = 1.0f / static_cast<float>(microbatches_ * replicas_);
+  auto context_of = [&](int microbatch) {
+    StepContext context;
+    context.seed = seed_;
+    // Dropout masks are keyed by the data micro-batch, as in one process.
+    context.micro_step = static_cast<std::uint64_t>(step * grad_accum_ + microbatch / chunks_per_micro_);
+    context.training = true;
+    context.sink = sink;
+    return context;
+  };
+  double total = 0.0;
+  Tensor output, d_input;  // the last forward's output and backward's input gradient, until sent
+  for (const dist::PipelineStep& s : dist::one_f_one_b(stage_count_, stage_, microbatches_)) {
+    const int m = s.microbatch, slot = m % slots_;
+    const Batch& chunk = chunks_[static_cast<std::size_t>(m)];
+    switch (s.action) {
+      case dist::PipelineAction::receive_activation:
+        stages_.receive(received_[static_cast<std::size_t>(slot)].f32(),
+                        received_[static_cast<std::size_t>(slot)].numel(), stage_ - 1, dist::activation_tag(m));
+        break;
+      case dist::PipelineAction::forward:
+        total += model_.stage_forward(slot, chunk, received_[static_cast<std::size_t>(slot)], output, grad_scale,
+                                      context_of(m));
+        break;
+      case dist::PipelineAction::send_activation:
+        stages_.send(output.f32(), output.numel(), stage_ + 1, dist::activation_tag(m));
+        break;
+      case dist::PipelineAction::receive_gradient:
+        stages_.receive(received_gradient_.f32(), received_gradient_.numel(), stage_ + 1, dist::gradient_tag(m));
+        break;
+      case dist::PipelineAction::backward:
+        model_.stage_backward(slot, chunk, received_gradient_, d_input, context_of(m));
+        break;
+      case dist::PipelineAction::send_gradient:
+        stages_.send(d_input.f32(), d_input.numel(), stage_ - 1, dist::gradient_tag(m));
+        break;
+    }
+  }
+  return stage_ == stage_count_ - 1 ? total / microbatches_ : 0.0;
+}
+
+double PipelineStage::finish_backward(double loss, Recorder* recorder) {
+  const int last = stage_count_ - 1;
+  if (tied_ && (stage_ == 0 || stage_ == last)) {
+    // Both ends add the other's gradient (a + b = b + a: the two copies stay bitwise equal). The first stage
+    // sends first and the last receives first, so the exchange cannot deadlock.
+    Tensor& grad = model_.params().find("embed.token.weight")->grad;
+    Tensor theirs = Tensor::empty(grad.shape());
+    if (stage_ == 0) {
+      stages_.send(grad.f32(), grad.numel(), last, 0);
+      stages_.receive(theirs.f32(), theirs.numel(), last, 0);
+    } else {
+      stages_.receive(theirs.f32(), theirs.numel(), 0, 0);
+      stages_.send(grad.f32(), grad.numel(), 0, 0);
+    }
+    ops::axpy(1.0f, theirs, grad);
+  }
+  stages_.broadcast(&loss, sizeof loss, last);
+  if (recorder) recorder->merge_replicas(stages_);
+  return loss;
+}
+
+double PipelineStage::clip_grad_norm(double max_norm) {
+  double total = 0.0;
+  for (const Tensor* grad : owned_grads_) total += ops::sum_squares(*grad);
+  stages_.all_reduce(&total, 1);
+  const double norm = std::sqrt(total);
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
+    const float factor = static_cast<float>(max_norm / norm);
+    for (Tensor* grad : all_grads_) ops::scale(*grad, factor);
+  }
+  return norm;
+}
+
+void PipelineStage::gather_param_stats(Recorder& recorder) {
+  std::vector<std::vector<double>>& rows = recorder.param_rows();
+  auto& all = model_.params().all();
+  std::vector<double> packed;
+  for (const std::vector<double>& row : rows)
+    for (std::size_t i = 0; i < all.size(); ++i) packed.push_back(owner_of(all[i]->name) == stage_ ? row[i] : 0.0);
+  // Each entry is non-zero on one stage only: the sum is that value, exactly.
+  stages_.all_reduce(packed.data(), static_cast<std::int64_t>(packed.size()));
+  std::size_t k = 0;
+  for (std::vector<double>& row : rows)
+    for (std::size_t i = 0; i < all.size(); ++i) row[i] = packed[k++];
+}
+
+double PipelineStage::evaluate(const Batch& batch) {
+  const std::int64_t rows = batch.inputs.dim(0);
+  PROPLAB_CHECK(rows % chunk_rows_ == 0, "pipeline evaluate: ", rows, " rows in chunks of ", chunk_rows_);
+  StepContext context;
+  context.training = false;
+  Batch& chunk = chunks_[0];
+  Tensor& input = received_[0];
+  Tensor output;
+  double total = 0.0;
+  const int pieces = static_cast<int>(rows / chunk_rows_);
+  for (int piece = 0; piece < pieces; ++piece) {
+    copy_chunk(batch, piece * chunk_rows_, chunk);
+    if (stage_ > 0) stages_.receive(input.f32(), input.numel(), stage_ - 1, dist::activation_tag(piece));
+    total += model_.stage_forward(0, chunk, input, output, 0.0f, context);
+    if (stage_ < stage_count_ - 1) stages_.send(output.f32(), output.numel(), stage_ + 1, dist::activation_tag(piece));
+  }
+  double loss = total / pieces;
+  stages_.broadcast(&loss, sizeof loss, stage_count_ - 1);
+  return loss;
+}
+
+void PipelineStage::gather_to_first_stage(std::map<std::string, Tensor>& tensors) {
+  if (data_ && data_->rank() != 0) return;  // the same for every stage of this group
+  for (auto& [name, tensor] : tensors) {
+    const int owner = owner_of(parameter_of(name));
+    if (owner == 0) continue;
+    PROPLAB_CHECK(tensor.dtype() == DType::f32, "checkpoint tensor ", name, " is not f32");
+    if (stage_ == owner) stages_.send(tensor.f32(), tensor.numel(), 0, 0);
+    if (stage_ == 0) stages_.receive(tensor.f32(), tensor.numel(), owner, 0);
+  }
+}
+
+bool PipelineStage::any(bool flag) {
+  double value = flag ? 1.0 : 0.0;
+  stages_.all_reduce(&value, 1, dist::ReduceOp::max);
+  return value != 0.0;
+}
+
+void PipelineStage::broadcast_from_first(std::uint8_t& value) { stages_.broadcast(&value, 1, 0); }
+
+}  // namespace proplab
