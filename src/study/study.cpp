@@ -576,7 +576,7 @@ std::vector<TableSpec> build_schema() {
       {"parallel",
        {
            integer_field("dp", PROPLAB_MEMBER(parallel.dp), 1, 4096),
-           single_process_field("tp", PROPLAB_MEMBER(parallel.tp)),
+           integer_field("tp", PROPLAB_MEMBER(parallel.tp), 1, 4096),
            single_process_field("pp", PROPLAB_MEMBER(parallel.pp)),
            single_process_field("microbatches", PROPLAB_MEMBER(parallel.microbatches)),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),

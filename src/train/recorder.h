@@ -62,6 +62,10 @@ class Recorder final : public ProbeSink {
   // Data parallel: merges every replica's probe sums into rank 0's, in rank order (exactly: sums add). Call on
   // every rank of the data-parallel group after the step's backward passes; then rank 0 writes the record.
   void merge_replicas(dist::Communicator& group);
+  // Tensor parallelism: parameters split over `group` (ParamShard) get their statistics from the full tensors
+  // (sums of squares summed over the group, train/tensor_parallel.h). Every rank of the group then calls
+  // before_update and after_update together.
+  void set_tensor_parallel(dist::Communicator* group) { tensor_group_ = group; }
 
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;
@@ -76,6 +80,7 @@ class Recorder final : public ProbeSink {
   RecordConfig config_;
   std::vector<ProbeInfo> probes_;
   ParameterStore& params_;
+  dist::Communicator* tensor_group_ = nullptr;
   std::int64_t total_steps_;
   probe::StatSelection forward_stats_, backward_stats_;
   std::vector<ParamStat> param_stats_;

@@ -50,6 +50,9 @@ struct RunOptions {
   // with the same spec; replica r takes rows [r·B/dp, (r+1)·B/dp) of each micro-batch, gradients are summed over
   // the group, probe sums merged into rank 0's, and only rank 0 writes the run file and checkpoints.
   dist::Communicator* data_parallel = nullptr;
+  // Tensor parallel: the ranks that share one model replica (size = [parallel] tp), null for tp = 1. Each holds
+  // its piece of the model (models/tensor_parallel.h); statistics and checkpoints stay full-tensor.
+  dist::Communicator* tensor_parallel = nullptr;
   std::string proplab_version = "0.1.0";
 };
 
