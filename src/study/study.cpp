@@ -241,14 +241,14 @@ Field integer_field(std::string key, Ref ref, std::int64_t lo, std::int64_t hi) 
   return field;
 }
 
-// [parallel] tp, pp, microbatches: only the value 1 exists until tensor and pipeline parallelism land.
+// [parallel] pp, microbatches: only the value 1 exists until pipeline parallelism lands.
 template <class Ref>
 Field single_process_field(std::string key, Ref ref) {
   Field field = integer_field(std::move(key), ref, 1, 1);
   field.allowed = "1";
   field.read = [](const toml::node& node, Study&) -> std::string {
     if (!node.is_integer()) return "expected an integer, got " + describe(node);
-    if (node.as_integer()->get() != 1) return "tensor and pipeline parallelism are not available yet";
+    if (node.as_integer()->get() != 1) return "pipeline parallelism is not available yet";
     return {};
   };
   return field;

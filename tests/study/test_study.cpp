@@ -553,8 +553,7 @@ TEST(Study, DataAndTensorParallelAcceptedPipelineRefused) {
   const std::string message =
       error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\ntp = 1\npp = 4\ntimeout_s = 0\n"); });
   EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp:")) << message;
-  EXPECT_TRUE(
-      contains(message, "test.toml:5: parallel.pp: tensor and pipeline parallelism are not available yet; allowed: 1"))
+  EXPECT_TRUE(contains(message, "test.toml:5: parallel.pp: pipeline parallelism is not available yet; allowed: 1"))
       << message;
   EXPECT_TRUE(contains(message, "test.toml:6: parallel.timeout_s:")) << message;
   EXPECT_EQ(lines_of(message).size(), 3u) << message;
