@@ -346,7 +346,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           }
           group->all_reduce(&loss, 1);
           loss /= replicas;
-          if (record) recorder.merge_replicas(*group);
+          // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
+          if (record && (!tensor || tensor->rank() == 0)) recorder.merge_replicas(*group);
         }
         return loss;
       };
