@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "models/config.h"
 #include "nn/parameter.h"
 #include "probe/probe.h"
@@ -56,8 +57,10 @@ class Model {
   virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
 };
 
-// Builds the model described by `config` with parameters initialised by the scaling rule from `seed`.
-std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+// Builds the model described by `config` with parameters initialised by the scaling rule from `seed`. With a
+// tensor-parallel group of more than one rank (transformer only: check_tensor_parallel), this rank's piece.
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
+                                  dist::Communicator* tensor_parallel = nullptr);
 
 // The shape a scaling rule sees for this model config.
 ModelShape model_shape(const ModelConfig& config);

@@ -24,16 +24,18 @@ std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const Sca
 
 }  // namespace
 
-Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed)
-    : Transformer(config, *rule_for(config, scaling, seed), seed) {}
+Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
+                         TensorParallel tp)
+    : Transformer(config, *rule_for(config, scaling, seed), seed, tp) {}
 
-Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed)
-    : config_(config), seed_(seed) {
+Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed,
+                         TensorParallel tp)
+    : config_(config), seed_(seed), tp_(tp), local_heads_(config.heads / tp.size()) {
   const std::int64_t d = config.width, v = config.vocab, t = config.seq_len;
   const std::int64_t f = static_cast<std::int64_t>(config.ffn_mult) * d;
   PROPLAB_CHECK(d % config.heads == 0, "width ", d, " not divisible by heads ", config.heads);
 
-  token_embedding_ = &params_.add("embed.token.weight", {v, d}, ParamRole::token_embedding, v, d);
+  token_embedding_ = &tp_.row_split_table(params_, "embed.token.weight", v, d, ParamRole::token_embedding, v, d, -1);
   position_embedding_ = &params_.add("embed.position.weight", {t, d}, ParamRole::position_embedding, t, d);
   const bool normed = config.norm != NormPlacement::none;
   for (int l = 0; l < config.layers; ++l) {
@@ -46,12 +48,12 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
             nn::Norm::create(params_, prefix + ".norm", d, config.norm_kind, config.norm_affine, config.norm_eps, l);
       if (s.is_attention) {
         // Q, K and V are each a D→D projection packed side by side: fan-out per projection is D.
-        s.in_proj = nn::Linear::create(params_, prefix + ".qkv", d, 3 * d, ParamRole::attn_qkv, config.bias, l);
+        s.in_proj = tp_.column_linear(params_, prefix + ".qkv", d, 3 * d, ParamRole::attn_qkv, config.bias, l, 3);
         s.in_proj.weight->info.fan_out = d;
-        s.out_proj = nn::Linear::create(params_, prefix + ".out", d, d, ParamRole::attn_out, config.bias, l);
+        s.out_proj = tp_.row_linear(params_, prefix + ".out", d, d, ParamRole::attn_out, config.bias, l);
       } else {
-        s.in_proj = nn::Linear::create(params_, prefix + ".fc", d, f, ParamRole::ffn_in, config.bias, l);
-        s.out_proj = nn::Linear::create(params_, prefix + ".proj", f, d, ParamRole::ffn_out, config.bias, l);
+        s.in_proj = tp_.column_linear(params_, prefix + ".fc", d, f, ParamRole::ffn_in, config.bias, l);
+        s.out_proj = tp_.row_linear(params_, prefix + ".proj", f, d, ParamRole::ffn_out, config.bias, l);
       }
       s.residual =
           ResidualSite::create(params_, prefix, rule.residual(l, s.is_attention ? Branch::attention : Branch::ffn), l);
@@ -61,7 +63,7 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
   has_final_norm_ = config.norm == NormPlacement::pre;
   if (has_final_norm_)
     final_norm_ = nn::Norm::create(params_, "final_norm", d, config.norm_kind, config.norm_affine, config.norm_eps, -1);
-  if (!config.tie_embeddings) readout_ = nn::Linear::create(params_, "head", d, v, ParamRole::readout, false, -1);
+  if (!config.tie_embeddings) readout_ = tp_.column_linear(params_, "head", d, v, ParamRole::readout, false, -1);
 
   // Probes, in forward order.
   const bool pre = config.norm == NormPlacement::pre, post = config.norm == NormPlacement::post;
@@ -85,6 +87,12 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
   }
   if (has_final_norm_) probe_final_ = add_probe("final_norm.out", -1, ProbeKind::norm);
   probe_logits_ = add_probe("head.logits", -1, ProbeKind::logits);
+  if (tp_.split()) {  // heads, hidden units and vocabulary columns are split over the ranks
+    probes_[probe_logits_].split_features = true;
+    for (const Sublayer& s : sublayers_)
+      for (int probe : {s.probe_hidden, s.probe_mixed})
+        if (probe >= 0) probes_[probe].split_features = true;
+  }
 
   params_.init(rule, seed);
   for (const Sublayer& s : sublayers_) s.residual.init_values();
@@ -106,20 +114,21 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
   if (batch == batch_ && tokens == tokens_) return;
   batch_ = batch;
   tokens_ = tokens;
-  const std::int64_t r = batch * tokens, d = config_.width, v = config_.vocab, h = config_.heads;
-  const std::int64_t f = static_cast<std::int64_t>(config_.ffn_mult) * d;
+  // This rank's widths: the attention's inner width, hidden units and vocabulary (all of them for one process).
+  const std::int64_t r = batch * tokens, d = config_.width, v = tp_.local(config_.vocab), h = local_heads_;
+  const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * d), inner = tp_.local(d);
   const bool pre = config_.norm == NormPlacement::pre, post = config_.norm == NormPlacement::post;
   stream_.assign(sublayers_.size() + 1, Tensor());
   for (Tensor& x : stream_) x = Tensor::empty({r, d});
   for (std::size_t i = 0; i < sublayers_.size(); ++i) {
     if (!in_stage(i)) continue;  // a pipeline stage keeps only its own sublayers' activations
     Sublayer& s = sublayers_[i];
-    const std::int64_t hidden = s.is_attention ? 3 * d : f;
+    const std::int64_t hidden = s.is_attention ? 3 * inner : f;
     s.normed = pre ? Tensor::empty({r, d}) : Tensor();
     s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r) : nn::Norm::Saved{};
     s.hidden = Tensor::empty({r, hidden});
     s.probs = s.is_attention ? Tensor::empty({batch, h, tokens, tokens}) : Tensor();
-    s.mixed = Tensor::empty({r, s.is_attention ? d : f});
+    s.mixed = Tensor::empty({r, s.is_attention ? inner : f});
     s.branch = Tensor::empty({r, d});
     s.combined = post ? Tensor::empty({r, d}) : Tensor();
   }
@@ -131,15 +140,15 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
   d_stream_ = Tensor::empty({r, d});
   d_branch_ = Tensor::empty({r, d});
   d_dropped_ = Tensor::empty({r, d});
-  d_mixed_ = Tensor::empty({r * std::max(d, f)});
-  d_hidden_ = Tensor::empty({r * std::max(3 * d, f)});
+  d_mixed_ = Tensor::empty({r * std::max(inner, f)});
+  d_hidden_ = Tensor::empty({r * std::max(3 * inner, f)});
   d_normed_ = Tensor::empty({r, d});
   d_tmp_ = Tensor::empty({r, d});
 }
 
 void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context,
                                    int site) {
-  const std::int64_t d = config_.width;
+  const std::int64_t d = tp_.local(config_.width);
   ProbeSink* sink = context.sink;
   if (sink && s.probe_input >= 0) sink->forward(s.probe_input, x_in, batch_);
   const Tensor* branch_in = &x_in;
@@ -153,8 +162,8 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
     const Tensor qkv = s.hidden.reshape({batch_, tokens_, 3 * d});
     Tensor mixed = s.mixed.reshape({batch_, tokens_, d});
     probe::LogitSums logit_sums;
-    ops::attention_forward(qkv, config_.heads, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
-    if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, config_.heads, logit_scale_);
+    ops::attention_forward(qkv, local_heads_, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
+    if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, local_heads_, logit_scale_);
   } else {
     if (sink) sink->forward(s.probe_hidden, s.hidden, batch_);
     ops::activation_forward(config_.activation, s.hidden, s.mixed);
@@ -162,10 +171,10 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   }
   if (dropout_active(context)) {
     Tensor projected = d_tmp_;  // free during forward
-    s.out_proj.forward(s.mixed, projected);
+    tp_.row_linear_forward(s.out_proj, s.mixed, projected);
     ops::dropout_forward(projected, config_.dropout, context.seed, dropout_stream(context, site), s.branch);
   } else {
-    s.out_proj.forward(s.mixed, s.branch);
+    tp_.row_linear_forward(s.out_proj, s.mixed, s.branch);
   }
   if (sink) sink->forward(s.probe_branch, s.branch, batch_);
   if (config_.norm == NormPlacement::post) {
@@ -180,8 +189,8 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
 
 void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
                                     const StepContext& context, int site) {
-  const std::int64_t r = x_in.dim(0), d = config_.width;
-  const std::int64_t f = static_cast<std::int64_t>(config_.ffn_mult) * d;
+  const std::int64_t r = x_in.dim(0), d = tp_.local(config_.width);
+  const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * config_.width);
   ProbeSink* sink = context.sink;
   if (sink) sink->backward(s.probe_result, d_out, batch_);
   const Tensor* d_combined = &d_out;
@@ -203,7 +212,7 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   if (s.is_attention) {
     Tensor d_qkv = d_hidden.reshape({batch_, tokens_, 3 * d});
     ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
-                            config_.heads, logit_scale_, d_qkv);
+                            local_heads_, logit_scale_, d_qkv);
   } else {
     if (sink) sink->backward(s.probe_mixed, d_mixed, batch_);
     ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden);
@@ -211,11 +220,13 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   }
   if (config_.norm == NormPlacement::pre) {
     s.in_proj.backward(s.normed, d_hidden, &d_normed_);
+    tp_.all_reduce(d_normed_);  // f: the replicated input's gradient sums every rank's features
     if (sink) sink->backward(s.probe_norm, d_normed_, batch_);
     s.norm.backward(x_in, s.norm_saved, d_normed_, d_tmp_);
     ops::axpy(1.0f, d_tmp_, d_in);
   } else {
     s.in_proj.backward(x_in, d_hidden, &d_normed_);
+    tp_.all_reduce(d_normed_);
     ops::axpy(1.0f, d_normed_, d_in);
   }
   if (sink && s.probe_input >= 0) sink->backward(s.probe_input, d_in, batch_);
@@ -233,7 +244,7 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
   Tensor& x0 = stream_[0];
   {
     Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-    ops::embedding_forward(tokens, token_embedding_->value, &position_embedding_->value, target);
+    tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
     if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
   }
   ProbeSink* sink = context.sink;
@@ -252,7 +263,7 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
   if (sink) sink->forward(probe_logits_, logits_, batch_);
   const Tensor targets = batch.targets.reshape({r});
   const bool backward = grad_scale != 0.0f;
-  const double loss = ops::softmax_cross_entropy(logits_, targets, backward ? &d_logits_ : nullptr, grad_scale);
+  const double loss = tp_.cross_entropy(logits_, targets, backward ? &d_logits_ : nullptr, grad_scale);
   if (!backward) return loss;
 
   // Backward.
@@ -261,10 +272,12 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
   Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
   if (has_final_norm_) {
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
+    tp_.all_reduce(d_tmp_);  // f: every rank's vocabulary columns
     if (sink) sink->backward(probe_final_, d_tmp_, batch_);
     final_norm_.backward(stream_.back(), final_saved_, d_tmp_, d_stream_);
   } else {
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
+    tp_.all_reduce(d_stream_);
   }
   for (std::size_t i = sublayers_.size(); i-- > 0;)
     sublayer_backward(sublayers_[i], stream_[i], d_stream_, d_stream_, context, static_cast<int>(i));
@@ -274,8 +287,7 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
     ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
     d_embedded = &d_tmp_;
   }
-  ops::embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), token_embedding_->grad,
-                          &position_embedding_->grad);
+  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_);
   return loss;
 }
 

@@ -8,12 +8,15 @@
 // activation, Linear(F→D). Embeddings: token + learned position (then dropout). Head: logits = x·E^T with the
 // token embedding E when tied, else a separate readout matrix; times the rule's output multiplier.
 // Activations are [rows, features] with rows = batch·tokens.
+// Tensor parallelism (models/tensor_parallel.h): with a group of tp ranks, each holds heads/tp heads, F/tp hidden
+// units and V/tp vocabulary rows; the residual stream, norms and branch outputs are replicated.
 #pragma once
 
 #include <vector>
 
 #include "models/model.h"
 #include "models/residual_site.h"
+#include "models/tensor_parallel.h"
 #include "nn/layers.h"
 
 namespace proplab {
@@ -21,9 +24,11 @@ namespace proplab {
 class Transformer final : public Model {
  public:
   // Builds the rule from `scaling` with make_model_rule (models/profile.h: profiled when the rule asks for it).
-  Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+  Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
+              TensorParallel tp = TensorParallel());
   // Initialised by an already-built rule (the rule is not kept).
-  Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed);
+  Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed,
+              TensorParallel tp = TensorParallel());
 
   ParameterStore& params() override { return params_; }
   const std::vector<ProbeInfo>& probes() const override { return probes_; }
@@ -105,6 +110,8 @@ class Transformer final : public Model {
   float logit_scale_ = 1.0f;
   float output_multiplier_ = 1.0f;
   std::uint64_t seed_ = 0;
+  TensorParallel tp_;
+  int local_heads_ = 0;  // heads on this rank (all of them without tensor parallelism)
 
   // Buffers for the current micro-batch shape.
   std::int64_t batch_ = 0, tokens_ = 0;

@@ -27,6 +27,9 @@ struct ProbeInfo {
   int block = -1;    // block (transformer) or layer (MLP) index; -1 outside blocks
   ProbeKind kind = ProbeKind::residual;
   bool has_backward = true;  // false where the gradient is internal to a fused op (attention logits)
+  // Tensor parallelism: each rank holds a block of this tensor's features (FFN hidden units, attention heads,
+  // vocabulary columns) rather than all of it.
+  bool split_features = false;
 };
 
 class ProbeSink {

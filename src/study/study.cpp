@@ -241,19 +241,6 @@ Field integer_field(std::string key, Ref ref, std::int64_t lo, std::int64_t hi) 
   return field;
 }
 
-// [parallel] tp: only the value 1 exists until tensor parallelism lands.
-template <class Ref>
-Field single_process_field(std::string key, Ref ref) {
-  Field field = integer_field(std::move(key), ref, 1, 1);
-  field.allowed = "1";
-  field.read = [](const toml::node& node, Study&) -> std::string {
-    if (!node.is_integer()) return "expected an integer, got " + describe(node);
-    if (node.as_integer()->get() != 1) return "tensor parallelism is not available yet";
-    return {};
-  };
-  return field;
-}
-
 // Integers are accepted for numbers (lr = 1 means 1.0); a float field stores the rounded value.
 template <class Ref>
 Field real_field(std::string key, Ref ref, RealRange range) {
@@ -576,7 +563,7 @@ std::vector<TableSpec> build_schema() {
       {"parallel",
        {
            integer_field("dp", PROPLAB_MEMBER(parallel.dp), 1, 4096),
-           single_process_field("tp", PROPLAB_MEMBER(parallel.tp)),
+           integer_field("tp", PROPLAB_MEMBER(parallel.tp), 1, 4096),
            integer_field("pp", PROPLAB_MEMBER(parallel.pp), 1, 4096),
            integer_field("microbatches", PROPLAB_MEMBER(parallel.microbatches), 1, 1000000),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),

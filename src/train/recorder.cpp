@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "train/tensor_parallel.h"
 
 namespace proplab {
 
@@ -229,9 +230,18 @@ void Recorder::attention_logits(int probe_index, const probe::LogitSums& sums, c
 void Recorder::before_update() {
   auto& all = params_.all();
   update_norms_.assign(all.size(), ops::UpdateNorms{});
-  for (std::size_t i = 0; i < all.size(); ++i)
-    for (std::size_t s = 0; s < param_stats_.size(); ++s)
-      if (param_stats_[s] == ParamStat::grad_rms) param_rows_[s][i] = rms_of(all[i]->grad);
+  for (std::size_t s = 0; s < param_stats_.size(); ++s) {
+    if (param_stats_[s] != ParamStat::grad_rms) continue;
+    if (tensor_group_ == nullptr) {
+      for (std::size_t i = 0; i < all.size(); ++i) param_rows_[s][i] = rms_of(all[i]->grad);
+      continue;
+    }
+    std::vector<double> squares(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) squares[i] = ops::sum_squares(all[i]->grad);
+    sum_split_parameters(*tensor_group_, params_, squares);
+    for (std::size_t i = 0; i < all.size(); ++i)
+      param_rows_[s][i] = std::sqrt(squares[i] / static_cast<double>(std::max<std::int64_t>(full_numel(*all[i]), 1)));
+  }
 }
 
 void Recorder::skip_update() {
@@ -241,9 +251,19 @@ void Recorder::skip_update() {
 
 void Recorder::after_update() {
   auto& all = params_.all();
+  if (tensor_group_ != nullptr) {  // the full tensors' sums
+    std::vector<double> weight_sq(all.size()), update_sq(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      weight_sq[i] = update_norms_[i].weight_sq;
+      update_sq[i] = update_norms_[i].update_sq;
+    }
+    sum_split_parameters(*tensor_group_, params_, weight_sq);
+    sum_split_parameters(*tensor_group_, params_, update_sq);
+    for (std::size_t i = 0; i < all.size(); ++i) update_norms_[i] = {weight_sq[i], update_sq[i]};
+  }
   for (std::size_t i = 0; i < all.size(); ++i) {
     const double before_sq = update_norms_[i].weight_sq, delta_sq = update_norms_[i].update_sq;
-    const double n = static_cast<double>(std::max<std::int64_t>(all[i]->value.numel(), 1));
+    const double n = static_cast<double>(std::max<std::int64_t>(full_numel(*all[i]), 1));
     for (std::size_t s = 0; s < param_stats_.size(); ++s) {
       if (param_stats_[s] == ParamStat::weight_rms) param_rows_[s][i] = std::sqrt(before_sq / n);
       // ‖W_after − W_before‖ / ‖W_before‖ over the tensor.

@@ -64,6 +64,10 @@ class Recorder final : public ProbeSink {
   void merge_replicas(dist::Communicator& group);
   // The parameter statistics of the step, [stat][parameter] (pipeline stages fill in the rows they own).
   std::vector<std::vector<double>>& param_rows() { return param_rows_; }
+  // Tensor parallelism: parameters split over `group` (ParamShard) get their statistics from the full tensors
+  // (sums of squares summed over the group, train/tensor_parallel.h). Every rank of the group then calls
+  // before_update and after_update together.
+  void set_tensor_parallel(dist::Communicator* group) { tensor_group_ = group; }
 
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;
@@ -78,6 +82,7 @@ class Recorder final : public ProbeSink {
   RecordConfig config_;
   std::vector<ProbeInfo> probes_;
   ParameterStore& params_;
+  dist::Communicator* tensor_group_ = nullptr;
   std::int64_t total_steps_;
   probe::StatSelection forward_stats_, backward_stats_;
   std::vector<ParamStat> param_stats_;

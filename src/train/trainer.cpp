@@ -11,11 +11,13 @@
 #include "io/checkpoint.h"
 #include "io/run_reader.h"
 #include "models/model.h"
+#include "models/tensor_parallel.h"
 #include "ops/ops.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/progress.h"
 #include "train/recorder.h"
+#include "train/tensor_parallel.h"
 #include "train/theory_run.h"
 
 namespace proplab {
@@ -120,17 +122,27 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError(
         "device.type: training on CUDA is not available in this version (only the residual-combine "
         "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
-  if (spec.parallel.tp != 1)
+  if (spec.parallel.tp > 1 && spec.parallel.pp > 1)
     throw UserError(
-        "parallel: tensor parallelism is not available in this version; allowed: tp = 1 (data parallel dp > 1 "
-        "and pipeline parallel pp > 1 under mpirun)");
+        "parallel: tensor and pipeline parallelism together (tp > 1 and pp > 1) are not available in this version; "
+        "allowed: tp = 1 or pp = 1 (each may be combined with dp)");
+  // Tensor parallel: the ranks that share one model replica, each holding a piece of it.
+  dist::Communicator* tensor = options.tensor_parallel;
+  const int tensor_ranks = tensor ? tensor->size() : 1;
+  if (tensor_ranks != spec.parallel.tp)
+    throw UserError("parallel.tp = " + std::to_string(spec.parallel.tp) + " needs " + std::to_string(spec.parallel.tp) +
+                    " processes per replica (mpirun -np " + std::to_string(spec.parallel.dp * spec.parallel.tp) +
+                    " proplab run ...), but " + std::to_string(tensor_ranks) + " were started");
+  check_tensor_parallel(spec.model, spec.parallel.tp);
+  if (tensor_ranks == 1) tensor = nullptr;
   dist::Communicator* group = options.data_parallel;
   const int replicas = group ? group->size() : 1;
   if (replicas != spec.parallel.dp)
     throw UserError("parallel.dp = " + std::to_string(spec.parallel.dp) + " needs " + std::to_string(spec.parallel.dp) +
                     " processes (mpirun -np " + std::to_string(spec.parallel.dp) + " proplab run ...), but " +
                     std::to_string(replicas) + " were started");
-  const bool root = (!group || group->rank() == 0) && (!options.pipeline || options.pipeline->rank() == 0);
+  const bool root = (!group || group->rank() == 0) && (!options.pipeline || options.pipeline->rank() == 0) &&
+                    (!tensor || tensor->rank() == 0);
   set_threads(spec.device.threads);
   const std::int64_t micro = tc.batch / tc.grad_accum;
   if (micro % replicas != 0)
@@ -150,12 +162,16 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   // its own for it.
   theory::ProbePrediction prediction;
   if (root) prediction = predict_for_run(spec);
-  std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
+  std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed, tensor);
   Optimizer optimizer(tc, model->params());
   std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
   if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group);
   PipelineStage* pipeline = stage ? &*stage : nullptr;
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
+  recorder.set_tensor_parallel(tensor);
+  std::optional<TensorParallelSink> tensor_sink;  // records split probes whole, replicated ones once
+  if (tensor) tensor_sink.emplace(recorder, model->probes(), *tensor);
+  ProbeSink* sink = tensor ? static_cast<ProbeSink*>(&*tensor_sink) : &recorder;
   if (root) {
     PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
                   " probes, the model has ", model->probes().size());
@@ -176,7 +192,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (options.resume) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
-    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(*model, optimizer));
+    // Full tensors in the file: a tensor-parallel rank reads them whole and keeps its pieces.
+    std::map<std::string, Tensor> local = checkpoint_tensors(*model, optimizer);
+    const std::map<std::string, Tensor> targets = full_tensor_targets(model->params(), local);
+    Checkpoint loaded = load_checkpoint(summary.checkpoint, targets);
+    keep_local_pieces(model->params(), targets, local);
     if (experiment_config(loaded.string_value("config")) != experiment_config(spec.config_toml))
       throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
                       " was written with; resume with the same study and --set options (only [parallel] and "
@@ -251,6 +271,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   auto save = [&](std::int64_t step) {
     std::map<std::string, Tensor> tensors = checkpoint_tensors(*model, optimizer);
     if (pipeline) pipeline->gather_to_first_stage(tensors);  // each stage's own tensors, full size, to rank 0
+    // Tensor parallel: the first replica's group gathers its pieces into full tensors for rank 0.
+    if (tensor && (!group || group->rank() == 0)) tensors = gather_full_tensors(*tensor, model->params(), tensors);
     if (!root) return;  // the replicas' parameters and optimizer state are identical
     Checkpoint checkpoint;
     checkpoint.tensors = std::move(tensors);
@@ -263,7 +285,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   };
 
   if (log)
-    *log << "proplab: " << spec.name << ": " << data.describe() << "; " << model->params().count_elements()
+    *log << "proplab: " << spec.name << ": " << data.describe() << "; " << model->params().count_full_elements()
          << " parameters; " << threads() << " threads"
          << (start_step > 0 ? "; resuming at step " + std::to_string(start_step) : "") << "\n";
   std::ostream silent(nullptr);
@@ -286,9 +308,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   try {
     while (step < tc.steps) {
       bool interrupted = options.interrupt && options.interrupt->load();
-      if (group && replicas > 1) {  // every replica stops at the same step, or the others would wait forever
+      if ((group && replicas > 1) || tensor) {  // every rank stops at the same step, or the others would wait forever
         double any = interrupted ? 1.0 : 0.0;
-        group->all_reduce(&any, 1, dist::ReduceOp::max);
+        if (group && replicas > 1) group->all_reduce(&any, 1, dist::ReduceOp::max);
+        if (tensor) tensor->all_reduce(&any, 1, dist::ReduceOp::max);  // (data then tensor groups: the whole world)
         interrupted = any != 0.0;
       }
       if (pipeline) interrupted = pipeline->any(interrupted);
@@ -315,7 +338,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           context.seed = spec.seed;
           context.micro_step = static_cast<std::uint64_t>(index);
           context.training = true;
-          context.sink = record ? &recorder : nullptr;
+          context.sink = record ? sink : nullptr;
           // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
           // ones: the sum over the group is the gradient of the global batch's mean loss.
           total += model->forward_backward(local(data.batch(Split::train, index)),
@@ -337,7 +360,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           }
           group->all_reduce(&loss, 1);
           loss /= replicas;
-          if (record) recorder.merge_replicas(*group);
+          // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
+          if (record && (!tensor || tensor->rank() == 0)) recorder.merge_replicas(*group);
         }
         if (pipeline) loss = pipeline->finish_backward(loss, record ? &recorder : nullptr);
         return loss;
@@ -345,7 +369,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       const bool record = recorder.records(step);
       double loss = forward_backward(record);
       auto clip = [&] {
-        return pipeline ? pipeline->clip_grad_norm(tc.grad_clip) : ops::clip_grad_norm(grads, tc.grad_clip);
+        if (pipeline) return pipeline->clip_grad_norm(tc.grad_clip);
+        return tensor ? clip_grad_norm_split(*tensor, model->params(), tc.grad_clip)
+                      : ops::clip_grad_norm(grads, tc.grad_clip);
       };
       double grad_norm = clip();
       if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
@@ -383,10 +409,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         recorder.after_update();
         if (pipeline) pipeline->gather_param_stats(recorder);
         if (root) first_nonfinite = recorder.write_record(*writer, step);
-        if ((group && replicas > 1) || pipeline) {  // only rank 0 finalised the statistics: tell the others
+        if ((group && replicas > 1) || pipeline || tensor) {  // only rank 0 finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
           if (pipeline) pipeline->broadcast_from_first(nonfinite);
-          if (group && replicas > 1) group->broadcast(&nonfinite, 1, 0);
+          if (group && replicas > 1 && (!tensor || tensor->rank() == 0)) group->broadcast(&nonfinite, 1, 0);
+          if (tensor) tensor->broadcast(&nonfinite, 1, 0);
           if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
         }
       }

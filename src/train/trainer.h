@@ -53,6 +53,9 @@ struct RunOptions {
   // Pipeline parallel: this rank's pipeline group (size = [parallel] pp; its rank is the stage), null without
   // pipeline parallelism (train/pipeline.h).
   dist::Communicator* pipeline = nullptr;
+  // Tensor parallel: the ranks that share one model replica (size = [parallel] tp), null for tp = 1. Each holds
+  // its piece of the model (models/tensor_parallel.h); statistics and checkpoints stay full-tensor.
+  dist::Communicator* tensor_parallel = nullptr;
   std::string proplab_version = "0.1.0";
 };
 

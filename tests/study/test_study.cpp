@@ -540,20 +540,20 @@ TEST_F(StudyFiles, DataFilesAreChecked) {
   EXPECT_TRUE(contains(vocab, ":4: model.vocab: 100 is too small for data.kind = \"text\"")) << vocab;
 }
 
-TEST(Study, DataParallelAcceptedTensorAndPipelineRefused) {
+TEST(Study, ParallelLayoutsAcceptedAndRangesChecked) {
   const Study study =
-      parse("name = \"x\"\n[parallel]\ndp = 4\ntimeout_s = 30\ndp_mode = \"local_sgd\"\nsync_every = 8\n");
+      parse("name = \"x\"\n[parallel]\ndp = 4\ntp = 2\ntimeout_s = 30\ndp_mode = \"local_sgd\"\nsync_every = 8\n");
   EXPECT_EQ(study.parallel.dp, 4);
+  EXPECT_EQ(study.parallel.tp, 2);
   EXPECT_EQ(study.parallel.timeout_s, 30.0);
   EXPECT_EQ(study.parallel.dp_mode, "local_sgd");
   EXPECT_EQ(study.parallel.sync_every, 8);
   const std::string mode = error_of([] { parse("name = \"x\"\n[parallel]\ndp_mode = \"gossip\"\n"); });
   EXPECT_TRUE(contains(mode, "test.toml:3: parallel.dp_mode: \"gossip\" is not a choice")) << mode;
   const std::string message =
-      error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\npp = 1\ntp = 4\ntimeout_s = 0\n"); });
+      error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\ntp = 1\npp = 0\ntimeout_s = 0\n"); });
   EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp:")) << message;
-  EXPECT_TRUE(contains(message, "test.toml:5: parallel.tp: tensor parallelism is not available yet; allowed: 1"))
-      << message;
+  EXPECT_TRUE(contains(message, "test.toml:5: parallel.pp: 0 is out of range")) << message;
   EXPECT_TRUE(contains(message, "test.toml:6: parallel.timeout_s:")) << message;
   EXPECT_EQ(lines_of(message).size(), 3u) << message;
 }
@@ -695,7 +695,7 @@ steps = 0
 layers = "8"
 widht = 64
 [parallel]
-tp = 2
+tp = 0
 )");
   });
   const auto lines = lines_of(message);
