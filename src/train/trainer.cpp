@@ -12,6 +12,7 @@
 #include "io/run_reader.h"
 #include "models/model.h"
 #include "ops/ops.h"
+#include "train/data_parallel.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/recorder.h"
@@ -75,10 +76,11 @@ class RunData {
   Batch batch_;
 };
 
-std::map<std::string, Tensor> checkpoint_tensors(Model& model, Optimizer& optimizer) {
+std::map<std::string, Tensor> checkpoint_tensors(Model& model,
+                                                 const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
   std::map<std::string, Tensor> tensors;
   for (auto& p : model.params().all()) tensors.emplace("param/" + p->name, p->value);
-  for (auto& [name, tensor] : optimizer.state()) tensors.emplace("optim/" + name, *tensor);
+  for (auto& [name, tensor] : optimizer_state) tensors.emplace("optim/" + name, tensor);
   for (auto& [name, tensor] : model.buffers()) tensors.emplace("buffer/" + name, *tensor);
   return tensors;
 }
@@ -149,7 +151,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   theory::ProbePrediction prediction;
   if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
-  Optimizer optimizer(tc, model->params());
+  DataParallel data_parallel(spec.parallel, group, model->params());
+  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
   if (root) {
     PROPLAB_CHECK(prediction.probes.size() == model->probes().size(), "theory predicts ", prediction.probes.size(),
@@ -171,7 +174,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (options.resume) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
-    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(*model, optimizer));
+    const auto optimizer_state = data_parallel.optimizer_state_to_load(optimizer);
+    Checkpoint loaded = load_checkpoint(summary.checkpoint, checkpoint_tensors(*model, optimizer_state));
+    data_parallel.after_optimizer_load(optimizer, optimizer_state);
     if (experiment_config(loaded.string_value("config")) != experiment_config(spec.config_toml))
       throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
                       " was written with; resume with the same study and --set options (only [parallel] and "
@@ -208,6 +213,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (root) {
       created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
       recorder.create_datasets(*created);
+      data_parallel.create_datasets(*created);
       write_theory(*created, prediction);
       created->start();
     }
@@ -223,6 +229,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   RunWriter* writer = root ? &*created : nullptr;
   if (previous) {
     recorder.copy_history(*previous, *writer, start_step);
+    data_parallel.copy_history(*previous, *writer, start_step);
     previous.reset();
     std::filesystem::remove(previous_copy);
   }
@@ -242,9 +249,12 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     return total / tc.eval_batches;
   };
   auto save = [&](std::int64_t step) {
-    if (!root) return;  // the replicas' parameters and optimizer state are identical
+    // Gathered from every replica's slice with zero = 1; otherwise rank 0's (the replicas' are identical).
+    std::map<std::string, Tensor> tensors =
+        checkpoint_tensors(*model, data_parallel.optimizer_state_to_save(optimizer));
+    if (!root) return;
     Checkpoint checkpoint;
-    checkpoint.tensors = checkpoint_tensors(*model, optimizer);
+    checkpoint.tensors = std::move(tensors);
     checkpoint.ints["step"] = step;
     checkpoint.ints["optimizer_steps"] = optimizer.steps_taken();
     checkpoint.ints["seed"] = static_cast<std::int64_t>(spec.seed);
@@ -261,12 +271,6 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   Progress progress(log ? *log : silent, options.terminal, tc.steps);
   const auto run_start = clock::now();
   const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
-  std::vector<Tensor*> grads;
-  for (auto& p : model->params().all()) grads.push_back(&p->grad);
-  // allreduce: each replica's gradient is its share of the global one (scaled by 1/dp) and the shares are summed.
-  // local_sgd: each replica steps on its own mean gradient (its share times dp); parameters are averaged every
-  // sync_every steps (with SGD and sync_every = 1 this is allreduce again, up to rounding).
-  const bool local_sgd = replicas > 1 && spec.parallel.dp_mode == "local_sgd";
 
   std::int64_t step = start_step;
   RunStatus status = RunStatus::completed;
@@ -305,6 +309,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           context.micro_step = static_cast<std::uint64_t>(index);
           context.training = true;
           context.sink = record ? &recorder : nullptr;
+          context.gradients = data_parallel.listener_for(m + 1 == tc.grad_accum);
           // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
           // ones: the sum over the group is the gradient of the global batch's mean loss.
           total += model->forward_backward(local(data.batch(Split::train, index)),
@@ -312,15 +317,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         }
         double loss = total / tc.grad_accum;
         if (group && replicas > 1) {
-          if (!local_sgd) {
-            for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
-          } else {
-            // The replica's own mean gradient (its share times dp); probes keep the single-process scale.
-            for (Tensor* g : grads) {
-              float* v = g->f32();
-              for (std::int64_t i = 0; i < g->numel(); ++i) v[i] *= static_cast<float>(replicas);
-            }
-          }
+          data_parallel.finish_gradients();  // summed, reduce-scattered, or (local modes) the replica's own
           group->all_reduce(&loss, 1);
           loss /= replicas;
           if (record) recorder.merge_replicas(*group);
@@ -329,13 +326,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       };
       const bool record = recorder.records(step);
       double loss = forward_backward(record);
-      double grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+      double grad_norm = data_parallel.clip_gradients(tc.grad_clip, record);
       if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
         // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
         // is a pure function of the parameters, which have not been updated).
         if (!record) {
           loss = forward_backward(true);
-          grad_norm = ops::clip_grad_norm(grads, tc.grad_clip);
+          grad_norm = data_parallel.clip_gradients(tc.grad_clip, true);
         }
         recorder.before_update();
         recorder.skip_update();
@@ -351,18 +348,14 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         break;
       }
       if (record) recorder.before_update();
-      optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
-      if (local_sgd && (step + 1) % spec.parallel.sync_every == 0) {
-        for (auto& p : model->params().all()) {
-          group->all_reduce(p->value.f32(), p->value.numel());
-          float* v = p->value.f32();
-          for (std::int64_t i = 0; i < p->value.numel(); ++i) v[i] /= static_cast<float>(replicas);
-        }
-      }
+      data_parallel.update(optimizer, lr, step, record ? &recorder.update_norms() : nullptr, record);
       std::string first_nonfinite;
       if (record) {
         recorder.after_update();
-        if (root) first_nonfinite = recorder.write_record(*writer, step);
+        if (root) {
+          first_nonfinite = recorder.write_record(*writer, step);
+          data_parallel.write_record(*writer, step);
+        }
         if (group && replicas > 1) {  // only rank 0 finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
           group->broadcast(&nonfinite, 1, 0);
