@@ -117,14 +117,15 @@ int main(int argc, char** argv) {
       if (per_step != 0.0)
         std::printf("  %-15s %14.0f bytes/step\n", dist::traffic_name(static_cast<dist::Traffic>(k)), per_step);
     }
-    // The formula of docs/distributed.md: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag.
+    // The formula of docs/distributed.md: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag (zero = 1:
+    // 8 more, the gradient norm).
     const RunSpec spec = to_run_spec(base);
     const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
     const double c = std::ceil(n / dp);
     double expected = 0.0;
     if (dp > 1) {
       if (base.parallel.zero == 1)
-        expected = 4.0 * dp * c + 4.0 * c + 16.0;
+        expected = 4.0 * dp * c + 4.0 * c + 24.0;  // + the gradient norm's double
       else if (base.parallel.dp_mode == "local_sgd")
         expected = 4.0 * n / base.parallel.sync_every + 16.0;
       else if (base.parallel.dp_mode == "gossip")
