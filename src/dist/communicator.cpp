@@ -8,6 +8,44 @@
 
 namespace proplab::dist {
 
+const char* traffic_name(Traffic kind) {
+  switch (kind) {
+    case Traffic::all_reduce:
+      return "all_reduce";
+    case Traffic::reduce_scatter:
+      return "reduce_scatter";
+    case Traffic::all_gather:
+      return "all_gather";
+    case Traffic::broadcast:
+      return "broadcast";
+    case Traffic::send:
+      return "send";
+  }
+  return "?";
+}
+
+std::int64_t Communicator::bytes_communicated() const {
+  std::int64_t total = 0;
+  for (std::int64_t bytes : bytes_) total += bytes;
+  return total;
+}
+
+namespace {
+
+// A collective that completed when it was started.
+class CompletedCollective final : public PendingCollective {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::start_all_reduce(float* data, std::int64_t count) {
+  all_reduce(data, count, ReduceOp::sum);
+  return std::make_unique<CompletedCollective>();
+}
+
 namespace {
 
 class SingleProcess final : public Communicator {
@@ -31,6 +69,9 @@ class SingleProcess final : public Communicator {
   }
   void receive(float*, std::int64_t, int peer, int) override {
     PROPLAB_CHECK(false, "receive: no peer ", peer, " in a world of one");
+  }
+  void send_receive(const float*, int to, float*, int from, std::int64_t, int) override {
+    PROPLAB_CHECK(false, "send_receive: no peers ", to, " and ", from, " in a world of one");
   }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleProcess>(); }

@@ -27,10 +27,26 @@ namespace proplab::dist {
 
 enum class ReduceOp { sum, max, min };
 
+// What the byte counters are kept per (Communicator::bytes_communicated).
+enum class Traffic { all_reduce, reduce_scatter, all_gather, broadcast, send };
+constexpr int kTrafficKinds = 5;
+const char* traffic_name(Traffic kind);
+
 // A collective that did not complete within the communicator's timeout.
 class CollectiveTimeout : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A collective in flight (Communicator::start_all_reduce). Its buffer must stay alive and untouched until wait()
+// returns.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  // Lets the backend progress the operation; true once it is complete (then wait() returns at once).
+  virtual bool test() = 0;
+  // Completes it; CollectiveTimeout after the communicator's timeout of waiting here.
+  virtual void wait() = 0;
 };
 
 class Communicator {
@@ -50,18 +66,27 @@ class Communicator {
   virtual void broadcast(void* data, std::int64_t bytes, int root) = 0;
   virtual void send(const float* data, std::int64_t count, int peer, int tag) = 0;
   virtual void receive(float* data, std::int64_t count, int peer, int tag) = 0;
+  // Sends `send` to rank `to` while receiving `receive` from rank `from`, both in flight together, so a ring of
+  // ranks that all send before they receive cannot deadlock. `to` may equal `from`.
+  virtual void send_receive(const float* send, int to, float* receive, int from, std::int64_t count, int tag) = 0;
+  // In-place sum all-reduce started now and completed by the returned handle's wait(): the caller overlaps it
+  // with other work. Backends without non-blocking collectives complete it here.
+  virtual std::unique_ptr<PendingCollective> start_all_reduce(float* data, std::int64_t count);
   virtual void barrier() = 0;
   // A communicator over the ranks that pass the same `color`, ranked by `key` (then by this rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
-  // Payload bytes this rank handed to collectives and sends so far (for the communication benchmarks).
-  std::int64_t bytes_communicated() const { return bytes_; }
+  // Payload bytes this rank handed to collectives and sends so far (for the communication benchmarks): an
+  // all-reduce counts its buffer, a reduce-scatter its whole input, an all-gather this rank's block, a broadcast
+  // the buffer on the root only, a send its message (a receive counts nothing).
+  std::int64_t bytes_communicated() const;
+  std::int64_t bytes_communicated(Traffic kind) const { return bytes_[static_cast<int>(kind)]; }
 
  protected:
-  void count_bytes(std::int64_t bytes) { bytes_ += bytes; }
+  void count_bytes(Traffic kind, std::int64_t bytes) { bytes_[static_cast<int>(kind)] += bytes; }
 
  private:
-  std::int64_t bytes_ = 0;
+  std::int64_t bytes_[kTrafficKinds] = {};
 };
 
 // A world of one process.

@@ -75,41 +75,41 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count), MPI_FLOAT, to_mpi(op), comm_, &request),
               "MPI_Iallreduce");
-    count_bytes(count * 4);
+    count_bytes(Traffic::all_reduce, count * 4);
     wait(request, "all_reduce", count);
   }
   void all_reduce(double* data, std::int64_t count, ReduceOp op) override {
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count), MPI_DOUBLE, to_mpi(op), comm_, &request),
               "MPI_Iallreduce");
-    count_bytes(count * 8);
+    count_bytes(Traffic::all_reduce, count * 8);
     wait(request, "all_reduce", count);
   }
   void reduce_scatter(const float* send, float* receive, std::int64_t count) override {
     MPI_Request request;
     check_mpi(MPI_Ireduce_scatter_block(send, receive, to_int(count), MPI_FLOAT, MPI_SUM, comm_, &request),
               "MPI_Ireduce_scatter_block");
-    count_bytes(count * size_ * 4);
+    count_bytes(Traffic::reduce_scatter, count * size_ * 4);
     wait(request, "reduce_scatter", count * size_);
   }
   void all_gather(const float* send, float* receive, std::int64_t count) override {
     MPI_Request request;
     check_mpi(MPI_Iallgather(send, to_int(count), MPI_FLOAT, receive, to_int(count), MPI_FLOAT, comm_, &request),
               "MPI_Iallgather");
-    count_bytes(count * 4);
+    count_bytes(Traffic::all_gather, count * 4);
     wait(request, "all_gather", count * size_);
   }
   void broadcast(void* data, std::int64_t bytes, int root) override {
     PROPLAB_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " outside ", size_, " ranks");
     MPI_Request request;
     check_mpi(MPI_Ibcast(data, to_int(bytes), MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
-    if (rank_ == root) count_bytes(bytes);
+    if (rank_ == root) count_bytes(Traffic::broadcast, bytes);
     wait(request, "broadcast", bytes);
   }
   void send(const float* data, std::int64_t count, int peer, int tag) override {
     MPI_Request request;
     check_mpi(MPI_Isend(data, to_int(count), MPI_FLOAT, peer, tag, comm_, &request), "MPI_Isend");
-    count_bytes(count * 4);
+    count_bytes(Traffic::send, count * 4);
     wait(request, "send", count, peer);
   }
   void receive(float* data, std::int64_t count, int peer, int tag) override {
@@ -117,6 +117,14 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Irecv(data, to_int(count), MPI_FLOAT, peer, tag, comm_, &request), "MPI_Irecv");
     wait(request, "receive", count, peer);
   }
+  void send_receive(const float* send, int to, float* receive, int from, std::int64_t count, int tag) override {
+    MPI_Request requests[2];
+    check_mpi(MPI_Irecv(receive, to_int(count), MPI_FLOAT, from, tag, comm_, &requests[0]), "MPI_Irecv");
+    check_mpi(MPI_Isend(send, to_int(count), MPI_FLOAT, to, tag, comm_, &requests[1]), "MPI_Isend");
+    count_bytes(Traffic::send, count * 4);
+    wait(requests, 2, "send_receive", count, from);
+  }
+  std::unique_ptr<PendingCollective> start_all_reduce(float* data, std::int64_t count) override;
   void barrier() override {
     MPI_Request request;
     check_mpi(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier");
@@ -135,32 +143,90 @@ class MpiCommunicator final : public Communicator {
   }
 
   void wait(MPI_Request& request, const char* operation, std::int64_t count, int peer = -1) {
+    wait(&request, 1, operation, count, peer);
+  }
+
+ public:
+  static int world_rank() {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+  }
+  static std::string describe(const char* operation, std::int64_t count, int peer) {
+    std::ostringstream text;
+    text << operation << " of " << count << " elements";
+    if (peer >= 0) text << " with rank " << peer;
+    return text.str();
+  }
+
+  // Polls `requests` until all complete, or throws CollectiveTimeout after timeout_s (or when MPI reports the
+  // operation failed).
+  void wait(MPI_Request* requests, int n, const char* operation, std::int64_t count, int peer = -1) {
     const auto start = std::chrono::steady_clock::now();
     int done = 0;
     for (long polls = 0;; ++polls) {
-      check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      const int code = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+      if (code != MPI_SUCCESS) {
+        // A transport that notices a dead peer reports it here: the same fault as a timeout, found sooner.
+        char text[MPI_MAX_ERROR_STRING];
+        int length = 0;
+        MPI_Error_string(code, text, &length);
+        throw CollectiveTimeout("parallel: " + describe(operation, count, peer) + " failed on world rank " +
+                                std::to_string(world_rank()) + ": " +
+                                std::string(text, static_cast<std::size_t>(length)) + "; another rank probably exited");
+      }
       if (done) return;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_) {
-        int world_rank = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
         std::ostringstream message;
-        message << "parallel: " << operation << " of " << count << " elements";
-        if (peer >= 0) message << " with rank " << peer;
-        message << " did not complete within timeout_s = " << timeout_s_ << " s on world rank " << world_rank
+        message << " did not complete within timeout_s = " << timeout_s_ << " s on world rank " << world_rank()
                 << " (rank " << rank_ << " of " << size_
                 << " in its group): another rank stopped or stalled before this collective";
-        throw CollectiveTimeout(message.str());
+        throw CollectiveTimeout("parallel: " + describe(operation, count, peer) + message.str());
       }
       if (polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(polls > 2000 ? 1000 : 20));
     }
   }
 
+ private:
   MPI_Comm comm_;
   double timeout_s_;
   bool owned_;
   int rank_ = 0, size_ = 1;
 };
+
+// An MPI_Iallreduce in flight. Never freed unfinished: MPI forbids freeing a collective's request, and a run that
+// abandons one ends the job (dist::abort_all).
+class MpiPendingAllReduce final : public PendingCollective {
+ public:
+  MpiPendingAllReduce(MpiCommunicator& comm, MPI_Request request, std::int64_t count)
+      : comm_(comm), request_(request), count_(count) {}
+  bool test() override {
+    if (done_) return true;
+    int done = 0;
+    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    done_ = done != 0;
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    comm_.wait(&request_, 1, "all_reduce", count_);
+    done_ = true;
+  }
+
+ private:
+  MpiCommunicator& comm_;
+  MPI_Request request_;
+  std::int64_t count_;
+  bool done_ = false;
+};
+
+std::unique_ptr<PendingCollective> MpiCommunicator::start_all_reduce(float* data, std::int64_t count) {
+  MPI_Request request;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count), MPI_FLOAT, MPI_SUM, comm_, &request), "MPI_Iallreduce");
+  count_bytes(Traffic::all_reduce, count * 4);
+  return std::make_unique<MpiPendingAllReduce>(*this, request, count);
+}
 
 }  // namespace
 

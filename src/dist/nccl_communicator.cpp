@@ -79,41 +79,49 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(float* data, std::int64_t count, ReduceOp op) override {
     check_nccl(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, to_nccl(op), comm_, stream_),
                "ncclAllReduce");
-    count_bytes(count * 4);
+    count_bytes(Traffic::all_reduce, count * 4);
     wait("all_reduce", count);
   }
   void all_reduce(double* data, std::int64_t count, ReduceOp op) override {
     check_nccl(ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat64, to_nccl(op), comm_, stream_),
                "ncclAllReduce");
-    count_bytes(count * 8);
+    count_bytes(Traffic::all_reduce, count * 8);
     wait("all_reduce", count);
   }
   void reduce_scatter(const float* send, float* receive, std::int64_t count) override {
     check_nccl(ncclReduceScatter(send, receive, static_cast<std::size_t>(count), ncclFloat32, ncclSum, comm_, stream_),
                "ncclReduceScatter");
-    count_bytes(count * size_ * 4);
+    count_bytes(Traffic::reduce_scatter, count * size_ * 4);
     wait("reduce_scatter", count * size_);
   }
   void all_gather(const float* send, float* receive, std::int64_t count) override {
     check_nccl(ncclAllGather(send, receive, static_cast<std::size_t>(count), ncclFloat32, comm_, stream_),
                "ncclAllGather");
-    count_bytes(count * 4);
+    count_bytes(Traffic::all_gather, count * 4);
     wait("all_gather", count * size_);
   }
   void broadcast(void* data, std::int64_t bytes, int root) override {
     check_nccl(ncclBroadcast(data, data, static_cast<std::size_t>(bytes), ncclUint8, root, comm_, stream_),
                "ncclBroadcast");
-    if (rank_ == root) count_bytes(bytes);
+    if (rank_ == root) count_bytes(Traffic::broadcast, bytes);
     wait("broadcast", bytes);
   }
   void send(const float* data, std::int64_t count, int peer, int) override {
     check_nccl(ncclSend(data, static_cast<std::size_t>(count), ncclFloat32, peer, comm_, stream_), "ncclSend");
-    count_bytes(count * 4);
+    count_bytes(Traffic::send, count * 4);
     wait("send", count);
   }
   void receive(float* data, std::int64_t count, int peer, int) override {
     check_nccl(ncclRecv(data, static_cast<std::size_t>(count), ncclFloat32, peer, comm_, stream_), "ncclRecv");
     wait("receive", count);
+  }
+  void send_receive(const float* send, int to, float* receive, int from, std::int64_t count, int) override {
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(ncclSend(send, static_cast<std::size_t>(count), ncclFloat32, to, comm_, stream_), "ncclSend");
+    check_nccl(ncclRecv(receive, static_cast<std::size_t>(count), ncclFloat32, from, comm_, stream_), "ncclRecv");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    count_bytes(Traffic::send, count * 4);
+    wait("send_receive", count);
   }
   void barrier() override {
     float* scratch = nullptr;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,11 +29,22 @@ struct Batch {
   Tensor targets;
 };
 
+// Told during backward that parameter gradients are final for this pass: every parameter from index `first` (in
+// creation order, ParameterStore::all()) onward receives nothing more from this backward pass. Data parallelism
+// uses it to start reducing those gradients while the rest of backward runs. A model that never calls it is
+// still correct: everything is reduced after backward.
+class GradientListener {
+ public:
+  virtual ~GradientListener() = default;
+  virtual void gradients_final_from(std::size_t first) = 0;
+};
+
 struct StepContext {
   std::uint64_t seed = 0;
-  std::uint64_t micro_step = 0;  // global micro-batch counter: keys the dropout masks
-  bool training = true;          // dropout on
-  ProbeSink* sink = nullptr;     // recorded steps: every probed tensor (forward) and its gradient (backward)
+  std::uint64_t micro_step = 0;           // global micro-batch counter: keys the dropout masks
+  bool training = true;                   // dropout on
+  ProbeSink* sink = nullptr;              // recorded steps: every probed tensor (forward) and its gradient (backward)
+  GradientListener* gradients = nullptr;  // told as parameter gradients become final (null: nobody listens)
 };
 
 class Model {

@@ -42,6 +42,7 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
     for (int which = 0; which < 2; ++which) {
       Sublayer s;
       s.is_attention = which == 0;
+      s.first_param = params_.all().size();
       const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
       if (normed)
         s.norm =
@@ -61,6 +62,7 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
     }
   }
   has_final_norm_ = config.norm == NormPlacement::pre;
+  head_first_param_ = params_.all().size();
   if (has_final_norm_)
     final_norm_ = nn::Norm::create(params_, "final_norm", d, config.norm_kind, config.norm_affine, config.norm_eps, -1);
   if (!config.tie_embeddings) readout_ = tp_.column_linear(params_, "head", d, v, ParamRole::readout, false, -1);
@@ -279,8 +281,12 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
     tp_.all_reduce(d_stream_);
   }
-  for (std::size_t i = sublayers_.size(); i-- > 0;)
+  // (A tied head's gradient goes to the token embedding, parameter 0, which is final only at the end.)
+  if (context.gradients) context.gradients->gradients_final_from(head_first_param_);
+  for (std::size_t i = sublayers_.size(); i-- > 0;) {
     sublayer_backward(sublayers_[i], stream_[i], d_stream_, d_stream_, context, static_cast<int>(i));
+    if (context.gradients) context.gradients->gradients_final_from(sublayers_[i].first_param);
+  }
   if (sink) sink->backward(probe_embed_, d_stream_, batch_);
   const Tensor* d_embedded = &d_stream_;
   if (drop) {

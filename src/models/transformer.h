@@ -64,6 +64,7 @@ class Transformer final : public Model {
     nn::Linear in_proj;   // qkv (D→3D) or fc (D→F)
     nn::Linear out_proj;  // attention output (D→D) or FFN projection (F→D)
     ResidualSite residual;
+    std::size_t first_param = 0;  // index of its first parameter (they are contiguous in creation order)
     // Probe indices (-1: not probed here).
     int probe_input = -1;   // blocks.l.in (attention sublayer only)
     int probe_norm = -1;    // pre: the normalised branch input
@@ -106,7 +107,8 @@ class Transformer final : public Model {
   std::vector<Sublayer> sublayers_;  // 2 per block: attention, FFN
   nn::Norm final_norm_;
   bool has_final_norm_ = false;
-  nn::Linear readout_;  // untied head only
+  std::size_t head_first_param_ = 0;  // the final norm's and untied head's parameters start here
+  nn::Linear readout_;                // untied head only
   float logit_scale_ = 1.0f;
   float output_multiplier_ = 1.0f;
   std::uint64_t seed_ = 0;

@@ -568,8 +568,10 @@ std::vector<TableSpec> build_schema() {
            integer_field("microbatches", PROPLAB_MEMBER(parallel.microbatches), 1, 1000000),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),
            choice_field("dp_mode", PROPLAB_MEMBER(parallel.dp_mode),
-                        {{"allreduce", "allreduce"}, {"local_sgd", "local_sgd"}}),
+                        {{"allreduce", "allreduce"}, {"local_sgd", "local_sgd"}, {"gossip", "gossip"}}),
            integer_field("sync_every", PROPLAB_MEMBER(parallel.sync_every), 1, 1000000),
+           real_field("bucket_mb", PROPLAB_MEMBER(parallel.bucket_mb), RealRange{0, 65536}),
+           integer_field("zero", PROPLAB_MEMBER(parallel.zero), 0, 1),
        }},
       {"device",
        {

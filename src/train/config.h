@@ -43,10 +43,17 @@ struct ParallelConfig {
   int pp = 1;
   int microbatches = 1;
   double timeout_s = 300.0;  // a collective that waits longer ends the run (a rank died or stalled)
-  // Data parallel: "allreduce" (gradients summed every step) or "local_sgd" (each replica steps on its own
-  // gradient; parameters averaged every `sync_every` steps).
+  // Data parallel: "allreduce" (gradients summed every step), "local_sgd" (each replica steps on its own
+  // gradient; parameters averaged every `sync_every` steps) or "gossip" (each replica steps on its own gradient,
+  // then averages its parameters with its two ring neighbours: D-PSGD).
   std::string dp_mode = "allreduce";
   int sync_every = 1;
+  // allreduce: gradients are summed in buckets of about this many MiB (parameters in reverse order), each started
+  // as soon as backward has finished its parameters; 0: one all-reduce per tensor after backward.
+  double bucket_mb = 1.0;
+  // ZeRO stage: 0 (every replica keeps the whole optimizer state) or 1 (each keeps the state of its slice of the
+  // flattened parameters: reduce-scatter gradients, update the slice, all-gather parameters).
+  int zero = 0;
 };
 
 // What to record (used by the recording module): schedule and statistic selection.

@@ -1,5 +1,6 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -17,10 +18,38 @@ double scheduled_lr(const TrainConfig& config, std::int64_t step) {
   return min_lr + 0.5 * (config.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-Optimizer::Optimizer(const TrainConfig& config, ParameterStore& params) : config_(config), params_(params) {
+namespace {
+
+// The flat view of `t`'s elements [offset, offset + length), or `t` itself when that is all of it.
+Tensor piece_of(const Tensor& t, const Optimizer::Piece& piece) {
+  if (piece.offset == 0 && piece.length == t.numel()) return t;
+  return t.reshape({t.numel()}).slice(0, piece.offset, piece.length);
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const TrainConfig& config, ParameterStore& params, ParameterShard shard)
+    : config_(config), params_(params) {
+  const std::int64_t total = params_.count_elements();
+  const std::int64_t end = shard.end < 0 ? total : std::min(shard.end, total);
+  PROPLAB_CHECK(shard.begin >= 0 && shard.begin <= end, "optimizer shard [", shard.begin, ", ", shard.end, ") outside ",
+                total, " parameter elements");
+  std::int64_t at = 0;
   for (auto& p : params_.all()) {
-    first_.push_back(Tensor::zeros(p->value.shape()));
-    second_.push_back(config.optimizer == OptimizerKind::adamw ? Tensor::zeros(p->value.shape()) : Tensor());
+    const std::int64_t n = p->value.numel();
+    Piece piece;
+    piece.offset = std::clamp(shard.begin - at, std::int64_t{0}, n);
+    piece.length = std::clamp(end - at, std::int64_t{0}, n) - piece.offset;
+    pieces_.push_back(piece);
+    at += n;
+    if (piece.length == 0) {
+      first_.emplace_back();
+      second_.emplace_back();
+      continue;
+    }
+    const Shape shape = piece.length == n ? p->value.shape() : Shape{piece.length};
+    first_.push_back(Tensor::zeros(shape));
+    second_.push_back(config.optimizer == OptimizerKind::adamw ? Tensor::zeros(shape) : Tensor());
   }
 }
 
@@ -30,6 +59,9 @@ void Optimizer::step(double lr, std::vector<ops::UpdateNorms>* norms) {
   if (norms) PROPLAB_CHECK(norms->size() == all.size(), "one UpdateNorms per parameter");
   for (std::size_t i = 0; i < all.size(); ++i) {
     Parameter& p = *all[i];
+    if (pieces_[i].length == 0) continue;
+    Tensor value = piece_of(p.value, pieces_[i]);
+    const Tensor grad = piece_of(p.grad, pieces_[i]);
     const double param_lr = lr * p.lr_multiplier;
     const float decay = p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
     if (config_.optimizer == OptimizerKind::adamw) {
@@ -40,14 +72,14 @@ void Optimizer::step(double lr, std::vector<ops::UpdateNorms>* norms) {
       h.eps = static_cast<float>(config_.eps);
       h.weight_decay = decay;
       h.step = steps_taken_;
-      ops::adamw_update(p.value, p.grad, first_[i], second_[i], h, norms ? &(*norms)[i] : nullptr);
+      ops::adamw_update(value, grad, first_[i], second_[i], h, norms ? &(*norms)[i] : nullptr);
     } else {
       ops::SgdHyper h;
       h.lr = static_cast<float>(param_lr);
       h.momentum = static_cast<float>(config_.momentum);
       h.weight_decay = decay;
       h.nesterov = config_.nesterov;
-      ops::sgd_update(p.value, p.grad, first_[i], h, norms ? &(*norms)[i] : nullptr);
+      ops::sgd_update(value, grad, first_[i], h, norms ? &(*norms)[i] : nullptr);
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "models/tensor_parallel.h"
 #include "ops/ops.h"
+#include "train/data_parallel.h"
 #include "train/optimizer.h"
 #include "train/pipeline.h"
 #include "train/progress.h"
@@ -78,10 +79,11 @@ class RunData {
   Batch batch_;
 };
 
-std::map<std::string, Tensor> checkpoint_tensors(Model& model, Optimizer& optimizer) {
+std::map<std::string, Tensor> checkpoint_tensors(Model& model,
+                                                 const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
   std::map<std::string, Tensor> tensors;
   for (auto& p : model.params().all()) tensors.emplace("param/" + p->name, p->value);
-  for (auto& [name, tensor] : optimizer.state()) tensors.emplace("optim/" + name, *tensor);
+  for (auto& [name, tensor] : optimizer_state) tensors.emplace("optim/" + name, tensor);
   for (auto& [name, tensor] : model.buffers()) tensors.emplace("buffer/" + name, *tensor);
   return tensors;
 }
@@ -126,6 +128,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError(
         "parallel: tensor and pipeline parallelism together (tp > 1 and pp > 1) are not available in this version; "
         "allowed: tp = 1 or pp = 1 (each may be combined with dp)");
+  if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
+      (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
+    throw UserError(
+        "parallel: zero = 1, dp_mode = \"local_sgd\" and dp_mode = \"gossip\" combine with data parallelism "
+        "only in this version; allowed with tp > 1 or pp > 1: zero = 0, dp_mode = \"allreduce\"");
   // Tensor parallel: the ranks that share one model replica, each holding a piece of it.
   dist::Communicator* tensor = options.tensor_parallel;
   const int tensor_ranks = tensor ? tensor->size() : 1;
@@ -163,7 +170,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   theory::ProbePrediction prediction;
   if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed, tensor);
-  Optimizer optimizer(tc, model->params());
+  DataParallel data_parallel(spec.parallel, group, model->params());
+  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
   if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group);
   PipelineStage* pipeline = stage ? &*stage : nullptr;
@@ -192,11 +200,14 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   if (options.resume) {
     if (!std::filesystem::exists(summary.checkpoint))
       throw UserError("--resume: no checkpoint at " + summary.checkpoint.string() + " to resume from");
-    // Full tensors in the file: a tensor-parallel rank reads them whole and keeps its pieces.
-    std::map<std::string, Tensor> local = checkpoint_tensors(*model, optimizer);
+    // Full tensors in the file: a tensor-parallel rank reads them whole and keeps its pieces; with zero = 1 each
+    // replica keeps its slice of the optimizer state.
+    const auto optimizer_state = data_parallel.optimizer_state_to_load(optimizer);
+    std::map<std::string, Tensor> local = checkpoint_tensors(*model, optimizer_state);
     const std::map<std::string, Tensor> targets = full_tensor_targets(model->params(), local);
     Checkpoint loaded = load_checkpoint(summary.checkpoint, targets);
     keep_local_pieces(model->params(), targets, local);
+    data_parallel.after_optimizer_load(optimizer, optimizer_state);
     if (experiment_config(loaded.string_value("config")) != experiment_config(spec.config_toml))
       throw UserError("--resume: the study differs from the one the checkpoint " + summary.checkpoint.string() +
                       " was written with; resume with the same study and --set options (only [parallel] and "
@@ -233,6 +244,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (root) {
       created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
       recorder.create_datasets(*created);
+      data_parallel.create_datasets(*created);
       write_theory(*created, prediction);
       created->start();
     }
@@ -248,6 +260,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   RunWriter* writer = root ? &*created : nullptr;
   if (previous) {
     recorder.copy_history(*previous, *writer, start_step);
+    data_parallel.copy_history(*previous, *writer, start_step);
     previous.reset();
     std::filesystem::remove(previous_copy);
   }
@@ -269,11 +282,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     return total / tc.eval_batches;
   };
   auto save = [&](std::int64_t step) {
-    std::map<std::string, Tensor> tensors = checkpoint_tensors(*model, optimizer);
+    // Gathered from every replica's slice with zero = 1; otherwise rank 0's (the replicas' are identical).
+    std::map<std::string, Tensor> tensors =
+        checkpoint_tensors(*model, data_parallel.optimizer_state_to_save(optimizer));
     if (pipeline) pipeline->gather_to_first_stage(tensors);  // each stage's own tensors, full size, to rank 0
     // Tensor parallel: the first replica's group gathers its pieces into full tensors for rank 0.
     if (tensor && (!group || group->rank() == 0)) tensors = gather_full_tensors(*tensor, model->params(), tensors);
-    if (!root) return;  // the replicas' parameters and optimizer state are identical
+    if (!root) return;
     Checkpoint checkpoint;
     checkpoint.tensors = std::move(tensors);
     checkpoint.ints["step"] = step;
@@ -292,13 +307,6 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   Progress progress(log ? *log : silent, options.terminal, tc.steps);
   const auto run_start = clock::now();
   const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
-  std::vector<Tensor*> grads;
-  for (auto& p : model->params().all()) grads.push_back(&p->grad);
-  if (pipeline) grads = pipeline->gradients();  // a stage sums only the gradients it computes
-  // allreduce: each replica's gradient is its share of the global one (scaled by 1/dp) and the shares are summed.
-  // local_sgd: each replica steps on its own mean gradient (its share times dp); parameters are averaged every
-  // sync_every steps (with SGD and sync_every = 1 this is allreduce again, up to rounding).
-  const bool local_sgd = replicas > 1 && spec.parallel.dp_mode == "local_sgd";
 
   std::int64_t step = start_step;
   RunStatus status = RunStatus::completed;
@@ -339,6 +347,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           context.micro_step = static_cast<std::uint64_t>(index);
           context.training = true;
           context.sink = record ? sink : nullptr;
+          context.gradients = data_parallel.listener_for(m + 1 == tc.grad_accum);
           // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process
           // ones: the sum over the group is the gradient of the global batch's mean loss.
           total += model->forward_backward(local(data.batch(Split::train, index)),
@@ -349,15 +358,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
                                      [&](int m) { return local(data.batch(Split::train, step * tc.grad_accum + m)); })
                                : total / tc.grad_accum;
         if (group && replicas > 1) {
-          if (!local_sgd) {
-            for (Tensor* g : grads) group->all_reduce(g->f32(), g->numel());
-          } else {
-            // The replica's own mean gradient (its share times dp); probes keep the single-process scale.
-            for (Tensor* g : grads) {
-              float* v = g->f32();
-              for (std::int64_t i = 0; i < g->numel(); ++i) v[i] *= static_cast<float>(replicas);
-            }
-          }
+          data_parallel.finish_gradients();  // summed, reduce-scattered, or (local modes) the replica's own
           group->all_reduce(&loss, 1);
           loss /= replicas;
           // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
@@ -368,18 +369,20 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       };
       const bool record = recorder.records(step);
       double loss = forward_backward(record);
-      auto clip = [&] {
+      // Clipped by the norm of the whole model's gradient: over the stages, over a tensor group's pieces, or (with
+      // zero = 1) over the replicas' slices.
+      auto clip = [&](bool full) {
         if (pipeline) return pipeline->clip_grad_norm(tc.grad_clip);
         return tensor ? clip_grad_norm_split(*tensor, model->params(), tc.grad_clip)
-                      : ops::clip_grad_norm(grads, tc.grad_clip);
+                      : data_parallel.clip_gradients(tc.grad_clip, full);
       };
-      double grad_norm = clip();
+      double grad_norm = clip(record);
       if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
         // Record the step that went non-finite (recomputed with the recorder when it was not scheduled: the step
         // is a pure function of the parameters, which have not been updated).
         if (!record) {
           loss = forward_backward(true);
-          grad_norm = clip();
+          grad_norm = clip(true);
         }
         recorder.before_update();
         recorder.skip_update();
@@ -396,19 +399,15 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         break;
       }
       if (record) recorder.before_update();
-      optimizer.step(lr, record ? &recorder.update_norms() : nullptr);
-      if (local_sgd && (step + 1) % spec.parallel.sync_every == 0) {
-        for (auto& p : model->params().all()) {
-          group->all_reduce(p->value.f32(), p->value.numel());
-          float* v = p->value.f32();
-          for (std::int64_t i = 0; i < p->value.numel(); ++i) v[i] /= static_cast<float>(replicas);
-        }
-      }
+      data_parallel.update(optimizer, lr, step, record ? &recorder.update_norms() : nullptr, record);
       std::string first_nonfinite;
       if (record) {
         recorder.after_update();
         if (pipeline) pipeline->gather_param_stats(recorder);
-        if (root) first_nonfinite = recorder.write_record(*writer, step);
+        if (root) {
+          first_nonfinite = recorder.write_record(*writer, step);
+          data_parallel.write_record(*writer, step);
+        }
         if ((group && replicas > 1) || pipeline || tensor) {  // only rank 0 finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
           if (pipeline) pipeline->broadcast_from_first(nonfinite);

@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
 """Fault: under `mpirun -np 2 proplab run` with [parallel] dp = 2 and timeout_s = 3, rank 1 is stopped (SIGSTOP)
-mid-run. Rank 0's next collective must time out: the job ends within timeout_s plus a margin with exit status 5
-and a message naming the operation, and the run file is readable with status "failed" and that message.
+mid-run, or with --exit, ends (SIGKILL: a rank that exits early). Rank 0's next collective must time out: the job
+ends within timeout_s plus a margin (exit status 5, from rank 0's MPI_Abort; with --exit mpirun reports rank 1's
+death instead, 137) with a message naming the operation, and the run file is
+readable with status "failed" and that message.
 
-usage: check_fault.py PROPLAB MPIEXEC WORKDIR
+A rank that exits is noticed by Open MPI's mpirun, which by default kills the whole job at once, before rank 0's
+timeout (rank 0's run file then stays "running"). With `--mca orte_abort_on_non_zero_status 0` mpirun lets the
+other ranks run on after a rank exits with a non-zero status or by a signal (not after an exit with status 0
+without MPI_Finalize, which it always treats as fatal): the --exit case launches with it.
+
+usage: check_fault.py PROPLAB MPIEXEC WORKDIR [--exit]
 """
 import os
 import signal
@@ -61,15 +68,18 @@ def rank_pids(launcher_pid):
 
 def main():
     proplab, mpiexec, work = sys.argv[1:4]
+    exits = "--exit" in sys.argv[4:]
     os.makedirs(work, exist_ok=True)
     study = os.path.join(work, "fault.toml")
     with open(study, "w") as f:
         f.write(STUDY)
     run_file = os.path.join(work, "out", "fault.h5")
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    job = subprocess.Popen([mpiexec, "-np", "2", "--oversubscribe", proplab, "run", study, "--out",
-                            os.path.join(work, "out"), "--force"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    launch = [mpiexec, "-np", "2", "--oversubscribe"]
+    if exits:
+        launch += ["--mca", "orte_abort_on_non_zero_status", "0"]
+    job = subprocess.Popen(launch + [proplab, "run", study, "--out", os.path.join(work, "out"), "--force"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     failures = []
     deadline = time.time() + 120
     ranks = {}
@@ -81,22 +91,24 @@ def main():
         sys.exit("the job did not start: ranks %s, run file %s\n%s" % (ranks, os.path.exists(run_file),
                                                                       job.communicate()[0]))
     time.sleep(2.0)  # a few steps in
-    os.kill(ranks[1], signal.SIGSTOP)
+    os.kill(ranks[1], signal.SIGKILL if exits else signal.SIGSTOP)
     stopped = time.time()
     try:
         output, _ = job.communicate(timeout=TIMEOUT_S + MARGIN_S)
     except subprocess.TimeoutExpired:
         os.kill(ranks[1], signal.SIGKILL)
         job.kill()
-        sys.exit("the job did not end within timeout_s + %g s after rank 1 stalled:\n%s" % (MARGIN_S,
-                                                                                            job.communicate()[0]))
+        sys.exit("the job did not end within timeout_s + %g s after rank 1 %s:\n%s" % (
+            MARGIN_S, "exited" if exits else "stalled", job.communicate()[0]))
     ended = time.time() - stopped
     try:
         os.kill(ranks[1], signal.SIGKILL)
     except ProcessLookupError:
         pass
-    if job.returncode != 5:
-        failures.append("exit status %d, expected 5" % job.returncode)
+    # mpirun reports the first rank that ended abnormally: rank 0's MPI_Abort (5), or with --exit rank 1's SIGKILL.
+    expected_status = 128 + signal.SIGKILL if exits else 5
+    if job.returncode != expected_status:
+        failures.append("exit status %d, expected %d" % (job.returncode, expected_status))
     if "did not complete within timeout_s = 3 s on world rank 0" not in output:
         failures.append("no timeout message from rank 0 in:\n" + output)
     if ended < TIMEOUT_S:
@@ -113,8 +125,8 @@ def main():
         print(f)
     if failures:
         sys.exit(1)
-    print("rank 1 stalled; the job ended %.1f s later (timeout_s = 3) with exit 5; run file failed after %d steps: %s"
-          % (ended, rows, detail))
+    print("rank 1 %s; the job ended %.1f s later (timeout_s = 3) with exit %d; run file failed after %d steps: %s"
+          % ("exited (SIGKILL)" if exits else "stalled (SIGSTOP)", ended, job.returncode, rows, detail))
 
 
 if __name__ == "__main__":

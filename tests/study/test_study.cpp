@@ -548,8 +548,16 @@ TEST(Study, ParallelLayoutsAcceptedAndRangesChecked) {
   EXPECT_EQ(study.parallel.timeout_s, 30.0);
   EXPECT_EQ(study.parallel.dp_mode, "local_sgd");
   EXPECT_EQ(study.parallel.sync_every, 8);
-  const std::string mode = error_of([] { parse("name = \"x\"\n[parallel]\ndp_mode = \"gossip\"\n"); });
-  EXPECT_TRUE(contains(mode, "test.toml:3: parallel.dp_mode: \"gossip\" is not a choice")) << mode;
+  const Study gossip = parse("name = \"x\"\n[parallel]\ndp = 4\ndp_mode = \"gossip\"\nbucket_mb = 0.25\nzero = 1\n");
+  EXPECT_EQ(gossip.parallel.dp_mode, "gossip");
+  EXPECT_EQ(gossip.parallel.bucket_mb, 0.25);
+  EXPECT_EQ(gossip.parallel.zero, 1);
+  const std::string mode = error_of([] { parse("name = \"x\"\n[parallel]\ndp_mode = \"ring\"\n"); });
+  EXPECT_TRUE(contains(mode, "test.toml:3: parallel.dp_mode: \"ring\" is not a choice")) << mode;
+  const std::string zero = error_of([] { parse("name = \"x\"\n[parallel]\nzero = 2\n"); });
+  EXPECT_TRUE(contains(zero, "test.toml:3: parallel.zero:")) << zero;
+  const std::string bucket = error_of([] { parse("name = \"x\"\n[parallel]\nbucket_mb = -1\n"); });
+  EXPECT_TRUE(contains(bucket, "test.toml:3: parallel.bucket_mb:")) << bucket;
   const std::string message =
       error_of([] { parse("name = \"x\"\n[parallel]\ndp = 0\ntp = 1\npp = 0\ntimeout_s = 0\n"); });
   EXPECT_TRUE(contains(message, "test.toml:3: parallel.dp:")) << message;

@@ -83,6 +83,44 @@ TEST(MpiCollectives, BroadcastSendReceiveBarrier) {
   EXPECT_GT(comm->bytes_communicated(), 0);
 }
 
+// A ring where every rank sends right and left at once (send_receive) must not deadlock, even with messages far
+// beyond the eager limit; non-blocking all-reduces started together complete in any order of waiting; the byte
+// counters count what each kind of operation was handed.
+TEST(MpiCollectives, RingSendReceiveAndNonBlockingAllReduce) {
+  auto comm = world();
+  const int n = comm->size(), r = comm->rank();
+  const int count = 1 << 18;  // 1 MiB
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<float> mine(count), from_left(count), from_right(count);
+  for (int i = 0; i < count; ++i) mine[i] = value(r, i % 1000);
+  const std::int64_t sent_before = comm->bytes_communicated(Traffic::send);
+  comm->send_receive(mine.data(), right, from_left.data(), left, count, 7);
+  comm->send_receive(mine.data(), left, from_right.data(), right, count, 8);
+  for (int i = 0; i < count; i += 997) {
+    ASSERT_EQ(from_left[i], value(left, i % 1000)) << i;
+    ASSERT_EQ(from_right[i], value(right, i % 1000)) << i;
+  }
+  EXPECT_EQ(comm->bytes_communicated(Traffic::send) - sent_before, 2 * 4 * std::int64_t{count});
+
+  const std::int64_t reduced_before = comm->bytes_communicated(Traffic::all_reduce);
+  std::vector<std::vector<float>> buckets(3, std::vector<float>(5000));
+  std::vector<std::unique_ptr<PendingCollective>> pending;
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < 5000; ++i) buckets[b][i] = value(r, i % 1000) + static_cast<float>(b);
+    pending.push_back(comm->start_all_reduce(buckets[b].data(), 5000));
+  }
+  pending[1]->test();
+  for (int b = 2; b >= 0; --b) pending[b]->wait();
+  EXPECT_TRUE(pending[0]->test());
+  for (int b = 0; b < 3; ++b)
+    for (int i = 0; i < 5000; i += 101) {
+      float expected = 0.0f;
+      for (int q = 0; q < n; ++q) expected += value(q, i % 1000) + static_cast<float>(b);
+      ASSERT_NEAR(buckets[b][i], expected, 1e-6 * std::abs(expected)) << b << " " << i;
+    }
+  EXPECT_EQ(comm->bytes_communicated(Traffic::all_reduce) - reduced_before, 3 * 4 * 5000);
+}
+
 TEST(MpiCollectives, ProcessGroupsOfEveryLayout) {
   const int n = world()->size();
   for (int dp = 1; dp <= n; ++dp) {

@@ -1,0 +1,362 @@
+#include "train/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace proplab {
+
+namespace {
+
+float* data_of(Parameter& p, bool gradients) { return gradients ? p.grad.f32() : p.value.f32(); }
+
+// D = sqrt(spread / dp) / sqrt(mean_sq), with 0/0 = 0 (replicas that agree on a zero tensor).
+double relative_distance(double spread, double mean_sq, int replicas) {
+  const double distance = std::sqrt(spread / replicas);
+  if (distance == 0.0) return 0.0;
+  return distance / std::sqrt(mean_sq);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params)
+    : config_(config), group_(group), params_(params) {
+  replicas_ = group_ ? group_->size() : 1;
+  if (config.zero == 1 && config.dp_mode != "allreduce")
+    throw UserError(
+        "parallel.zero = 1 shards the optimizer state of replicas that apply one common update; with "
+        "parallel.dp_mode = \"" +
+        config.dp_mode + "\" each replica keeps its own; allowed: zero = 1 with dp_mode = \"allreduce\"");
+  local_ = replicas_ > 1 && config.dp_mode != "allreduce";
+  zero_ = replicas_ > 1 && config.zero == 1;
+  offsets_.push_back(0);
+  for (auto& p : params_.all()) offsets_.push_back(offsets_.back() + p->value.numel());
+  const std::int64_t total = offsets_.back();
+  if (zero_) {
+    chunk_ = (total + replicas_ - 1) / replicas_;
+    flat_.assign(static_cast<std::size_t>(chunk_ * replicas_), 0.0f);
+    slice_.assign(static_cast<std::size_t>(chunk_), 0.0f);
+  }
+  if (replicas_ > 1 && !local_ && !zero_ && config.bucket_mb > 0.0) {
+    const double bucket_bytes = config.bucket_mb * 1024.0 * 1024.0;
+    const std::size_t n = params_.all().size();
+    std::size_t last = n;
+    while (last > 0) {
+      std::size_t first = last - 1;
+      double bytes = 4.0 * static_cast<double>(params_.all()[first]->value.numel());
+      while (first > 0 && bytes < bucket_bytes) {
+        --first;
+        bytes += 4.0 * static_cast<double>(params_.all()[first]->value.numel());
+      }
+      Bucket bucket;
+      bucket.first = first;
+      bucket.last = last;
+      bucket.buffer.resize(static_cast<std::size_t>(offsets_[last] - offsets_[first]));
+      buckets_.push_back(std::move(bucket));
+      last = first;
+    }
+  }
+  after_.assign(params_.all().size() + 1, 0.0);
+  before_ = after_;
+}
+
+DataParallel::~DataParallel() = default;
+
+ParameterShard DataParallel::optimizer_shard() const {
+  if (!zero_) return {};
+  const int rank = group_->rank();
+  return {std::min(offsets_.back(), rank * chunk_), std::min(offsets_.back(), (rank + 1) * chunk_)};
+}
+
+void DataParallel::pack(bool gradients, std::int64_t begin, std::int64_t end, float* out) const {
+  auto& all = params_.all();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::int64_t from = std::max(begin, offsets_[i]), to = std::min(end, offsets_[i + 1]);
+    if (from >= to) continue;
+    std::memcpy(out + (from - begin), data_of(*all[i], gradients) + (from - offsets_[i]),
+                static_cast<std::size_t>(to - from) * sizeof(float));
+  }
+}
+
+void DataParallel::unpack(bool gradients, std::int64_t begin, std::int64_t end, const float* in) {
+  auto& all = params_.all();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::int64_t from = std::max(begin, offsets_[i]), to = std::min(end, offsets_[i + 1]);
+    if (from >= to) continue;
+    std::memcpy(data_of(*all[i], gradients) + (from - offsets_[i]), in + (from - begin),
+                static_cast<std::size_t>(to - from) * sizeof(float));
+  }
+}
+
+GradientListener* DataParallel::listener_for(bool last_micro_batch) {
+  return last_micro_batch && !buckets_.empty() ? this : nullptr;
+}
+
+void DataParallel::start_bucket(Bucket& bucket) {
+  pack(true, offsets_[bucket.first], offsets_[bucket.last], bucket.buffer.data());
+  bucket.pending = group_->start_all_reduce(bucket.buffer.data(), static_cast<std::int64_t>(bucket.buffer.size()));
+}
+
+void DataParallel::gradients_final_from(std::size_t first) {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= first)
+    start_bucket(buckets_[next_bucket_++]);
+  // MPI progresses non-blocking collectives only inside MPI calls: give the ones in flight a turn.
+  for (std::size_t b = 0; b < next_bucket_; ++b) buckets_[b].pending->test();
+}
+
+void DataParallel::finish_gradients() {
+  if (replicas_ == 1) return;
+  auto& all = params_.all();
+  if (local_) {
+    // The replica's own mean gradient: its share times dp (probes keep the single-process scale).
+    for (auto& p : all) ops::scale(p->grad, static_cast<float>(replicas_));
+    return;
+  }
+  if (zero_) {
+    std::fill(flat_.begin() + offsets_.back(), flat_.end(), 0.0f);
+    pack(true, 0, offsets_.back(), flat_.data());
+    group_->reduce_scatter(flat_.data(), slice_.data(), chunk_);
+    const ParameterShard own = optimizer_shard();
+    unpack(true, own.begin, own.end, slice_.data());
+    return;
+  }
+  if (buckets_.empty()) {
+    for (auto& p : all) group_->all_reduce(p->grad.f32(), p->grad.numel());
+    return;
+  }
+  while (next_bucket_ < buckets_.size()) start_bucket(buckets_[next_bucket_++]);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending->wait();
+    bucket.pending.reset();
+    unpack(true, offsets_[bucket.first], offsets_[bucket.last], bucket.buffer.data());
+  }
+  next_bucket_ = 0;
+}
+
+double DataParallel::clip_gradients(double max_norm, bool full) {
+  auto& all = params_.all();
+  if (!zero_) {
+    std::vector<Tensor*> grads;
+    for (auto& p : all) grads.push_back(&p->grad);
+    return ops::clip_grad_norm(grads, max_norm);
+  }
+  // The own slice's pieces of each gradient, in parameter order.
+  const ParameterShard own = optimizer_shard();
+  std::vector<Tensor> pieces;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::int64_t from = std::max(own.begin, offsets_[i]), to = std::min(own.end, offsets_[i + 1]);
+    if (from < to)
+      pieces.push_back(all[i]->grad.reshape({all[i]->grad.numel()}).slice(0, from - offsets_[i], to - from));
+  }
+  double sum_sq = 0.0;
+  for (const Tensor& piece : pieces) sum_sq += ops::sum_squares(piece);
+  group_->all_reduce(&sum_sq, 1);
+  const double norm = std::sqrt(sum_sq);
+  // As ops::clip_grad_norm: a non-finite norm is left for the caller to report.
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
+    const float factor = static_cast<float>(max_norm / norm);
+    for (Tensor& piece : pieces) ops::scale(piece, factor);
+  }
+  if (full) {
+    pack(true, own.begin, own.end, slice_.data());
+    group_->all_gather(slice_.data(), flat_.data(), chunk_);
+    unpack(true, 0, offsets_.back(), flat_.data());
+  }
+  return norm;
+}
+
+void DataParallel::average_parameters() {
+  for (auto& p : params_.all()) {
+    group_->all_reduce(p->value.f32(), p->value.numel());
+    float* v = p->value.f32();
+    for (std::int64_t i = 0; i < p->value.numel(); ++i) v[i] /= static_cast<float>(replicas_);
+  }
+}
+
+void DataParallel::mix_parameters() {
+  const std::int64_t n = offsets_.back();
+  const int rank = group_->rank();
+  const int left = (rank + replicas_ - 1) % replicas_, right = (rank + 1) % replicas_;
+  flat_.resize(static_cast<std::size_t>(3 * n));
+  float* mine = flat_.data();
+  float* from_left = mine + n;
+  float* from_right = from_left + n;
+  pack(false, 0, n, mine);
+  if (replicas_ == 2) {
+    // W = [[1/2, 1/2], [1/2, 1/2]]: both replicas compute the same sum a + b, so they end bitwise equal.
+    group_->send_receive(mine, right, from_left, left, n, 1);
+    for (std::int64_t i = 0; i < n; ++i) mine[i] = (mine[i] + from_left[i]) * 0.5f;
+  } else {
+    group_->send_receive(mine, right, from_left, left, n, 1);
+    group_->send_receive(mine, left, from_right, right, n, 2);
+    for (std::int64_t i = 0; i < n; ++i) mine[i] = (from_left[i] + mine[i] + from_right[i]) / 3.0f;
+  }
+  unpack(false, 0, n, mine);
+}
+
+void DataParallel::measure_disagreement(std::vector<double>& out) {
+  // Deviations from rank 0's parameters, in double: exactly 0 while the replicas are identical, and the spread
+  // Σ_r ‖θ_r − θ̄‖² is the same about any reference.
+  const std::int64_t n = offsets_.back();
+  std::vector<float> reference(static_cast<std::size_t>(n));
+  pack(false, 0, n, reference.data());
+  std::vector<double> deviation(reference.size());
+  {
+    std::vector<float> mine = reference;
+    group_->broadcast(reference.data(), n * static_cast<std::int64_t>(sizeof(float)), 0);
+    for (std::size_t e = 0; e < mine.size(); ++e)
+      deviation[e] = static_cast<double>(mine[e]) - static_cast<double>(reference[e]);
+  }
+  std::vector<double> mean_deviation = deviation;
+  group_->all_reduce(mean_deviation.data(), n);
+  for (double& d : mean_deviation) d /= replicas_;
+  const std::size_t count = params_.all().size();
+  std::vector<double> spread(count, 0.0), mean_sq(count, 0.0);
+  for (std::size_t i = 0; i < count; ++i) {
+    for (std::int64_t e = offsets_[i]; e < offsets_[i + 1]; ++e) {
+      const double away = deviation[e] - mean_deviation[e];
+      const double mean = static_cast<double>(reference[e]) + mean_deviation[e];
+      spread[i] += away * away;
+      mean_sq[i] += mean * mean;
+    }
+  }
+  group_->all_reduce(spread.data(), static_cast<std::int64_t>(count));
+  out.assign(count + 1, 0.0);
+  double spread_total = 0.0, mean_sq_total = 0.0;
+  for (std::size_t i = 0; i < count; ++i) {
+    out[i] = relative_distance(spread[i], mean_sq[i], replicas_);
+    spread_total += spread[i];
+    mean_sq_total += mean_sq[i];
+  }
+  out[count] = relative_distance(spread_total, mean_sq_total, replicas_);
+}
+
+void DataParallel::update(Optimizer& optimizer, double lr, std::int64_t step, std::vector<ops::UpdateNorms>* norms,
+                          bool record) {
+  optimizer.step(lr, norms);
+  if (replicas_ == 1) return;
+  if (zero_) {
+    if (norms) {  // the slices' partial sums, made global
+      std::vector<double> sums;
+      for (const ops::UpdateNorms& u : *norms) sums.insert(sums.end(), {u.weight_sq, u.update_sq});
+      group_->all_reduce(sums.data(), static_cast<std::int64_t>(sums.size()));
+      for (std::size_t i = 0; i < norms->size(); ++i) (*norms)[i] = {sums[2 * i], sums[2 * i + 1]};
+    }
+    const ParameterShard own = optimizer_shard();
+    std::fill(slice_.begin(), slice_.end(), 0.0f);
+    pack(false, own.begin, own.end, slice_.data());
+    group_->all_gather(slice_.data(), flat_.data(), chunk_);
+    unpack(false, 0, offsets_.back(), flat_.data());
+  }
+  const bool mixes =
+      config_.dp_mode == "gossip" || (config_.dp_mode == "local_sgd" && (step + 1) % config_.sync_every == 0);
+  if (record && mixes) measure_disagreement(before_);
+  if (mixes) {
+    if (config_.dp_mode == "gossip")
+      mix_parameters();
+    else
+      average_parameters();
+  }
+  if (record) {
+    measure_disagreement(after_);
+    if (!mixes) before_ = after_;
+  }
+}
+
+void DataParallel::create_datasets(RunWriter& writer) {
+  if (replicas_ == 1) return;
+  const auto columns = static_cast<std::int64_t>(params_.all().size());
+  steps_series_ = writer.create_series_1d_int("/replicas/steps");
+  after_series_ = writer.create_series_2d("/replicas/disagreement", columns);
+  after_total_series_ = writer.create_series_2d("/replicas/disagreement_total", 1);
+  before_series_ = writer.create_series_2d("/replicas/disagreement_before_mix", columns);
+  before_total_series_ = writer.create_series_2d("/replicas/disagreement_before_mix_total", 1);
+}
+
+void DataParallel::copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step) {
+  if (replicas_ == 1 || !previous.exists("/replicas/steps")) return;
+  const std::vector<std::int64_t> steps = previous.read_ints("/replicas/steps");
+  const std::vector<std::pair<std::string, SeriesId>> series = {
+      {"/replicas/disagreement", after_series_},
+      {"/replicas/disagreement_total", after_total_series_},
+      {"/replicas/disagreement_before_mix", before_series_},
+      {"/replicas/disagreement_before_mix_total", before_total_series_}};
+  std::vector<Dataset2D> data;
+  for (const auto& [path, id] : series) data.push_back(previous.read_2d(path));
+  for (std::size_t r = 0; r < steps.size() && steps[r] < before_step; ++r) {
+    writer.append_int(steps_series_, steps[r]);
+    for (std::size_t s = 0; s < series.size(); ++s)
+      if (static_cast<std::int64_t>(r) < data[s].rows)
+        writer.append_row(series[s].second, &data[s].values[r * data[s].columns]);
+  }
+}
+
+void DataParallel::write_record(RunWriter& writer, std::int64_t step) {
+  if (replicas_ == 1) return;
+  writer.append_int(steps_series_, step);
+  writer.append_row(after_series_, after_.data());
+  writer.append_row(after_total_series_, &after_.back());
+  writer.append_row(before_series_, before_.data());
+  writer.append_row(before_total_series_, &before_.back());
+}
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_save(Optimizer& optimizer) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto state = optimizer.state();
+  if (!zero_) {
+    for (const auto& [name, tensor] : state) out.emplace_back(name, *tensor);
+    return out;
+  }
+  auto& all = params_.all();
+  const std::size_t kinds = state.size() / all.size();
+  const ParameterShard own = optimizer_shard();
+  std::vector<Tensor> full;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    for (std::size_t k = 0; k < kinds; ++k) full.push_back(Tensor::zeros(all[i]->value.shape()));
+  for (std::size_t k = 0; k < kinds; ++k) {
+    std::fill(slice_.begin(), slice_.end(), 0.0f);
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const Optimizer::Piece& piece = optimizer.pieces()[i];
+      if (piece.length == 0) continue;
+      std::memcpy(slice_.data() + (offsets_[i] + piece.offset - own.begin), state[i * kinds + k].second->f32(),
+                  static_cast<std::size_t>(piece.length) * sizeof(float));
+    }
+    group_->all_gather(slice_.data(), flat_.data(), chunk_);
+    for (std::size_t i = 0; i < all.size(); ++i)
+      std::memcpy(full[i * kinds + k].f32(), flat_.data() + offsets_[i],
+                  static_cast<std::size_t>(all[i]->value.numel()) * sizeof(float));
+  }
+  for (std::size_t e = 0; e < state.size(); ++e) out.emplace_back(state[e].first, full[e]);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_load(Optimizer& optimizer) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto state = optimizer.state();
+  if (!zero_) {
+    for (const auto& [name, tensor] : state) out.emplace_back(name, *tensor);
+    return out;
+  }
+  auto& all = params_.all();
+  const std::size_t kinds = state.size() / all.size();
+  for (std::size_t e = 0; e < state.size(); ++e)
+    out.emplace_back(state[e].first, Tensor::zeros(all[e / kinds]->value.shape()));
+  return out;
+}
+
+void DataParallel::after_optimizer_load(Optimizer& optimizer,
+                                        const std::vector<std::pair<std::string, Tensor>>& loaded) {
+  if (!zero_) return;  // loaded straight into the optimizer's own tensors
+  const auto state = optimizer.state();
+  const std::size_t kinds = state.size() / params_.all().size();
+  for (std::size_t e = 0; e < state.size(); ++e) {
+    const Optimizer::Piece& piece = optimizer.pieces()[e / kinds];
+    if (piece.length == 0) continue;
+    std::memcpy(state[e].second->f32(), loaded[e].second.f32() + piece.offset,
+                static_cast<std::size_t>(piece.length) * sizeof(float));
+  }
+}
+
+}  // namespace proplab
