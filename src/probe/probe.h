@@ -29,6 +29,14 @@ struct ProbeInfo {
   bool has_backward = true;  // false where the gradient is internal to a fused op (attention logits)
 };
 
+// One block (the unit ProbeInfo::block counts) of a model whose blocks form stages (ResNets): its stage (0-based)
+// and whether it is a transition, the block that opens a stage ≥ 1 by changing the resolution (stride 2, projection
+// shortcut). Models without stages list no blocks.
+struct BlockInfo {
+  int stage = 0;
+  bool transition = false;
+};
+
 class ProbeSink {
  public:
   virtual ~ProbeSink() = default;

@@ -208,6 +208,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (root) {
       created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
       recorder.create_datasets(*created);
+      recorder.write_block_layout(*created, model->block_layout());
       write_theory(*created, prediction);
       created->start();
     }
