@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/examples/gui-runs/*.h5 (three short runs of deep16.toml) and the screenshots in docs/images/
-# that docs/gui.md shows, with `proplab run` and `proplab-gui --screenshot` (headless: no display needed).
+# that docs/gui.md shows, with `proplab run` and `proplab-gui --screenshot` (headless: no display needed); the
+# ResNet screenshots come from studies/resnet_spp.toml, swept into a temporary folder (about 15 s).
 #   docs/examples/make-gui-images.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,3 +25,10 @@ gui="$build/proplab-gui"
 "$gui" --screenshot "$images/gui-dynamics.png" --view dynamics --size 1200x700 "$runs"
 "$gui" --screenshot "$images/gui-heatmap.png" --view heatmap --backward --size 1200x700 "$runs/post_ln_standard.h5"
 "$gui" --screenshot "$images/gui-compare.png" --view compare --group scaling.rule --kind residual --size 1200x500 "$runs"
+resnets=$(mktemp -d)
+trap 'rm -rf "$resnets"' EXIT
+"$build/proplab" sweep studies/resnet_spp.toml --out "$resnets" > /dev/null
+"$gui" --screenshot "$images/gui-resnet-depth.png" --kind residual --record 0 --size 1200x700 \
+  "$resnets/norm=batchnorm,rule=standard.h5" "$resnets/norm=none,rule=nf.h5"
+"$gui" --screenshot "$images/gui-resnet-heatmap.png" --view heatmap --kind residual --size 1200x700 \
+  "$resnets/norm=batchnorm,rule=standard.h5"

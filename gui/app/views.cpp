@@ -13,6 +13,7 @@
 #include "core/error.h"
 
 #include "gui/app/app_state.h"
+#include "gui/data/block_axis.h"
 
 namespace proplab::gui {
 
@@ -153,10 +154,46 @@ std::string stat_title(const AppState& state) {
   return std::string(direction_name(state.direction)) + " " + state.stat;
 }
 
-// The depth profile of `runs` (a subset of the selection) at the state's record.
+// True when every run of `runs` (at least one) has a stage layout: their depth profiles are then drawn by block.
+bool by_block(const RunList& runs) {
+  return !runs.empty() && std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
+}
+
+// Where the stages of `runs` begin on the block axis: a dashed line at each transition and a "stage s" label for
+// every stage. One set in the marker colour when every run has the same layout; else one per run, in its colour,
+// on its own label row.
+std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs) {
+  const auto same_layout = [&](const RunSnapshot& run) {
+    const auto& first = runs.front()->blocks;
+    return std::equal(
+        run.blocks.begin(), run.blocks.end(), first.begin(), first.end(),
+        [](const RunBlock& a, const RunBlock& b) { return a.stage == b.stage && a.transition == b.transition; });
+  };
+  const bool shared = std::all_of(runs.begin(), runs.end(), [&](const auto& run) { return same_layout(*run); });
+  std::vector<AxisMarker> markers;
+  for (std::size_t i = 0; i < (shared ? std::min<std::size_t>(1, runs.size()) : runs.size()); ++i) {
+    for (const auto& start : stage_starts(runs[i]->blocks)) {
+      AxisMarker marker;
+      marker.value = start.position;
+      marker.label = stage_label(start.stage);
+      marker.line = start.transition;
+      if (!shared) {
+        marker.colour = series_colour(colour_index(state, *runs[i]));
+        marker.label_row = static_cast<int>(i);
+      }
+      markers.push_back(std::move(marker));
+    }
+  }
+  return markers;
+}
+
+// The depth profile of `runs` (a subset of the selection) at the state's record: against probe depth, or against
+// the block (with the stages marked) when every run has a stage layout.
 PlotSpec depth_spec(const AppState& state, const RunList& runs) {
   PlotSpec spec;
-  spec.x_label = "probe depth";
+  const bool blocks = by_block(runs);
+  spec.x_label = blocks ? "block" : "probe depth";
+  if (blocks) spec.x_markers = stage_markers(state, runs);
   spec.y_label = stat_title(state);
   spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
   for (const auto& run : runs) {
@@ -170,8 +207,14 @@ PlotSpec depth_spec(const AppState& state, const RunList& runs) {
     measured.colour = colour;
     measured.thickness = thickness;
     const auto probes = probes_of_kind(run->probes, state.probe_kind);
+    std::vector<double> x_of(run->probes.size());
+    if (blocks) {
+      x_of = block_axis_positions(run->probes);
+    } else {
+      for (std::size_t p = 0; p < run->probes.size(); ++p) x_of[p] = static_cast<double>(run->probes[p].depth);
+    }
     for (const std::size_t p : probes) {
-      measured.x.push_back(static_cast<double>(run->probes[p].depth));
+      measured.x.push_back(x_of[p]);
       measured.y.push_back(matrix->at(record, static_cast<std::int64_t>(p)));
     }
     spec.series.push_back(std::move(measured));
@@ -183,7 +226,7 @@ PlotSpec depth_spec(const AppState& state, const RunList& runs) {
       predicted.dashed = true;
       predicted.thickness = thickness;
       for (const std::size_t p : probes) {
-        predicted.x.push_back(static_cast<double>(run->probes[p].depth));
+        predicted.x.push_back(x_of[p]);
         predicted.y.push_back((*theory)[p]);
       }
       if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
@@ -294,6 +337,21 @@ HeatmapSpec heatmap_spec(const AppState& state, const RunSnapshot& run) {
     }
   }
   for (const auto step : run.record_steps) spec.column_values.push_back(static_cast<double>(step));
+  if (has_block_axis(run)) {
+    // By block: block numbers at the middle of their rows, the stages' starts dashed and labelled.
+    spec.y_label = "block";
+    for (const auto& rows : block_rows(run.probes, probes)) {
+      spec.row_ticks.push_back(
+          Tick{0.5 * static_cast<double>(rows.first + rows.end), std::to_string(rows.block), true});
+    }
+    for (const auto& start : stage_starts_in_rows(run.probes, run.blocks, probes)) {
+      AxisMarker marker;
+      marker.value = start.position;
+      marker.label = stage_label(start.stage);
+      marker.line = start.transition;
+      spec.row_markers.push_back(std::move(marker));
+    }
+  }
   return spec;
 }
 

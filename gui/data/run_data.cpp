@@ -167,6 +167,14 @@ void fill_snapshot(RunSnapshot& run, const RunReader& reader) {
       run.probes[p].kind = p < kinds.size() ? kinds[p] : std::string();
     }
   }
+  try {
+    run.blocks = reader.read_block_layout();
+  } catch (const UserError&) {
+    run.blocks.clear();  // a malformed layout is left out: the run is still shown, by probe depth
+  }
+  for (const auto& probe : run.probes) {
+    if (probe.block >= static_cast<std::int64_t>(run.blocks.size())) run.blocks.clear();
+  }
   if (reader.exists("/params/name")) run.param_names = reader.read_strings("/params/name");
   if (!reader.exists("/steps")) return;
 

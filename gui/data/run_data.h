@@ -8,6 +8,7 @@
 //   series (a reader running beside the writer may briefly see them at different lengths). Every matrix in
 //   `forward`, `backward` and `params` has exactly records() rows; forward/backward have one column per probe.
 // - Theory vectors have one entry per probe (NaN: no prediction); a theory vector of another length is dropped.
+// - `blocks` is empty or has an entry for every probe's block (ProbeInfo::block < blocks.size()).
 // - `config` is the resolved study TOML flattened to dotted keys ("model.layers" -> "48", strings unquoted).
 // - Snapshots are shared read-only between the loader's worker thread and the UI (std::shared_ptr<const>).
 #pragma once
@@ -50,6 +51,10 @@ struct RunSnapshot {
   EvalCurves eval;
   std::vector<std::int64_t> record_steps;
   std::vector<ProbeInfo> probes;
+  // The stage layout of a model whose blocks form stages (ResNets: /blocks), one entry per block; empty for other
+  // models, older files, and a layout that is malformed or does not cover every probe's block (then the run is
+  // shown by probe depth).
+  std::vector<RunBlock> blocks;
   std::map<std::string, Dataset2D> forward, backward;                          // [records, probes]
   std::map<std::string, std::vector<double>> theory_forward, theory_backward;  // [probes]
   std::vector<std::string> param_names;

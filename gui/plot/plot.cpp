@@ -14,6 +14,10 @@ constexpr float dash_on_px = 7.0f;
 constexpr float dash_off_px = 5.0f;
 constexpr float hover_radius_px = 24.0f;
 constexpr std::size_t legend_max_entries = 14;
+constexpr float marker_dash_on_px = 6.0f;
+constexpr float marker_dash_off_px = 4.0f;
+constexpr float marker_thickness_px = 2.0f;
+constexpr float marker_label_gap_px = 4.0f;
 
 struct PlotLayout {
   ImVec2 frame_min, frame_max;  // the whole widget
@@ -184,6 +188,35 @@ void draw_legend(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spe
   }
 }
 
+// A dashed straight line. Ends are put on pixel centres (ImGui adds half a pixel) so that the line's core is crisp.
+void draw_dashed_line(ImDrawList* draw, ImVec2 a, ImVec2 b, ImU32 colour) {
+  a = ImVec2(std::floor(a.x), std::floor(a.y));
+  b = ImVec2(std::floor(b.x), std::floor(b.y));
+  for (const auto& piece :
+       dash_pieces({static_cast<double>(std::hypot(b.x - a.x, b.y - a.y))}, marker_dash_on_px, marker_dash_off_px)) {
+    const auto at = [&](double t) {
+      return ImVec2(a.x + static_cast<float>(t) * (b.x - a.x), a.y + static_cast<float>(t) * (b.y - a.y));
+    };
+    draw->AddLine(at(piece.from), at(piece.to), colour, marker_thickness_px);
+  }
+}
+
+// Where `markers` and their labels go along an axis of `length` pixels (labels `label_size` pixels long, or their
+// text widths when label_size is 0).
+std::vector<MarkerPlacement> marker_places(const std::vector<AxisMarker>& markers, AxisRange range, AxisScale scale,
+                                           double length, float label_size) {
+  std::vector<double> values, sizes;
+  std::vector<int> rows;
+  for (const auto& marker : markers) {
+    values.push_back(marker.value);
+    rows.push_back(marker.label_row);
+    sizes.push_back(marker.label.empty() ? 0.0
+                    : label_size > 0.0f  ? label_size
+                                         : ImGui::CalcTextSize(marker.label.c_str()).x);
+  }
+  return place_markers(values, rows, sizes, range, scale, length, marker_label_gap_px);
+}
+
 void remember_rect(ExportRequest& request, const PlotLayout& layout, const std::string& name) {
   request.x0 = layout.frame_min.x;
   request.y0 = layout.frame_min.y;
@@ -204,6 +237,11 @@ void context_menu(const char* popup, ExportRequest& request, PlotState* plot_sta
 }
 
 }  // namespace
+
+ImU32 marker_colour(float alpha) {
+  const auto rgb = marker_rgb();
+  return IM_COL32(rgb[0], rgb[1], rgb[2], static_cast<int>(std::lround(std::clamp(alpha, 0.0f, 1.0f) * 255.0f)));
+}
 
 ImU32 series_colour(std::size_t index, float alpha) {
   const auto rgb = series_rgb(index);
@@ -290,9 +328,27 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
             axis_ticks(state.y, spec.y_scale, y_target), spec.x_label);
 
   draw->PushClipRect(layout.area_min, layout.area_max, true);
+  const auto marker_placements = marker_places(spec.x_markers, state.x, spec.x_scale, width, 0.0f);
+  for (std::size_t m = 0; m < spec.x_markers.size(); ++m) {
+    if (!spec.x_markers[m].line || !marker_placements[m].line) continue;
+    const float px = layout.area_min.x + static_cast<float>(marker_placements[m].line_at);
+    draw_dashed_line(draw, ImVec2(px, layout.area_min.y), ImVec2(px, layout.area_max.y), spec.x_markers[m].colour);
+  }
   std::vector<ImVec2> scratch;
   for (const auto& series : spec.series) {
     if (!state.hidden.count(series.label)) draw_series(draw, series, x, y, scratch);
+  }
+  // Labels along the bottom of the data area (the legend holds the top right), on a backing that dims the lines
+  // beneath them.
+  for (std::size_t m = 0; m < spec.x_markers.size(); ++m) {
+    if (!marker_placements[m].label) continue;
+    const AxisMarker& marker = spec.x_markers[m];
+    const ImVec2 extent = ImGui::CalcTextSize(marker.label.c_str());
+    const ImVec2 at(layout.area_min.x + static_cast<float>(marker_placements[m].label_at),
+                    layout.area_max.y - 3.0f - static_cast<float>(marker.label_row + 1) * extent.y);
+    draw->AddRectFilled(ImVec2(at.x - 2.0f, at.y), ImVec2(at.x + extent.x + 2.0f, at.y + extent.y),
+                        ImGui::GetColorU32(ImGuiCol_WindowBg, 0.8f));
+    draw->AddText(at, marker.colour, marker.label.c_str());
   }
   if (spec.x_marker && plottable(*spec.x_marker, spec.x_scale)) {
     const float px = static_cast<float>(x.to_pixel(*spec.x_marker));
@@ -395,9 +451,14 @@ void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, 
                            column < spec.column_values.size() ? format_value(spec.column_values[column]) : tick.label,
                            true});
   }
-  for (const auto& tick :
-       linear_ticks({0.0, static_cast<double>(spec.rows - 1) + 1e-9}, std::max(2, static_cast<int>(height / 45.0f)))) {
-    if (tick.value == std::floor(tick.value)) y_ticks.push_back(Tick{tick.value + 0.5, tick.label, true});
+  if (!spec.row_ticks.empty()) {
+    const std::size_t stride = tick_stride(spec.row_ticks.size(), std::max(2, static_cast<int>(height / 30.0f)));
+    for (std::size_t t = 0; t < spec.row_ticks.size(); t += stride) y_ticks.push_back(spec.row_ticks[t]);
+  } else {
+    for (const auto& tick : linear_ticks({0.0, static_cast<double>(spec.rows - 1) + 1e-9},
+                                         std::max(2, static_cast<int>(height / 45.0f)))) {
+      if (tick.value == std::floor(tick.value)) y_ticks.push_back(Tick{tick.value + 0.5, tick.label, true});
+    }
   }
   const AxisTransform x({0.0, static_cast<double>(spec.columns)}, AxisScale::linear, layout.area_min.x,
                         layout.area_max.x);
@@ -408,6 +469,26 @@ void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, 
     const float py = static_cast<float>(y.to_pixel(tick.value));
     const ImVec2 extent = ImGui::CalcTextSize(tick.label.c_str());
     draw->AddText(ImVec2(layout.area_min.x - extent.x - 4.0f, py - extent.y / 2.0f), text, tick.label.c_str());
+  }
+
+  // Row markers (stage starts): dashed lines along row boundaries, labels at the left above them on a dark backing
+  // (the cells beneath may be any colour).
+  const auto row_places = marker_places(spec.row_markers, {0.0, static_cast<double>(spec.rows)}, AxisScale::linear,
+                                        height, ImGui::GetTextLineHeight());
+  for (std::size_t m = 0; m < spec.row_markers.size(); ++m) {
+    const AxisMarker& marker = spec.row_markers[m];
+    const float py = layout.area_max.y - static_cast<float>(row_places[m].line_at);
+    if (marker.line && row_places[m].line) {
+      draw_dashed_line(draw, ImVec2(layout.area_min.x, py), ImVec2(layout.area_max.x, py), marker.colour);
+    }
+    if (!row_places[m].label) continue;
+    const ImVec2 extent = ImGui::CalcTextSize(marker.label.c_str());
+    const ImVec2 at(layout.area_min.x + marker_label_gap_px +
+                        static_cast<float>(marker.label_row) * (extent.x + 2.0f * marker_label_gap_px),
+                    layout.area_max.y - static_cast<float>(row_places[m].label_at) - extent.y);
+    draw->AddRectFilled(ImVec2(at.x - 2.0f, at.y), ImVec2(at.x + extent.x + 2.0f, at.y + extent.y),
+                        IM_COL32(0, 0, 0, 170));
+    draw->AddText(at, marker.colour, marker.label.c_str());
   }
 
   // Colour bar with its own ticks.

@@ -39,6 +39,19 @@ struct PlotSeries {
   bool in_legend = true;
 };
 
+ImU32 marker_colour(float alpha = 1.0f);
+
+// A labelled place on an axis, e.g. where a ResNet stage begins: a dashed line across the plot (when `line`) and
+// `label` beside it, both in `colour`. Labels of one `label_row` never overlap (place_markers); plots whose runs have
+// different stage layouts give each run its own row.
+struct AxisMarker {
+  double value = 0.0;
+  std::string label;
+  bool line = true;
+  ImU32 colour = marker_colour();
+  int label_row = 0;
+};
+
 struct PlotSpec {
   std::string title, x_label, y_label;
   AxisScale x_scale = AxisScale::linear;
@@ -46,6 +59,7 @@ struct PlotSpec {
   std::vector<PlotSeries> series;
   std::optional<AxisRange> x_range, y_range;  // fixed ranges (e.g. shared axes); else fitted to the data
   std::optional<double> x_marker;             // a vertical line, e.g. the current record's step
+  std::vector<AxisMarker> x_markers;          // dashed vertical lines, labelled at the bottom (stage starts)
   bool legend = true;
 };
 
@@ -76,6 +90,9 @@ struct HeatmapSpec {
   std::vector<double> values;           // [rows, columns] row-major
   std::vector<std::string> row_labels;  // one per row (probe names)
   std::vector<double> column_values;    // one per column (record steps), for labels
+  // When non-empty: the y axis' labels instead of row numbers (value = a row coordinate: row r spans [r, r + 1]).
+  std::vector<Tick> row_ticks;
+  std::vector<AxisMarker> row_markers;  // dashed horizontal lines at row boundaries, labelled at the left (stages)
   AxisScale colour_scale = AxisScale::linear;
   std::optional<AxisRange> value_range;  // a fixed colour range (e.g. shared by small multiples); else the data's
   // When set: a texture holding heatmap_rgba(spec) (nearest filtering), drawn as one image instead of one

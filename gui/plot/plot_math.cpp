@@ -240,6 +240,44 @@ std::array<unsigned char, 3> series_rgb(std::size_t index) {
   return colour;
 }
 
+std::size_t tick_stride(std::size_t count, int target) {
+  const std::size_t most = static_cast<std::size_t>(std::max(1, target));
+  for (std::size_t decade = 1;; decade *= 10) {
+    for (const std::size_t multiple : {1, 2, 5}) {
+      const std::size_t stride = multiple * decade;
+      if ((count + stride - 1) / stride <= most) return stride;
+    }
+  }
+}
+
+std::array<unsigned char, 3> marker_rgb() { return {200, 200, 200}; }
+
+std::vector<MarkerPlacement> place_markers(const std::vector<double>& values, const std::vector<int>& label_rows,
+                                           const std::vector<double>& label_sizes, AxisRange range, AxisScale scale,
+                                           double length, double gap) {
+  const AxisTransform axis(make_valid_range(range, scale), scale, 0.0, length);
+  std::vector<MarkerPlacement> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!plottable(values[i], scale)) continue;
+    const double at = axis.to_pixel(values[i]);
+    out[i].line_at = at;
+    out[i].line = at >= 0.0 && at <= length;
+    // The next marker of this label row bounds the label (its stage ends there).
+    const int row = i < label_rows.size() ? label_rows[i] : 0;
+    double next = std::numeric_limits<double>::infinity();
+    for (std::size_t j = 0; j < values.size(); ++j) {
+      const int other_row = j < label_rows.size() ? label_rows[j] : 0;
+      if (j == i || other_row != row || !plottable(values[j], scale) || values[j] <= values[i]) continue;
+      next = std::min(next, axis.to_pixel(values[j]));
+    }
+    out[i].label_at = std::max(at, 0.0) + gap;
+    const double size = i < label_sizes.size() ? label_sizes[i] : 0.0;
+    const double end = out[i].label_at + size;
+    out[i].label = at <= length && next > 0.0 && end <= std::min(next - gap, length);
+  }
+  return out;
+}
+
 std::array<float, 3> viridis(double t) {
   if (std::isnan(t)) return {0.5f, 0.5f, 0.5f};
   const double position = std::clamp(t, 0.0, 1.0) * 10.0;

@@ -39,6 +39,9 @@ std::vector<Tick> linear_ticks(AxisRange range, int target);
 // 2..9 × 10^k when the range spans few decades; for a range inside one decade, linear ticks instead.
 std::vector<Tick> log_ticks(AxisRange range, int target);
 std::vector<Tick> axis_ticks(AxisRange range, AxisScale scale, int target);
+// The stride (1, 2, 5, 10, 20, 50, ...) that keeps at most `target` (>= 1) of `count` evenly spaced labels: e.g.
+// every 5th block's label on a heatmap of 54 blocks with room for 12.
+std::size_t tick_stride(std::size_t count, int target);
 // A short label for a value on an axis whose ticks are `step` apart (linear) or any value (step 0).
 std::string format_tick(double value, double step);
 // A compact number for read-outs (hover, legends): 4 significant digits, scientific when large or small.
@@ -87,6 +90,25 @@ long nearest_point(const std::vector<PixelPoint>& points, double px, double py, 
 // The colour of the i-th series (runs in selection order): Tableau's 10 categorical colours, then again
 // darkened by a fifth, then lightened, and so on. RGB bytes.
 std::array<unsigned char, 3> series_rgb(std::size_t index);
+
+// The colour of axis markers (a ResNet's stage transitions and their labels): a light grey that no series colour and
+// no viridis value comes near. RGB bytes.
+std::array<unsigned char, 3> marker_rgb();
+
+// Where markers (e.g. the starts of stages) and their labels go along an axis of `length` pixels showing `range`.
+// A marker's line is drawn when its value lies inside the range. Its label (of `label_sizes[i]` pixels along the
+// axis) starts `gap` pixels after the marker, or after the axis start when the marker lies before it but the next
+// marker of the same label row does not (its stage continues into view); it is shown when it ends `gap` pixels
+// before that next marker and inside the axis. Positions are pixels from the axis start (the range's min).
+struct MarkerPlacement {
+  bool line = false;
+  double line_at = 0.0;
+  bool label = false;
+  double label_at = 0.0;
+};
+std::vector<MarkerPlacement> place_markers(const std::vector<double>& values, const std::vector<int>& label_rows,
+                                           const std::vector<double>& label_sizes, AxisRange range, AxisScale scale,
+                                           double length, double gap);
 
 // Perceptual colour maps: t in [0, 1] (clamped; NaN gives grey) -> RGB in [0, 1].
 std::array<float, 3> viridis(double t);

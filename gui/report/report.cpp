@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "gui/data/block_axis.h"
 #include "gui/data/run_groups.h"
 #include "gui/data/run_library.h"
 #include "sweep/index.h"
@@ -387,7 +388,18 @@ std::string report_markdown(const ReportPlan& plan, const ReportFigures& figures
       continue;
     }
     md << "Depth profiles of `var`, forward (top) and backward (bottom), at initialisation (left) and at the end "
-          "(right); one colour per run, the theory's prediction at initialisation dashed.\n\n";
+          "(right); one colour per run, the theory's prediction at initialisation dashed.";
+    // As the figures: by block when every readable run of the group has a stage layout (ResNets).
+    bool staged = false, unstaged = false;
+    for (const auto r : group.members) {
+      if (!plan.runs[r].snapshot) continue;
+      (has_block_axis(*plan.runs[r].snapshot) ? staged : unstaged) = true;
+    }
+    if (staged && !unstaged) {
+      md << " The x axis is the block (ResNet stages: vertical dashed lines at the transitions, labelled by stage; "
+            "the heatmaps mark them likewise).";
+    }
+    md << "\n\n";
     md << "![depth profiles: " << group.label << "](" << figures.depth[g] << ")\n\n";
     md << "Training loss (evaluation loss dashed).\n\n";
     md << "![loss: " << group.label << "](" << figures.loss[g] << ")\n\n";

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "gui/app/app_state.h"
 #include "gui/app/headless.h"
+#include "gui/data/block_axis.h"
 #include "gui/report/report.h"
 
 namespace proplab::gui {
@@ -48,9 +49,11 @@ std::string step_text(const RunList& runs, bool last) {
 // y range so that the change during training shows.
 void draw_depth_figure(AppState& state, const RunList& runs, const std::string& label) {
   state.probe_kind = depth_probe_kind(runs);
+  const bool by_block = std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
   begin_figure("Depth profiles of var: " + label,
                (state.probe_kind.empty() ? std::string("every probe") : "residual-stream probes") +
-                   "; one colour per run, dashed: theory at initialisation");
+                   "; one colour per run, dashed: theory at initialisation" +
+                   (by_block ? "; x: block, vertical dashed lines: stage transitions" : ""));
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const ImVec2 panel((avail.x - panel_gap) / 2, (avail.y - panel_gap) / 2);
   for (const Direction direction : {Direction::forward, Direction::backward}) {
@@ -89,7 +92,10 @@ void draw_loss_figure(AppState& state, const RunList& runs, const std::string& l
 // Forward and backward var of one run side by side.
 void draw_heatmap_figure(AppState& state, const RunSnapshot& run) {
   state.probe_kind.clear();
-  begin_figure("Heatmaps of var: " + run.name, "every probe (y, by depth) x records (x, by step); log colour scale");
+  begin_figure("Heatmaps of var: " + run.name,
+               has_block_axis(run) ? "every probe (y, by block; dashed: stage transitions) x records (x, by step); log "
+                                     "colour scale"
+                                   : "every probe (y, by depth) x records (x, by step); log colour scale");
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const ImVec2 panel((avail.x - panel_gap) / 2, avail.y);
   for (const Direction direction : {Direction::forward, Direction::backward}) {

@@ -6,6 +6,7 @@
 //   /train/      step (int64), loss, lr, grad_norm, tokens_per_s, wall_time (float64): one entry per step
 //   /eval/       step (int64), loss (float64): one entry per evaluation
 //   /probes /params /forward /backward /theory: groups the recording module fills with series
+//   /blocks      the stage layout of ResNets (stage, transition per block), written by the recording module
 //
 // Invariants:
 // - All strings (attributes and string datasets) are fixed-length, NUL-padded UTF-8. status, status_detail

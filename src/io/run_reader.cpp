@@ -298,4 +298,32 @@ EvalCurves RunReader::read_eval() const {
   return curves;
 }
 
+std::vector<RunBlock> RunReader::read_block_layout() const {
+  H5Quiet quiet;
+  const std::string& file_name = impl_->file_name;
+  if (!io_detail::h5_path_exists(impl_->file.get(), "/blocks", file_name)) return {};
+  for (const char* path : {"/blocks/stage", "/blocks/transition"}) {
+    if (!io_detail::h5_path_exists(impl_->file.get(), path, file_name))
+      throw UserError(detail::concat("run file '", file_name, "' has /blocks but no '", path,
+                                     "'; a stage layout needs both /blocks/stage and /blocks/transition"));
+  }
+  const std::vector<std::int64_t> stages = impl_->read_ints("/blocks/stage");
+  const std::vector<std::int64_t> transitions = impl_->read_ints("/blocks/transition");
+  if (stages.size() != transitions.size())
+    throw UserError(detail::concat("run file '", file_name, "': /blocks/stage has ", stages.size(),
+                                   " entries but /blocks/transition has ", transitions.size(),
+                                   "; both need one entry per block"));
+  std::vector<RunBlock> blocks(stages.size());
+  for (std::size_t b = 0; b < stages.size(); ++b) {
+    if (stages[b] < 0 || (b > 0 && stages[b] < stages[b - 1]))
+      throw UserError(detail::concat("run file '", file_name, "': /blocks/stage[", b, "] = ", stages[b],
+                                     "; allowed: stages >= 0 that never decrease along the blocks"));
+    if (transitions[b] != 0 && transitions[b] != 1)
+      throw UserError(detail::concat("run file '", file_name, "': /blocks/transition[", b, "] = ", transitions[b],
+                                     "; allowed: 0 or 1"));
+    blocks[b] = RunBlock{stages[b], transitions[b] == 1};
+  }
+  return blocks;
+}
+
 }  // namespace proplab

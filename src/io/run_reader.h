@@ -42,6 +42,13 @@ struct EvalCurves {
   std::size_t size() const { return step.size(); }
 };
 
+// One block of a model whose blocks form stages (/blocks, docs/run-format.md): its stage (0-based) and whether it is
+// a transition (the block that opens a stage ≥ 1 by changing the resolution).
+struct RunBlock {
+  std::int64_t stage = 0;
+  bool transition = false;
+};
+
 class RunReader {
  public:
   // UserError when the file is missing, not HDF5, not a proplab run file or of an unsupported version.
@@ -81,6 +88,10 @@ class RunReader {
 
   TrainCurves read_train() const;
   EvalCurves read_eval() const;
+  // The stage layout, one entry per block (index = /probes/block); empty when the file has no /blocks (models
+  // without stages, files written before it existed). UserError when /blocks/stage or /blocks/transition is
+  // missing, their lengths differ, a stage is negative or smaller than the one before, or a transition is not 0/1.
+  std::vector<RunBlock> read_block_layout() const;
 
  private:
   struct Impl;

@@ -53,6 +53,8 @@ class Model {
   virtual ParameterStore& params() = 0;
   // The model's probes in forward order (ProbeInfo::depth = index).
   virtual const std::vector<ProbeInfo>& probes() const = 0;
+  // The stage of every block (index = ProbeInfo::block) when the blocks form stages; empty otherwise (default).
+  virtual std::vector<BlockInfo> block_layout() const { return {}; }
   // Forward + mean loss + backward; parameter gradients += grad_scale * d(mean loss)/d(param).
   virtual double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) = 0;
   // Forward + mean loss, no dropout, no gradients, no probes.

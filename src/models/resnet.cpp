@@ -170,6 +170,12 @@ void Resnet::build(const ScalingRule& rule, std::uint64_t seed) {
   for (const Block& k : blocks_) k.residual.init_values();
 }
 
+std::vector<BlockInfo> Resnet::block_layout() const {
+  std::vector<BlockInfo> out;
+  for (int b = 0; b < layout_.blocks(); ++b) out.push_back(BlockInfo{layout_.stage(b), layout_.transition(b)});
+  return out;
+}
+
 int Resnet::add_probe(const std::string& name, int block, ProbeKind kind) {
   const int depth = static_cast<int>(probes_.size());
   probes_.push_back(ProbeInfo{name, depth, block, kind, true});

@@ -37,6 +37,7 @@ class Resnet final : public Model {
 
   ParameterStore& params() override { return params_; }
   const std::vector<ProbeInfo>& probes() const override { return probes_; }
+  std::vector<BlockInfo> block_layout() const override;
   double forward_backward(const Batch& batch, float grad_scale, const StepContext& context) override;
   double evaluate(const Batch& batch) override;
   double train_flops(std::int64_t samples) const override;

@@ -32,6 +32,14 @@ struct ProbeInfo {
   bool split_features = false;
 };
 
+// One block (the unit ProbeInfo::block counts) of a model whose blocks form stages (ResNets): its stage (0-based)
+// and whether it is a transition, the block that opens a stage ≥ 1 by changing the resolution (stride 2, projection
+// shortcut). Models without stages list no blocks.
+struct BlockInfo {
+  int stage = 0;
+  bool transition = false;
+};
+
 class ProbeSink {
  public:
   virtual ~ProbeSink() = default;

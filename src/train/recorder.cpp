@@ -98,6 +98,20 @@ void Recorder::create_datasets(RunWriter& writer) {
                                                     static_cast<std::int64_t>(params_.all().size())));
 }
 
+void Recorder::write_block_layout(RunWriter& writer, const std::vector<BlockInfo>& blocks) const {
+  if (blocks.empty()) return;
+  for (const ProbeInfo& p : probes_)
+    PROPLAB_CHECK(p.block < static_cast<int>(blocks.size()), "probe ", p.name, " is in block ", p.block,
+                  " but the block layout has ", blocks.size(), " blocks");
+  std::vector<std::int64_t> stages, transitions;
+  for (const BlockInfo& block : blocks) {
+    stages.push_back(block.stage);
+    transitions.push_back(block.transition ? 1 : 0);
+  }
+  writer.write_ints("/blocks/stage", stages);
+  writer.write_ints("/blocks/transition", transitions);
+}
+
 void Recorder::copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step) {
   if (!previous.exists("/steps")) return;
   const std::vector<std::int64_t> steps = previous.read_ints("/steps");

@@ -9,6 +9,7 @@
 // steps, the last step, and with log_spaced also 1, 2, 3, 5, 8, 13, ... (Fibonacci).
 //
 // Run-file layout it creates (docs/run-format.md): /steps [n_records]; /probes/{name,depth,block,kind} [P];
+// /blocks/{stage,transition} [n_blocks] (models whose blocks form stages);
 // /forward/<stat>, /backward/<stat> [n_records, P]; /params/name [n_params]; /params/<stat> [n_records, n_params].
 #pragma once
 
@@ -43,6 +44,9 @@ class Recorder final : public ProbeSink {
   bool records(std::int64_t step) const { return is_recorded_step(config_, step, total_steps_); }
   // Creates the datasets (call between RunWriter::create and start).
   void create_datasets(RunWriter& writer);
+  // Writes the model's stage layout (Model::block_layout), /blocks/stage and /blocks/transition [n_blocks], when
+  // there is one (call with create_datasets); nothing when `blocks` is empty. It must cover every probe's block.
+  void write_block_layout(RunWriter& writer, const std::vector<BlockInfo>& blocks) const;
   // Appends the records of a previous run file with step < before_step (resume).
   void copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step);
 

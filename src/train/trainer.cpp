@@ -245,6 +245,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
       recorder.create_datasets(*created);
       data_parallel.create_datasets(*created);
+      recorder.write_block_layout(*created, model->block_layout());
       write_theory(*created, prediction);
       created->start();
     }

@@ -13,6 +13,8 @@
 #include "cli/cli_test_support.h"
 #include "gui/data/synthetic_run.h"
 #include "gui/plot/plot_math.h"
+#include "gui_resnet_study.h"
+#include "support/png_lines.h"
 
 namespace proplab::gui {
 namespace {
@@ -221,6 +223,70 @@ TEST_F(GuiScreenshotTest, ShippedExampleRunsRender) {
       for (std::size_t run = 0; run < 3; ++run) EXPECT_GT(count_colour(image, colour_of(run)), 100u) << run;
     }
   }
+}
+
+// A real ResNet run (`proplab run`, 6 blocks, transitions at blocks 2 and 4) is drawn by block: the depth profile has
+// one dashed vertical line in the marker colour at each transition and the labels "stage 1/2/3" at the bottom of
+// each stage; the heatmap a dashed horizontal line at the row where each of stages 2 and 3 begins. A transformer run
+// has no markers.
+TEST_F(GuiScreenshotTest, ResnetStagesAreMarkedByBlock) {
+  const char* proplab = std::getenv("PROPLAB_BINARY");
+  ASSERT_NE(proplab, nullptr) << "PROPLAB_BINARY is not set: run through ctest";
+  std::ofstream(work_ / "resnet.toml") << gui_test::kTinyResnetStudy;
+  const auto trained = run_program(proplab, {"run", "resnet.toml", "--out", "resnet"});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const test_png::Rgb marker = marker_rgb();
+
+  // Depth profile of the residual stream: blocks.0.in at x = 0 ... blocks.5.out at x = 6, fitted with 2% padding.
+  const auto depth = screenshot("resnet_depth.png", {"--kind", "residual", (work_ / "resnet").string()});
+  ASSERT_EQ(depth.exit_code, 0) << describe(depth);
+  const auto image = test_png::load_rgb(work_ / "resnet_depth.png");
+  ASSERT_EQ(image.width, 640);
+  const auto frame = test_png::find_frame(image, 0, image.width, 0, image.height);
+  ASSERT_TRUE(frame.found);
+  const std::vector<double> ends = {0.0, 6.0};
+  const AxisRange range = fit_range({{ends.data(), ends.size()}}, AxisScale::linear, 0.02);
+  const auto x_of = [&](double block) {
+    return frame.left + (block - range.min) / (range.max - range.min) * (frame.right - frame.left);
+  };
+  const int area_height = static_cast<int>(frame.bottom - frame.top);
+  const auto lines =
+      test_png::column_lines(image, marker, static_cast<int>(frame.left) + 2, static_cast<int>(frame.right) - 1,
+                             static_cast<int>(frame.top), static_cast<int>(frame.bottom), area_height * 35 / 100);
+  ASSERT_EQ(lines.size(), 2u) << "one dashed line per transition";
+  EXPECT_NEAR(lines[0], x_of(2.0), 2.5);
+  EXPECT_NEAR(lines[1], x_of(4.0), 2.5);
+  // Each stage's label (text in the marker colour) in the bottom line of the plot, between its start and the next.
+  const int label_bottom = static_cast<int>(frame.bottom), label_top = label_bottom - 20;
+  const double starts[] = {x_of(0.0), x_of(2.0), x_of(4.0), frame.right};
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_GT(test_png::count_in(image, marker, static_cast<int>(starts[s]) + 3, static_cast<int>(starts[s + 1]) - 1,
+                                 label_top, label_bottom),
+              10)
+        << "no label for stage " << s + 1;
+  }
+
+  // Heatmap of every probe: 20 rows (stem, 6 × 3, logits); stage 2 begins at row 7 and stage 3 at row 13.
+  const auto heatmap = screenshot("resnet_heatmap.png", {"--view", "heatmap", (work_ / "resnet").string()});
+  ASSERT_EQ(heatmap.exit_code, 0) << describe(heatmap);
+  const auto cells = test_png::load_rgb(work_ / "resnet_heatmap.png");
+  ASSERT_EQ(cells.width, 640);
+  const auto area = test_png::find_filled_area(cells, cells.width * 3 / 10, cells.height / 2);
+  ASSERT_TRUE(area.found);
+  const auto marker_rows = test_png::row_lines(
+      cells, marker, static_cast<int>(area.left) + 2, static_cast<int>(area.right) - 1, static_cast<int>(area.top) + 2,
+      static_cast<int>(area.bottom) - 1, static_cast<int>((area.right - area.left) * 0.35));
+  const auto y_of = [&](double row) { return area.bottom - row / 20.0 * (area.bottom - area.top); };
+  ASSERT_EQ(marker_rows.size(), 2u) << "one dashed line per transition";
+  EXPECT_NEAR(marker_rows[0], y_of(13.0), 2.5);
+  EXPECT_NEAR(marker_rows[1], y_of(7.0), 2.5);
+
+  // A transformer run has no stages: no marker lines.
+  write_two_runs();
+  const auto plain = screenshot("plain.png", {(work_ / "runs" / "a.h5").string()});
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  const auto lm = test_png::load_rgb(work_ / "plain.png");
+  EXPECT_TRUE(test_png::column_lines(lm, marker, 0, lm.width, 0, lm.height, lm.height / 5).empty());
 }
 
 // Where xvfb-run is on PATH, or empty.

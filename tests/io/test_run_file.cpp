@@ -303,6 +303,47 @@ void write_foreign_file(const std::filesystem::path& path, const char* format, s
   ASSERT_GE(H5Fclose(file), 0);
 }
 
+// The stage layout (/blocks) reads back as written, is empty for a file without it, and a malformed one is a
+// UserError naming the dataset and what is allowed.
+TEST(RunReader, ReadsTheBlockLayoutAndRejectsAMalformedOne) {
+  ScratchDirectory dir;
+  auto write = [&](const std::string& name, const std::vector<std::int64_t>* stages,
+                   const std::vector<std::int64_t>* transitions) {
+    RunWriter writer = RunWriter::create(dir / name, test_header(), false);
+    if (stages) writer.write_ints("/blocks/stage", *stages);
+    if (transitions) writer.write_ints("/blocks/transition", *transitions);
+    writer.start();
+    writer.finish(RunStatus::completed, "");
+    return dir / name;
+  };
+  const std::vector<std::int64_t> stages = {0, 0, 1, 1, 2, 2}, transitions = {0, 0, 1, 0, 1, 0};
+  const std::vector<RunBlock> blocks = RunReader::open(write("resnet.h5", &stages, &transitions)).read_block_layout();
+  ASSERT_EQ(blocks.size(), 6u);
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    EXPECT_EQ(blocks[b].stage, stages[b]) << b;
+    EXPECT_EQ(blocks[b].transition, transitions[b] == 1) << b;
+  }
+  EXPECT_TRUE(RunReader::open(write("plain.h5", nullptr, nullptr)).read_block_layout().empty());
+
+  auto message_for = [&](const std::string& name, const std::vector<std::int64_t>* s,
+                         const std::vector<std::int64_t>* t) {
+    const RunReader reader = RunReader::open(write(name, s, t));
+    return user_error_message([&] { reader.read_block_layout(); });
+  };
+  std::string message = message_for("no_transition.h5", &stages, nullptr);
+  EXPECT_NE(message.find("'/blocks/transition'"), std::string::npos) << message;
+  const std::vector<std::int64_t> short_transitions = {0, 0, 1};
+  message = message_for("lengths.h5", &stages, &short_transitions);
+  EXPECT_NE(message.find("/blocks/stage has 6 entries but /blocks/transition has 3"), std::string::npos) << message;
+  const std::vector<std::int64_t> decreasing = {0, 1, 0, 1, 2, 2};
+  message = message_for("decreasing.h5", &decreasing, &transitions);
+  EXPECT_NE(message.find("/blocks/stage[2] = 0; allowed: stages >= 0 that never decrease"), std::string::npos)
+      << message;
+  const std::vector<std::int64_t> two = {0, 0, 2, 0, 1, 0};
+  message = message_for("two.h5", &stages, &two);
+  EXPECT_NE(message.find("/blocks/transition[2] = 2; allowed: 0 or 1"), std::string::npos) << message;
+}
+
 TEST(RunReader, RefusesFilesThatAreNotProplabRuns) {
   ScratchDirectory dir;
   EXPECT_NE(user_error_message([&] { RunReader::open(dir / "missing.h5"); }).find("does not exist"), std::string::npos);

@@ -13,6 +13,8 @@
 
 #include "cli/cli_test_support.h"
 #include "gui/data/synthetic_run.h"
+#include "gui/gui_resnet_study.h"
+#include "support/png_lines.h"
 #include "gui/plot/plot_math.h"
 #include "io/run_reader.h"
 #include "sweep/index.h"
@@ -311,6 +313,66 @@ TEST_F(ReportTest, IndexRowWithoutRunFileIsListedAsFailed) {
   EXPECT_NE(markdown.find("token id 99 >= vocab 50"), std::string::npos) << markdown;
   expect_row(table.at("rule=standard"), expected_from_file(dir / "rule=standard.h5", "blocks.0.mid", "blocks.3.out"),
              "rule=standard");
+}
+
+// A ResNet run's figures are drawn by block: in each depth panel one dashed vertical line in the marker colour per
+// transition (blocks 2 and 4 of the tiny ResNet, residual stream from x = 0 to 6), in each heatmap one dashed
+// horizontal line per transition (rows 7 and 13 of 20).
+TEST_F(ReportTest, ResnetFiguresMarkTheStageTransitions) {
+  write_file("resnet.toml", gui_test::kTinyResnetStudy);
+  const CliResult trained = run({"run", "resnet.toml", "--out", "runs"});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const CliResult result = run({"report", "runs", "--out", "out"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  fs::path depth, heatmap;
+  for (const auto& entry : fs::directory_iterator(work_ / "out" / "figures")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("depth_", 0) == 0) depth = entry.path();
+    if (name.rfind("heatmap_", 0) == 0) heatmap = entry.path();
+  }
+  ASSERT_FALSE(depth.empty() || heatmap.empty()) << "figures: " << testing::PrintToString(list_tree(work_ / "out"));
+  EXPECT_NE(read_text(work_ / "out" / "report.md").find("vertical dashed lines at the transitions"), std::string::npos);
+  const test_png::Rgb marker = gui::marker_rgb();
+
+  const auto figure = test_png::load_rgb(depth);
+  ASSERT_EQ(figure.width, kWidth);
+  const std::vector<double> ends = {0.0, 6.0};
+  const gui::AxisRange range = gui::fit_range({{ends.data(), ends.size()}}, gui::AxisScale::linear, 0.02);
+  // 2 × 2 panels: initialisation left, end right; forward top, backward bottom.
+  for (int column = 0; column < 2; ++column) {
+    for (int row = 0; row < 2; ++row) {
+      SCOPED_TRACE("depth panel " + std::to_string(column) + "," + std::to_string(row));
+      const int x0 = column * kWidth / 2 + 2, x1 = (column + 1) * kWidth / 2 - 2;
+      const int y0 = 40 + row * (kHeight - 40) / 2, y1 = 40 + (row + 1) * (kHeight - 40) / 2;
+      const auto frame = test_png::find_frame(figure, x0, x1, y0, y1);
+      ASSERT_TRUE(frame.found);
+      const auto lines =
+          test_png::column_lines(figure, marker, static_cast<int>(frame.left) + 2, static_cast<int>(frame.right) - 1,
+                                 static_cast<int>(frame.top), static_cast<int>(frame.bottom),
+                                 static_cast<int>((frame.bottom - frame.top) * 0.35));
+      ASSERT_EQ(lines.size(), 2u);
+      for (int t = 0; t < 2; ++t) {
+        const double block = 2.0 * (t + 1);
+        EXPECT_NEAR(lines[t], frame.left + (block - range.min) / (range.max - range.min) * (frame.right - frame.left),
+                    2.5);
+      }
+    }
+  }
+
+  const auto cells = test_png::load_rgb(heatmap);
+  ASSERT_EQ(cells.width, kWidth);
+  for (int column = 0; column < 2; ++column) {
+    SCOPED_TRACE("heatmap panel " + std::to_string(column));
+    const auto area = test_png::find_filled_area(cells, column * kWidth / 2 + 180, kHeight / 2);
+    ASSERT_TRUE(area.found);
+    const auto rows =
+        test_png::row_lines(cells, marker, static_cast<int>(area.left) + 2, static_cast<int>(area.right) - 1,
+                            static_cast<int>(area.top) + 2, static_cast<int>(area.bottom) - 1,
+                            static_cast<int>((area.right - area.left) * 0.35));
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_NEAR(rows[0], area.bottom - 13.0 / 20.0 * (area.bottom - area.top), 2.5);
+    EXPECT_NEAR(rows[1], area.bottom - 7.0 / 20.0 * (area.bottom - area.top), 2.5);
+  }
 }
 
 TEST_F(ReportTest, FolderWithoutRunsIsBadInputAndWritesNothing) {
