@@ -50,11 +50,12 @@ STUDY = textwrap.dedent("""\
 
 
 def layout(path):
-    """Every dataset's name and shape, and the probe and parameter names."""
+    """Every dataset's name and shape, and the probe and parameter names. /replicas (the data-parallel replicas'
+    disagreement) exists only with dp > 1."""
     shapes = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, node: shapes.__setitem__(name, node.shape)
-                     if isinstance(node, h5py.Dataset) and not name.startswith("train/") else None)
+                     if isinstance(node, h5py.Dataset) and not name.startswith(("train/", "replicas/")) else None)
         names = (list(f["probes/name"][()]), list(f["params/name"][()]))
     return shapes, names
 
