@@ -110,19 +110,35 @@ void im2col(const float* x, const ConvGeometry& g, std::int64_t group, std::int6
       float* out = cols + row * row_length + s * g.pixels;
       const TapRange rows = tap_range(i, g.h, g.h_out, g.stride, g.padding);
       const TapRange columns = tap_range(j, g.w, g.w_out, g.stride, g.padding);
+      if (rows.hi <= rows.lo || columns.hi <= columns.lo) {
+        std::fill(out, out + g.pixels, 0.0f);
+        continue;
+      }
+      const std::int64_t shift = j - g.padding;
+      if (g.stride == 1 && g.w_out == g.w) {
+        // Same-size output: the tap's plane is the input plane shifted by (i − padding) rows and (j − padding)
+        // columns, so one contiguous copy covers every valid row; the few elements it wraps across row ends
+        // (and the rows that read padding) are then zeroed.
+        const std::int64_t begin = rows.lo * g.w + columns.lo, end = (rows.hi - 1) * g.w + columns.hi;
+        const float* from = plane + begin + (i - g.padding) * g.w + shift;
+        std::fill(out, out + begin, 0.0f);
+        std::memcpy(out + begin, from, sizeof(float) * static_cast<std::size_t>(end - begin));
+        std::fill(out + end, out + g.pixels, 0.0f);
+        for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+          float* out_row = out + oh * g.w;
+          for (std::int64_t ow = 0; ow < columns.lo; ++ow) out_row[ow] = 0.0f;
+          for (std::int64_t ow = columns.hi; ow < g.w; ++ow) out_row[ow] = 0.0f;
+        }
+        continue;
+      }
       std::fill(out, out + rows.lo * g.w_out, 0.0f);
       for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh) {
         // The input element tap (i, j) of output column ow reads: in_row[ow·stride + shift], valid in [lo, hi).
         const float* in_row = plane + (oh * g.stride - g.padding + i) * g.w;
-        const std::int64_t shift = j - g.padding;
         float* out_row = out + oh * g.w_out;
-        std::fill(out_row, out_row + columns.lo, 0.0f);
-        if (g.stride == 1) {
-          std::copy(in_row + columns.lo + shift, in_row + columns.hi + shift, out_row + columns.lo);
-        } else {
-          for (std::int64_t ow = columns.lo; ow < columns.hi; ++ow) out_row[ow] = in_row[ow * g.stride + shift];
-        }
-        std::fill(out_row + columns.hi, out_row + g.w_out, 0.0f);
+        for (std::int64_t ow = 0; ow < columns.lo; ++ow) out_row[ow] = 0.0f;
+        for (std::int64_t ow = columns.lo; ow < columns.hi; ++ow) out_row[ow] = in_row[ow * g.stride + shift];
+        for (std::int64_t ow = columns.hi; ow < g.w_out; ++ow) out_row[ow] = 0.0f;
       }
       std::fill(out + rows.hi * g.w_out, out + g.pixels, 0.0f);
     }
