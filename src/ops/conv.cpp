@@ -11,7 +11,8 @@
 // and no fork-join inside every small sgemm (OpenBLAS's threads wait on each other by spinning and yielding,
 // which cost almost as much CPU time as the products at these shapes). With the pthreads build (which would
 // start its own threads in every caller) chunks run one after another, each sgemm on OpenBLAS's threads, and
-// im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers.
+// im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers. Chunks are handed out
+// dynamically: on shared cores a thread that loses its core no longer holds up the others at the barrier.
 #include <cblas.h>
 
 #include <algorithm>
@@ -195,7 +196,7 @@ void forward_columns(const float* x_data, const ConvGeometry& g, const float* we
     thread_local std::vector<float> cols_buffer, out_buffer;
     float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
     float* out = scratch(out_buffer, g.c_out_group * g.chunk * g.pixels);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
       const std::int64_t n0 = chunk * g.chunk;
       const std::int64_t count = std::min(g.chunk, g.n - n0);
@@ -302,7 +303,7 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
     thread_local std::vector<float> cols_buffer, d_out_buffer;
     float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
     float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
       const std::int64_t n0 = chunk * g.chunk;
       const std::int64_t count = std::min(g.chunk, g.n - n0);
