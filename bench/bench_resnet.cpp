@@ -44,9 +44,12 @@ namespace {
 
 using namespace proplab;
 
+// The median (the mean of the two middle values for an even count).
 double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
