@@ -19,7 +19,19 @@ Threads: torch's intra-op pool (OpenMP) and OpenBLAS's own pthread pool both def
 imported, so each thread setup runs in a fresh subprocess of this script (`--setup intra,blas`, which prints
 one JSON line). The parent tries every setup and keeps the fastest.
 
-Run it with Debian's interpreter, which has python3-torch: /usr/bin/python3 bench/torch_reference.py [--json].
+With --model resnet20 the yardstick is instead bench/bench_resnet's model, the default ResnetConfig of
+src/models/config.h on Fashion-MNIST-shaped input: a CIFAR-style ResNet-20 (stem conv3x3 1->16, three stages of
+three post-activation basic blocks at widths 16/32/64 on 28x28, 14x14, 7x7 images, each block
+relu(shortcut + bn(conv3x3(relu(bn(conv3x3(x)))))), stride 2 in the first conv of stages 2 and 3 with a
+projection shortcut bn(conv1x1 stride 2)), convs without bias, BatchNorm (eps 1e-5, momentum 0.1) in training
+mode, global average pooling and a linear classifier with bias; He init (convs N(0, 2/fan_in), classifier
+N(0, 1/fan_in), bias 0, BatchNorm gain 1 and shift 0). Training: SGD with Nesterov momentum 0.9, lr 0.1, weight
+decay 5e-4 (as bench/bench_resnet_fmnist.cpp), no clipping, softmax cross-entropy, batch 128 of fixed N(0, 1)
+images with fixed random labels reused every step. A timed step is zero_grad + forward + loss + backward + SGD
+step; the throughput is images/s.
+
+Run it with Debian's interpreter, which has python3-torch: /usr/bin/python3 bench/torch_reference.py [--json]
+[--model resnet20].
 """
 
 import argparse
@@ -157,10 +169,102 @@ def build_model(torch):
     return Gpt()
 
 
-def attach_stat_hooks(torch, model, sink):
-    """Forward + backward hooks on every Linear/LayerNorm/Embedding: mean, var and max of the output and of the
-    gradient w.r.t. the output, read back as Python floats (what per-layer logging in PyTorch looks like)."""
+RESNET_DEPTH = 20
+RESNET_BASE_WIDTH = 16
+RESNET_IN_CHANNELS = 1
+RESNET_IMAGE_SIZE = 28
+RESNET_CLASSES = 10
+RESNET_BATCH = 128
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.1
+
+
+def resnet_stages():
+    """(in channels, out channels, stride, input size) of every basic block, stage by stage."""
+    blocks_per_stage = (RESNET_DEPTH - 2) // 6
+    blocks = []
+    channels, size = RESNET_BASE_WIDTH, RESNET_IMAGE_SIZE
+    for stage in range(3):
+        width = RESNET_BASE_WIDTH << stage
+        for b in range(blocks_per_stage):
+            stride = 2 if stage > 0 and b == 0 else 1
+            blocks.append((channels, width, stride, size))
+            size = (size + 2 - 3) // stride + 1
+            channels = width
+    return blocks
+
+
+def resnet_step_flops(batch=RESNET_BATCH):
+    """Conv and classifier FLOPs of one training step (multiply-add = 2), forward x 3, as Resnet::train_flops."""
+    def conv(c_in, c_out, kernel, out_size):
+        return 2 * c_in * kernel * kernel * c_out * out_size * out_size
+    forward = conv(RESNET_IN_CHANNELS, RESNET_BASE_WIDTH, 3, RESNET_IMAGE_SIZE)
+    for c_in, c_out, stride, size in resnet_stages():
+        out_size = (size + 2 - 3) // stride + 1
+        forward += conv(c_in, c_out, 3, out_size) + conv(c_out, c_out, 3, out_size)
+        if stride != 1 or c_in != c_out:
+            forward += conv(c_in, c_out, 1, out_size)
+    forward += 2 * (RESNET_BASE_WIDTH << 2) * RESNET_CLASSES
+    return 3 * forward * batch
+
+
+def resnet_parameter_count():
+    count = RESNET_IN_CHANNELS * RESNET_BASE_WIDTH * 9 + 2 * RESNET_BASE_WIDTH
+    for c_in, c_out, stride, _ in resnet_stages():
+        count += c_in * c_out * 9 + c_out * c_out * 9 + 4 * c_out
+        if stride != 1 or c_in != c_out:
+            count += c_in * c_out + 2 * c_out
+    final = RESNET_BASE_WIDTH << 2
+    return count + final * RESNET_CLASSES + RESNET_CLASSES
+
+
+def build_resnet(torch):
     nn = torch.nn
+
+    def batchnorm(channels):
+        return nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+    class BasicBlock(nn.Module):
+        def __init__(self, c_in, c_out, stride):
+            super().__init__()
+            self.conv0 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+            self.norm0 = batchnorm(c_out)
+            self.conv1 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+            self.norm1 = batchnorm(c_out)
+            self.shortcut = None
+            if stride != 1 or c_in != c_out:
+                self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), batchnorm(c_out))
+
+        def forward(self, x):
+            branch = self.norm1(self.conv1(torch.relu(self.norm0(self.conv0(x)))))
+            return torch.relu((x if self.shortcut is None else self.shortcut(x)) + branch)
+
+    class Resnet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(RESNET_IN_CHANNELS, RESNET_BASE_WIDTH, 3, padding=1, bias=False)
+            self.stem_norm = batchnorm(RESNET_BASE_WIDTH)
+            self.blocks = nn.Sequential(*[BasicBlock(c_in, c_out, stride) for c_in, c_out, stride, _ in resnet_stages()])
+            self.head = nn.Linear(RESNET_BASE_WIDTH << 2, RESNET_CLASSES)
+            for module in self.modules():
+                if isinstance(module, (nn.Conv2d, nn.Linear)):
+                    fan_in = module.weight[0].numel()
+                    gain = 2.0 if isinstance(module, nn.Conv2d) else 1.0
+                    nn.init.normal_(module.weight, mean=0.0, std=math.sqrt(gain / fan_in))
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+
+        def forward(self, images):
+            x = torch.relu(self.stem_norm(self.stem(images)))
+            x = self.blocks(x)
+            return self.head(x.mean(dim=(2, 3)))
+
+    return Resnet()
+
+
+def attach_stat_hooks(torch, model, sink, module_types):
+    """Forward + backward hooks on every module of the given types: mean, var and max of the output and of the
+    gradient w.r.t. the output, read back as Python floats (what per-layer logging in PyTorch looks like)."""
     handles = []
 
     def record(name, kind, tensor):
@@ -169,7 +273,7 @@ def attach_stat_hooks(torch, model, sink):
             sink.append((name, kind, t.mean().item(), t.var().item(), t.max().item()))
 
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, nn.LayerNorm, nn.Embedding)):
+        if isinstance(module, module_types):
             handles.append(module.register_forward_hook(
                 lambda mod, inputs, output, name=name: record(name, "out", output)))
             handles.append(module.register_full_backward_hook(
@@ -188,42 +292,81 @@ def train_step(torch, model, optimizer, inputs, targets):
     return loss.item()
 
 
-def time_training(torch, model, optimizer, tokens, steps, warmup, give_up_ms=None):
+def resnet_train_step(torch, model, optimizer, images, labels):
+    """One SGD step; returns the loss before the update."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+class Workload:
+    """One benchmarked model: the module, a closure running one training step (returns the loss), the module
+    types the stat hooks attach to, and what a step processes (samples_per_step of `unit`)."""
+
+    def __init__(self, torch, kind):
+        nn = torch.nn
+        self.kind = kind
+        if kind == "transformer":
+            self.model = build_model(torch)
+            optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                                          weight_decay=0.0)
+            tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN + 1), generator=torch.Generator().manual_seed(1))
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            self.step = lambda: train_step(torch, self.model, optimizer, inputs, targets)
+            self.hook_types = (nn.Linear, nn.LayerNorm, nn.Embedding)
+            self.unit, self.samples_per_step = "tokens", BATCH * SEQ_LEN
+            self.expected_params, self.flops = parameter_count(), step_flops()
+        else:
+            self.model = build_resnet(torch)
+            self.model.train()
+            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                                        weight_decay=5e-4)
+            generator = torch.Generator().manual_seed(1)
+            images = torch.randn(RESNET_BATCH, RESNET_IN_CHANNELS, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE,
+                                 generator=generator)
+            labels = torch.randint(0, RESNET_CLASSES, (RESNET_BATCH,), generator=generator)
+            self.step = lambda: resnet_train_step(torch, self.model, optimizer, images, labels)
+            self.hook_types = (nn.Conv2d, nn.BatchNorm2d, nn.Linear)
+            self.unit, self.samples_per_step = "images", RESNET_BATCH
+            self.expected_params, self.flops = resnet_parameter_count(), resnet_step_flops()
+
+
+def time_training(step, steps, warmup, give_up_ms=None):
     """Median ms/step over `steps` timed steps after `warmup`, and every step's loss. With give_up_ms, stops
     after 3 timed steps whose median is already slower than that (a hopeless setup need not run to the end)."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
     times = []
     losses = []
-    for step in range(warmup + steps):
+    for index in range(warmup + steps):
         start = time.perf_counter()
-        losses.append(train_step(torch, model, optimizer, inputs, targets))
-        if step >= warmup:
+        losses.append(step())
+        if index >= warmup:
             times.append(time.perf_counter() - start)
             if give_up_ms is not None and len(times) >= 3 and statistics.median(times) * 1e3 > give_up_ms:
                 break
     return statistics.median(times) * 1e3, losses
 
 
-def time_hook_overhead(torch, model, optimizer, tokens, steps, warmup):
+def time_hook_overhead(torch, workload, steps, warmup):
     """Median ms/step without and with the stat hooks, and the stat records per hooked step. Plain and hooked
     steps alternate (hooks attached before a hooked step and removed after it, both outside the timing), so
     both medians see the same process state and machine load; separate runs of one setup differed by up to
     ~30% on the 2-core dev machine, more than the overhead itself."""
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
     plain, hooked = [], []
     records = 0
-    for step in range(2 * (warmup + steps)):
-        with_hooks = step % 2 == 1
+    for index in range(2 * (warmup + steps)):
+        with_hooks = index % 2 == 1
         sink = []
-        handles = attach_stat_hooks(torch, model, sink) if with_hooks else []
+        handles = attach_stat_hooks(torch, workload.model, sink, workload.hook_types) if with_hooks else []
         start = time.perf_counter()
-        train_step(torch, model, optimizer, inputs, targets)
+        workload.step()
         elapsed = time.perf_counter() - start
         for handle in handles:
             handle.remove()
         if with_hooks:
             records = len(sink)
-        if step >= 2 * warmup:
+        if index >= 2 * warmup:
             (hooked if with_hooks else plain).append(elapsed)
     return statistics.median(plain) * 1e3, statistics.median(hooked) * 1e3, records
 
@@ -271,36 +414,36 @@ def openblas_threads():
         return None
 
 
-def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None):
+def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None, model_kind="transformer"):
     """Child process: OPENBLAS_NUM_THREADS was set by the parent before this interpreter imported torch."""
     import torch
     if intra is not None:
         torch.set_num_threads(intra)
     torch.set_num_interop_threads(1)
     torch.manual_seed(0)
-    model = build_model(torch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN + 1), generator=torch.Generator().manual_seed(1))
-    n_params = sum(p.numel() for p in model.parameters())
-    if n_params != parameter_count():
-        raise AssertionError(f"parameter count {n_params} != formula {parameter_count()}")
+    workload = Workload(torch, model_kind)
+    n_params = sum(p.numel() for p in workload.model.parameters())
+    if n_params != workload.expected_params:
+        raise AssertionError(f"parameter count {n_params} != formula {workload.expected_params}")
     with OtherLoad() as other_load:
-        ms, losses = time_training(torch, model, optimizer, tokens, steps, warmup, give_up_ms=give_up_ms)
+        ms, losses = time_training(workload.step, steps, warmup, give_up_ms=give_up_ms)
     result = {
+        "model": model_kind,
         "intra_threads": torch.get_num_threads(),
         "blas_threads": openblas_threads(),
         "ms_per_step": ms,
-        "tokens_per_s": BATCH * SEQ_LEN / (ms / 1e3),
+        f"{workload.unit}_per_s": workload.samples_per_step / (ms / 1e3),
         "timed_steps": len(losses) - warmup,
         "other_load_cores": other_load.cores,
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "params": n_params,
         "torch_version": torch.__version__,
+        "mkldnn": torch.backends.mkldnn.is_available(),
     }
     if hooks:
         with OtherLoad() as hooks_load:
-            ms_plain, ms_hooks, records = time_hook_overhead(torch, model, optimizer, tokens, steps, warmup)
+            ms_plain, ms_hooks, records = time_hook_overhead(torch, workload, steps, warmup)
         result["hooks"] = {"ms_per_step_plain": ms_plain, "ms_per_step_hooks": ms_hooks,
                            "overhead_percent": 100.0 * (ms_hooks / ms_plain - 1.0),
                            "stat_records_per_step": records, "other_load_cores": hooks_load.cores}
@@ -316,7 +459,7 @@ def spawn_setup(intra, blas, args, hooks, give_up_ms=None):
         env["OPENBLAS_NUM_THREADS"] = str(blas)
     command = [sys.executable, os.path.abspath(__file__), "--setup",
                f"{'default' if intra is None else intra},{'default' if blas is None else blas}",
-               "--steps", str(args.steps), "--warmup", str(args.warmup)]
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
     if hooks:
         command.append("--hooks")
     if give_up_ms is not None:
@@ -342,7 +485,10 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="timed steps per setup (median is reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     parser.add_argument("--hooks", action="store_true",
-                        help="also time the best setup with mean/var/max hooks on every Linear/LayerNorm/Embedding")
+                        help="also time the best setup with mean/var/max hooks on every Linear/LayerNorm/Embedding "
+                        "(resnet20: Conv2d/BatchNorm2d/Linear)")
+    parser.add_argument("--model", choices=("transformer", "resnet20"), default="transformer",
+                        help="the yardstick: the reference transformer or bench_resnet's ResNet-20")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times to cycle through all setups; each setup keeps its fastest round")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -354,13 +500,15 @@ def main():
 
     if args.setup is not None:
         intra, blas = args.setup
-        print(json.dumps(run_setup(intra, blas, args.steps, args.warmup, args.hooks, args.give_up_ms)))
+        print(json.dumps(run_setup(intra, blas, args.steps, args.warmup, args.hooks, args.give_up_ms, args.model)))
         return
 
     if importlib.util.find_spec("torch") is None:
         sys.exit(f"torch_reference: this interpreter ({sys.executable}) has no torch; run it with /usr/bin/python3 "
                  "(Debian's python3-torch)")
-    flops = step_flops()
+    resnet = args.model == "resnet20"
+    flops = resnet_step_flops() if resnet else step_flops()
+    unit = "images" if resnet else "tokens"
     best_ms = None
     by_setup = {}
     round_ms = {}
@@ -378,15 +526,22 @@ def main():
             if not args.json:
                 print(f"round {round_index + 1} setup intra={row['setup'].split(',')[0]:>7} "
                       f"blas={row['setup'].split(',')[1]:>7}: {row['ms_per_step']:8.2f} ms/step  "
-                      f"{row['tokens_per_s']:8.0f} tokens/s  {row['gflops_per_s']:6.2f} GFLOP/s  "
+                      f"{row[unit + '_per_s']:8.0f} {unit}/s  {row['gflops_per_s']:6.2f} GFLOP/s  "
                       f"({row['timed_steps']} timed steps, other load {row['other_load_cores']:.2f} cores)",
                       flush=True)
     table = [dict(row, round_ms_per_step=round_ms[setup]) for setup, row in by_setup.items()]
     # Only explicit setups compete; the default row shows what an untuned run gets.
     best = min((r for r in table if r["setup"] != "default,default"), key=lambda r: r["ms_per_step"])
+    if resnet:
+        model = {"name": "resnet20", "depth": RESNET_DEPTH, "widths": [RESNET_BASE_WIDTH << s for s in range(3)],
+                 "in_channels": RESNET_IN_CHANNELS, "image_size": RESNET_IMAGE_SIZE, "classes": RESNET_CLASSES,
+                 "batch": RESNET_BATCH, "params": best["params"]}
+    else:
+        model = {"layers": LAYERS, "width": WIDTH, "heads": HEADS, "ffn": FFN_MULT * WIDTH, "vocab": VOCAB,
+                 "seq_len": SEQ_LEN, "batch": BATCH, "params": best["params"]}
     report = {
-        "model": {"layers": LAYERS, "width": WIDTH, "heads": HEADS, "ffn": FFN_MULT * WIDTH, "vocab": VOCAB,
-                  "seq_len": SEQ_LEN, "batch": BATCH, "params": best["params"]},
+        "model": model,
+        "mkldnn": best["mkldnn"],
         "torch_version": best["torch_version"],
         "flops_per_step": flops,
         "steps": args.steps,
@@ -394,7 +549,7 @@ def main():
         "rounds": args.rounds,
         "best_setup": best["setup"],
         "ms_per_step": best["ms_per_step"],
-        "tokens_per_s": best["tokens_per_s"],
+        f"{unit}_per_s": best[f"{unit}_per_s"],
         "gflops_per_s": best["gflops_per_s"],
         "setups": table,
     }
@@ -405,10 +560,12 @@ def main():
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"model: {best['params']} params, {flops / 1e9:.2f} GFLOP/step (matmuls, fwd+bwd)")
-    print(f"loss: first {best['first_loss']:.4f} (ln {VOCAB} = {math.log(VOCAB):.4f}), last {best['last_loss']:.4f}")
+    kind = "convs and classifier" if resnet else "matmuls"
+    print(f"model: {best['params']} params, {flops / 1e9:.2f} GFLOP/step ({kind}, fwd+bwd)")
+    classes = RESNET_CLASSES if resnet else VOCAB
+    print(f"loss: first {best['first_loss']:.4f} (ln {classes} = {math.log(classes):.4f}), last {best['last_loss']:.4f}")
     print(f"best setup intra,blas = {best['setup']}: {best['ms_per_step']:.2f} ms/step, "
-          f"{best['tokens_per_s']:.0f} tokens/s, {best['gflops_per_s']:.2f} GFLOP/s")
+          f"{best[unit + '_per_s']:.0f} {unit}/s, {best['gflops_per_s']:.2f} GFLOP/s")
     if args.hooks:
         h = report["hooks"]
         print(f"stat hooks ({h['stat_records_per_step']} records/step): {h['ms_per_step_plain']:.2f} -> "

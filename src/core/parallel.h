@@ -2,7 +2,9 @@
 //
 // Invariants:
 // - set_threads(n) sets both OpenMP and OpenBLAS to n threads; OpenBLAS is never called from inside an OpenMP
-//   parallel region (two pools on few cores oversubscribe).
+//   parallel region (two pools on few cores oversubscribe). One exception, ops/conv: with the OpenMP or
+//   sequential build of OpenBLAS (which run single-threaded inside a parallel region: still one pool) it runs
+//   one small sgemm per thread on independent sample chunks.
 // - Reductions are split into chunks of a fixed size (kReduceChunk elements), independent of the thread count;
 //   the per-chunk partial results are combined in chunk order. So every reduction gives bitwise the same
 //   result for any number of threads.

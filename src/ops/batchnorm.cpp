@@ -1,7 +1,8 @@
 // ops/batchnorm: BatchNorm over (N, H, W) per channel of NCHW images (or [N, C] features), train and eval.
 //
-// One task per channel; each channel's sums run over samples then pixels in a fixed order in double, so every
-// statistic and parameter gradient is bitwise the same for any thread count. Mean and variance are two-pass.
+// One task per channel; each channel's sums run over samples in order, each sample's plane summed in double
+// by 8 interleaved partial sums combined in a fixed order (so the loops vectorise), so every statistic and
+// parameter gradient is bitwise the same for any thread count. Mean and variance are two-pass.
 #include <cmath>
 #include <cstdint>
 
@@ -26,6 +27,20 @@ ChannelShape channel_shape(const char* op, const Tensor& x) {
   s.c = x.dim(1);
   s.spatial = s.n * s.c > 0 ? x.numel() / (s.n * s.c) : 0;
   return s;
+}
+
+constexpr int kLanes = 8;
+
+// Σ_p f(p) over [0, n) in double: kLanes interleaved partial sums (lane k takes p ≡ k mod kLanes), the tail into
+// lane 0, combined pairwise in a fixed order. The order depends on n only.
+template <typename F>
+double lane_sum(std::int64_t n, F f) {
+  double lanes[kLanes] = {};
+  std::int64_t p = 0;
+  for (; p + kLanes <= n; p += kLanes)
+    for (int k = 0; k < kLanes; ++k) lanes[k] += f(p + k);
+  for (; p < n; ++p) lanes[0] += f(p);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 }  // namespace
@@ -63,15 +78,15 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
     if (training) {
       for (std::int64_t b = 0; b < s.n; ++b) {
         const float* plane = x_data + (b * s.c + c) * s.spatial;
-        for (std::int64_t p = 0; p < s.spatial; ++p) channel_mean += plane[p];
+        channel_mean += lane_sum(s.spatial, [plane](std::int64_t p) { return static_cast<double>(plane[p]); });
       }
       channel_mean /= static_cast<double>(count);
       for (std::int64_t b = 0; b < s.n; ++b) {
         const float* plane = x_data + (b * s.c + c) * s.spatial;
-        for (std::int64_t p = 0; p < s.spatial; ++p) {
+        channel_var += lane_sum(s.spatial, [plane, channel_mean](std::int64_t p) {
           const double centred = plane[p] - channel_mean;
-          channel_var += centred * centred;
-        }
+          return centred * centred;
+        });
       }
       channel_var /= static_cast<double>(count);
       const double unbiased = channel_var * static_cast<double>(count) / static_cast<double>(count - 1);
@@ -125,10 +140,10 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
     for (std::int64_t b = 0; b < s.n; ++b) {
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       const float* d_plane = d_y_data + (b * s.c + c) * s.spatial;
-      for (std::int64_t p = 0; p < s.spatial; ++p) {
-        sum_d_y += d_plane[p];
-        sum_d_y_xhat += static_cast<double>(d_plane[p]) * ((plane[p] - m) * r);
-      }
+      sum_d_y += lane_sum(s.spatial, [d_plane](std::int64_t p) { return static_cast<double>(d_plane[p]); });
+      sum_d_y_xhat += lane_sum(s.spatial, [plane, d_plane, m, r](std::int64_t p) {
+        return static_cast<double>(d_plane[p]) * ((plane[p] - m) * r);
+      });
     }
     if (d_gamma) d_gamma->f32()[c] += static_cast<float>(sum_d_y_xhat);
     if (d_beta) d_beta->f32()[c] += static_cast<float>(sum_d_y);

@@ -1,10 +1,18 @@
 // ops/conv: 2-D convolution on NCHW images through im2col + OpenBLAS sgemm, with stride, zero padding and groups.
 //
-// Samples are processed in fixed chunks (a function of the shape only): im2col writes a chunk's columns
-// [C_in/groups · KH · KW, chunk · H_out · W_out] for one group, one sgemm multiplies them by that group's weights,
-// and the result is scattered into NCHW. The weight gradient accumulates chunk by chunk in chunk order (sgemm
-// with beta = 1), so it is bitwise the same for any thread count. im2col/col2im run on the OpenMP pool; sgemm is
-// only ever called from the calling thread, outside any OpenMP region (core/parallel.h).
+// Samples are processed in fixed chunks (a function of the shape only, sized so a chunk's columns stay in the L2
+// cache): im2col writes a chunk's columns [C_in/groups · KH · KW, chunk · H_out · W_out] for one group, one sgemm
+// multiplies them by that group's weights, and the result is scattered into NCHW. The weight gradient is one
+// sgemm per chunk into its own partial, and the partials are added in chunk order, so it is bitwise the same for
+// any thread count.
+//
+// Threads: with the OpenMP (or the sequential) build of OpenBLAS, chunks run in parallel on the OpenMP pool and
+// each calls sgemm from inside the region, where OpenBLAS runs single-threaded: one pool, no oversubscription,
+// and no fork-join inside every small sgemm (OpenBLAS's threads wait on each other by spinning and yielding,
+// which cost almost as much CPU time as the products at these shapes). With the pthreads build (which would
+// start its own threads in every caller) chunks run one after another, each sgemm on OpenBLAS's threads, and
+// im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers. Chunks are handed out
+// dynamically: on shared cores a thread that loses its core no longer holds up the others at the barrier.
 #include <cblas.h>
 
 #include <algorithm>
@@ -15,13 +23,20 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+extern "C" int openblas_get_parallel(void);
+
 namespace proplab::ops {
 
 namespace {
 
 constexpr std::int64_t kParallelMin = 1 << 14;
-// Upper bound on the floats of one chunk's column buffer (16 MiB); at least one sample per chunk.
-constexpr std::int64_t kColumnBudget = 1 << 22;
+// Upper bound on the floats of one chunk's column buffer (1 MiB: it stays in the L2 cache between im2col and
+// sgemm, which measured faster than fewer, larger sgemm calls); at least one sample per chunk.
+constexpr std::int64_t kColumnBudget = 1 << 18;
+
+// True when sgemm may be called from inside an OpenMP parallel region (see the header comment): OpenBLAS reports
+// 0 for its sequential build, 1 for pthreads, 2 for OpenMP.
+bool blas_in_parallel_regions() { return openblas_get_parallel() != 1; }
 
 struct ConvGeometry {
   std::int64_t n = 0, c_in = 0, h = 0, w = 0;
@@ -33,6 +48,14 @@ struct ConvGeometry {
   std::int64_t chunk = 1;   // samples per chunk
   int stride = 1, padding = 0;
 };
+
+// Fills patch, pixels and chunk from the other fields.
+void set_chunk(ConvGeometry& g) {
+  g.patch = g.c_in_group * g.kh * g.kw;
+  g.pixels = g.h_out * g.w_out;
+  g.chunk = std::clamp<std::int64_t>(kColumnBudget / std::max<std::int64_t>(g.patch * g.pixels, 1), 1,
+                                     std::max<std::int64_t>(g.n, 1));
+}
 
 ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dParams& params) {
   PROPLAB_CHECK(x.ndim() == 4, "op '", op, "': x must be [N, C, H, W], got ", shape_string(x.shape()));
@@ -54,37 +77,71 @@ ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, con
                 " does not take ", g.c_in_group, " input channels per group");
   g.h_out = conv2d_out_size(g.h, g.kh, params.stride, params.padding);
   g.w_out = conv2d_out_size(g.w, g.kw, params.stride, params.padding);
-  g.patch = g.c_in_group * g.kh * g.kw;
-  g.pixels = g.h_out * g.w_out;
-  g.chunk = std::clamp<std::int64_t>(kColumnBudget / std::max<std::int64_t>(g.patch * g.pixels, 1), 1,
-                                     std::max<std::int64_t>(g.n, 1));
+  set_chunk(g);
   return g;
 }
 
+// The output columns [lo, hi) whose kernel tap at column offset j reads inside the input row (the rest read
+// padding): iw = ow·stride − padding + j ∈ [0, w). Same for rows with (h, h_out).
+struct TapRange {
+  std::int64_t lo = 0, hi = 0;
+};
+
+TapRange tap_range(std::int64_t j, std::int64_t in, std::int64_t out, int stride, int padding) {
+  const std::int64_t first = padding - j;          // ow·stride >= first
+  const std::int64_t last = in - 1 + padding - j;  // ow·stride <= last
+  TapRange r;
+  r.lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  r.hi = last < 0 ? 0 : std::min(out, last / stride + 1);
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
+
 // Columns for samples [n0, n0 + count) of group `group`: cols[(c·kh + i)·kw + j][s·pixels + p] is x at the
-// input position that kernel tap (i, j) of output pixel p reads (0 in the padding).
-void im2col(const float* x, const ConvGeometry& g, std::int64_t group, std::int64_t n0, std::int64_t count,
-            float* cols) {
+// input position that kernel tap (i, j) of output pixel p reads (0 in the padding). Each output row is a zero
+// head, a contiguous (stride 1) or strided copy of the input row, and a zero tail.
+void im2col(const float* x, const ConvGeometry& g, std::int64_t group, std::int64_t n0, std::int64_t count, float* cols,
+            bool parallel) {
   const std::int64_t row_length = count * g.pixels;
-#pragma omp parallel for collapse(2) schedule(static) if (g.patch * row_length > kParallelMin)
+#pragma omp parallel for collapse(2) schedule(static) if (parallel && g.patch * row_length > kParallelMin)
   for (std::int64_t row = 0; row < g.patch; ++row) {
     for (std::int64_t s = 0; s < count; ++s) {
       const std::int64_t c = row / (g.kh * g.kw), i = (row / g.kw) % g.kh, j = row % g.kw;
       const float* plane = x + ((n0 + s) * g.c_in + group * g.c_in_group + c) * g.h * g.w;
       float* out = cols + row * row_length + s * g.pixels;
-      for (std::int64_t oh = 0; oh < g.h_out; ++oh) {
-        const std::int64_t ih = oh * g.stride - g.padding + i;
-        float* out_row = out + oh * g.w_out;
-        if (ih < 0 || ih >= g.h) {
-          std::fill(out_row, out_row + g.w_out, 0.0f);
-          continue;
-        }
-        const float* in_row = plane + ih * g.w;
-        for (std::int64_t ow = 0; ow < g.w_out; ++ow) {
-          const std::int64_t iw = ow * g.stride - g.padding + j;
-          out_row[ow] = (iw >= 0 && iw < g.w) ? in_row[iw] : 0.0f;
-        }
+      const TapRange rows = tap_range(i, g.h, g.h_out, g.stride, g.padding);
+      const TapRange columns = tap_range(j, g.w, g.w_out, g.stride, g.padding);
+      if (rows.hi <= rows.lo || columns.hi <= columns.lo) {
+        std::fill(out, out + g.pixels, 0.0f);
+        continue;
       }
+      const std::int64_t shift = j - g.padding;
+      if (g.stride == 1 && g.w_out == g.w) {
+        // Same-size output: the tap's plane is the input plane shifted by (i − padding) rows and (j − padding)
+        // columns, so one contiguous copy covers every valid row; the few elements it wraps across row ends
+        // (and the rows that read padding) are then zeroed.
+        const std::int64_t begin = rows.lo * g.w + columns.lo, end = (rows.hi - 1) * g.w + columns.hi;
+        const float* from = plane + begin + (i - g.padding) * g.w + shift;
+        std::fill(out, out + begin, 0.0f);
+        std::memcpy(out + begin, from, sizeof(float) * static_cast<std::size_t>(end - begin));
+        std::fill(out + end, out + g.pixels, 0.0f);
+        for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+          float* out_row = out + oh * g.w;
+          for (std::int64_t ow = 0; ow < columns.lo; ++ow) out_row[ow] = 0.0f;
+          for (std::int64_t ow = columns.hi; ow < g.w; ++ow) out_row[ow] = 0.0f;
+        }
+        continue;
+      }
+      std::fill(out, out + rows.lo * g.w_out, 0.0f);
+      for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+        // The input element tap (i, j) of output column ow reads: in_row[ow·stride + shift], valid in [lo, hi).
+        const float* in_row = plane + (oh * g.stride - g.padding + i) * g.w;
+        float* out_row = out + oh * g.w_out;
+        for (std::int64_t ow = 0; ow < columns.lo; ++ow) out_row[ow] = 0.0f;
+        for (std::int64_t ow = columns.lo; ow < columns.hi; ++ow) out_row[ow] = in_row[ow * g.stride + shift];
+        for (std::int64_t ow = columns.hi; ow < g.w_out; ++ow) out_row[ow] = 0.0f;
+      }
+      std::fill(out + rows.hi * g.w_out, out + g.pixels, 0.0f);
     }
   }
 }
@@ -92,24 +149,29 @@ void im2col(const float* x, const ConvGeometry& g, std::int64_t group, std::int6
 // The inverse scatter: d_x planes of group `group`, samples [n0, n0 + count), are overwritten with the sum of the
 // column gradients that read them. One task per (sample, channel) plane, taps in a fixed order: no races.
 void col2im(const float* cols, const ConvGeometry& g, std::int64_t group, std::int64_t n0, std::int64_t count,
-            float* d_x) {
+            float* d_x, bool parallel) {
   const std::int64_t row_length = count * g.pixels;
-#pragma omp parallel for collapse(2) schedule(static) if (g.patch * row_length > kParallelMin)
+#pragma omp parallel for collapse(2) schedule(static) if (parallel && g.patch * row_length > kParallelMin)
   for (std::int64_t s = 0; s < count; ++s) {
     for (std::int64_t c = 0; c < g.c_in_group; ++c) {
       float* plane = d_x + ((n0 + s) * g.c_in + group * g.c_in_group + c) * g.h * g.w;
       std::fill(plane, plane + g.h * g.w, 0.0f);
       for (std::int64_t i = 0; i < g.kh; ++i) {
+        const TapRange rows = tap_range(i, g.h, g.h_out, g.stride, g.padding);
         for (std::int64_t j = 0; j < g.kw; ++j) {
+          const TapRange columns = tap_range(j, g.w, g.w_out, g.stride, g.padding);
           const float* in = cols + ((c * g.kh + i) * g.kw + j) * row_length + s * g.pixels;
-          for (std::int64_t oh = 0; oh < g.h_out; ++oh) {
-            const std::int64_t ih = oh * g.stride - g.padding + i;
-            if (ih < 0 || ih >= g.h) continue;
-            float* out_row = plane + ih * g.w;
+          for (std::int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+            float* out_row = plane + (oh * g.stride - g.padding + i) * g.w;
+            const std::int64_t shift = j - g.padding;
             const float* in_row = in + oh * g.w_out;
-            for (std::int64_t ow = 0; ow < g.w_out; ++ow) {
-              const std::int64_t iw = ow * g.stride - g.padding + j;
-              if (iw >= 0 && iw < g.w) out_row[iw] += in_row[ow];
+            if (g.stride == 1) {
+              float* to = out_row + columns.lo + shift;
+              const float* from = in_row + columns.lo;
+#pragma omp simd
+              for (std::int64_t k = 0; k < columns.hi - columns.lo; ++k) to[k] += from[k];
+            } else {
+              for (std::int64_t ow = columns.lo; ow < columns.hi; ++ow) out_row[ow * g.stride + shift] += in_row[ow];
             }
           }
         }
@@ -122,6 +184,44 @@ void col2im(const float* cols, const ConvGeometry& g, std::int64_t group, std::i
 float* scratch(std::vector<float>& buffer, std::int64_t count) {
   if (static_cast<std::int64_t>(buffer.size()) < count) buffer.resize(static_cast<std::size_t>(count));
   return buffer.data();
+}
+
+// y = conv(x, weight) (+ bias) for the geometry g, chunk by chunk: im2col, one sgemm, scatter into NCHW.
+void forward_columns(const float* x_data, const ConvGeometry& g, const float* weight, const float* bias_data,
+                     float* y_data) {
+  const std::int64_t chunks = (g.n + g.chunk - 1) / g.chunk;
+  const bool per_thread = blas_in_parallel_regions();
+#pragma omp parallel if (per_thread && chunks > 1)
+  {
+    thread_local std::vector<float> cols_buffer, out_buffer;
+    float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
+    float* out = scratch(out_buffer, g.c_out_group * g.chunk * g.pixels);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const std::int64_t n0 = chunk * g.chunk;
+      const std::int64_t count = std::min(g.chunk, g.n - n0);
+      const std::int64_t columns = count * g.pixels;
+      for (std::int64_t group = 0; group < g.groups; ++group) {
+        im2col(x_data, g, group, n0, count, cols, !per_thread);
+        // out [C_out_g, columns] = W_g [C_out_g, patch] · cols [patch, columns]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(g.c_out_group),
+                    static_cast<int>(columns), static_cast<int>(g.patch), 1.0f,
+                    weight + group * g.c_out_group * g.patch, static_cast<int>(g.patch), cols,
+                    static_cast<int>(columns), 0.0f, out, static_cast<int>(columns));
+#pragma omp parallel for collapse(2) schedule(static) if (!per_thread && g.c_out_group * columns > kParallelMin)
+        for (std::int64_t s = 0; s < count; ++s) {
+          for (std::int64_t o = 0; o < g.c_out_group; ++o) {
+            const std::int64_t channel = group * g.c_out_group + o;
+            const float b = bias_data ? bias_data[channel] : 0.0f;
+            const float* from = out + o * columns + s * g.pixels;
+            float* to = y_data + ((n0 + s) * g.c_out + channel) * g.pixels;
+#pragma omp simd
+            for (std::int64_t p = 0; p < g.pixels; ++p) to[p] = from[p] + b;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -145,34 +245,7 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, c
   if (device == Device::cuda) missing_device_impl(op, device);
   if (g.n == 0 || g.c_out == 0) return;
 
-  thread_local std::vector<float> cols_buffer, out_buffer;
-  float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
-  float* out = scratch(out_buffer, g.c_out_group * g.chunk * g.pixels);
-  const float* x_data = x.f32();
-  float* y_data = y.f32();
-  const float* bias_data = bias ? bias->f32() : nullptr;
-  for (std::int64_t n0 = 0; n0 < g.n; n0 += g.chunk) {
-    const std::int64_t count = std::min(g.chunk, g.n - n0);
-    const std::int64_t columns = count * g.pixels;
-    for (std::int64_t group = 0; group < g.groups; ++group) {
-      im2col(x_data, g, group, n0, count, cols);
-      // out [C_out_g, columns] = W_g [C_out_g, patch] · cols [patch, columns]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(g.c_out_group), static_cast<int>(columns),
-                  static_cast<int>(g.patch), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
-                  static_cast<int>(g.patch), cols, static_cast<int>(columns), 0.0f, out, static_cast<int>(columns));
-#pragma omp parallel for collapse(2) schedule(static) if (g.c_out_group * columns > kParallelMin)
-      for (std::int64_t s = 0; s < count; ++s) {
-        for (std::int64_t o = 0; o < g.c_out_group; ++o) {
-          const std::int64_t channel = group * g.c_out_group + o;
-          const float b = bias_data ? bias_data[channel] : 0.0f;
-          const float* from = out + o * columns + s * g.pixels;
-          float* to = y_data + ((n0 + s) * g.c_out + channel) * g.pixels;
-#pragma omp simd
-          for (std::int64_t p = 0; p < g.pixels; ++p) to[p] = from[p] + b;
-        }
-      }
-    }
-  }
+  forward_columns(x.f32(), g, weight.f32(), bias ? bias->f32() : nullptr, y.f32());
 }
 
 void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, const Conv2dParams& params, Tensor* d_x,
@@ -193,36 +266,80 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
     return;
   }
 
-  thread_local std::vector<float> cols_buffer, d_out_buffer;
-  float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
-  float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
+  // Stride 1, one group, square kernel, padding < kernel: d_x is itself a convolution, of d_y with the kernel
+  // flipped and its channel axes swapped, padding kernel − 1 − padding. That sgemm sums over C_out·KH·KW (not
+  // C_out alone) and needs no col2im scatter: measured about twice as fast at ResNet shapes.
+  const bool d_x_by_conv = d_x && g.groups == 1 && g.stride == 1 && g.kh == g.kw && g.padding < g.kh;
+  thread_local std::vector<float> flipped_buffer;
   const float* x_data = x.f32();
   const float* d_y_data = d_y.f32();
-  for (std::int64_t n0 = 0; n0 < g.n; n0 += g.chunk) {
-    const std::int64_t count = std::min(g.chunk, g.n - n0);
-    const std::int64_t columns = count * g.pixels;
-    for (std::int64_t group = 0; group < g.groups; ++group) {
-      // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
-#pragma omp parallel for collapse(2) schedule(static) if (g.c_out_group * columns > kParallelMin)
-      for (std::int64_t s = 0; s < count; ++s) {
-        for (std::int64_t o = 0; o < g.c_out_group; ++o) {
-          const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
-          std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
+  if (d_x_by_conv) {
+    ConvGeometry t;
+    t.n = g.n, t.c_in = g.c_out, t.h = g.h_out, t.w = g.w_out;
+    t.c_out = g.c_in, t.kh = g.kh, t.kw = g.kw;
+    t.h_out = g.h, t.w_out = g.w;
+    t.groups = 1, t.c_in_group = g.c_out, t.c_out_group = g.c_in;
+    t.stride = 1;
+    t.padding = static_cast<int>(g.kh) - 1 - g.padding;
+    set_chunk(t);
+    // flipped [C_in, C_out, KH, KW]: flipped[ci][co][a][b] = weight[co][ci][KH−1−a][KW−1−b].
+    float* flipped = scratch(flipped_buffer, g.c_out * g.patch);
+    const float* w = weight.f32();
+    const std::int64_t taps = g.kh * g.kw;
+    for (std::int64_t co = 0; co < g.c_out; ++co)
+      for (std::int64_t ci = 0; ci < g.c_in; ++ci)
+        for (std::int64_t tap = 0; tap < taps; ++tap)
+          flipped[(ci * g.c_out + co) * taps + (taps - 1 - tap)] = w[(co * g.c_in + ci) * taps + tap];
+    forward_columns(d_y_data, t, flipped, nullptr, d_x->f32());
+  }
+  // Each chunk's weight gradient goes to its own partial [groups · C_out_g, patch]; they are added below.
+  const std::int64_t chunks = (g.n + g.chunk - 1) / g.chunk;
+  const std::int64_t weight_numel = g.c_out * g.patch;
+  thread_local std::vector<float> partial_buffer;
+  float* partials = scratch(partial_buffer, chunks * weight_numel);
+  const bool per_thread = blas_in_parallel_regions();
+#pragma omp parallel if (per_thread && chunks > 1)
+  {
+    thread_local std::vector<float> cols_buffer, d_out_buffer;
+    float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
+    float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const std::int64_t n0 = chunk * g.chunk;
+      const std::int64_t count = std::min(g.chunk, g.n - n0);
+      const std::int64_t columns = count * g.pixels;
+      for (std::int64_t group = 0; group < g.groups; ++group) {
+        // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
+#pragma omp parallel for collapse(2) schedule(static) if (!per_thread && g.c_out_group * columns > kParallelMin)
+        for (std::int64_t s = 0; s < count; ++s) {
+          for (std::int64_t o = 0; o < g.c_out_group; ++o) {
+            const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
+            std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
+          }
+        }
+        im2col(x_data, g, group, n0, count, cols, !per_thread);
+        // partial d_W_g [C_out_g, patch] = d_out [C_out_g, columns] · cols^T [columns, patch]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(g.c_out_group), static_cast<int>(g.patch),
+                    static_cast<int>(columns), 1.0f, d_out, static_cast<int>(columns), cols, static_cast<int>(columns),
+                    0.0f, partials + chunk * weight_numel + group * g.c_out_group * g.patch, static_cast<int>(g.patch));
+        if (d_x && !d_x_by_conv) {
+          // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(g.patch), static_cast<int>(columns),
+                      static_cast<int>(g.c_out_group), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
+                      static_cast<int>(g.patch), d_out, static_cast<int>(columns), 0.0f, cols,
+                      static_cast<int>(columns));
+          col2im(cols, g, group, n0, count, d_x->f32(), !per_thread);
         }
       }
-      im2col(x_data, g, group, n0, count, cols);
-      // d_W_g [C_out_g, patch] += d_out [C_out_g, columns] · cols^T [columns, patch]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(g.c_out_group), static_cast<int>(g.patch),
-                  static_cast<int>(columns), 1.0f, d_out, static_cast<int>(columns), cols, static_cast<int>(columns),
-                  1.0f, d_weight.f32() + group * g.c_out_group * g.patch, static_cast<int>(g.patch));
-      if (d_x) {
-        // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(g.patch), static_cast<int>(columns),
-                    static_cast<int>(g.c_out_group), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
-                    static_cast<int>(g.patch), d_out, static_cast<int>(columns), 0.0f, cols, static_cast<int>(columns));
-        col2im(cols, g, group, n0, count, d_x->f32());
-      }
     }
+  }
+  // d_weight += the partials, chunk by chunk in order, per element.
+  float* d_w = d_weight.f32();
+#pragma omp parallel for schedule(static) if (weight_numel * chunks > kParallelMin)
+  for (std::int64_t i = 0; i < weight_numel; ++i) {
+    float sum = d_w[i];
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * weight_numel + i];
+    d_w[i] = sum;
   }
   if (d_bias) {
     float* d_b = d_bias->f32();

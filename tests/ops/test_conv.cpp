@@ -90,7 +90,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Conv2dCases,
                                            ConvCase{3, 4, 5, 6, 4, 1, {2, 0, 1}},    // 1x1 projection shortcut
                                            ConvCase{2, 6, 5, 5, 4, 3, {1, 1, 2}},    // groups
                                            ConvCase{1, 4, 6, 6, 4, 3, {1, 0, 4}},    // depthwise, no padding
-                                           ConvCase{2, 2, 4, 4, 3, 4, {3, 2, 1}}));  // kernel 4, stride 3
+                                           ConvCase{2, 2, 4, 4, 3, 4, {3, 2, 1}},    // kernel 4, stride 3
+                                           ConvCase{2, 3, 5, 6, 4, 3, {1, 0, 1}},    // no padding (d_x pads 2)
+                                           ConvCase{2, 4, 5, 5, 6, 1, {1, 0, 1}},    // 1x1, stride 1
+                                           ConvCase{2, 3, 6, 6, 4, 4, {1, 2, 1}}));  // even kernel, stride 1
 
 TEST(Conv2d, ParameterGradsAccumulateActivationGradsOverwrite) {
   const ops::Conv2dParams p{1, 1, 1};
@@ -127,6 +130,24 @@ TEST(Conv2d, ResultsIndependentOfThreadCountAndChunking) {
   EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1]));
   EXPECT_TRUE(testing::bitwise_equal(d_weight[0], d_weight[1]));
   EXPECT_TRUE(testing::bitwise_equal(d_bias[0], d_bias[1]));
+  // A strided transition and its 1x1 projection (d_x through col2im), also over several chunks.
+  for (const int kernel : {3, 1}) {
+    const ops::Conv2dParams strided{2, kernel / 2, 1};
+    Tensor w = random_tensor({32, 16, kernel, kernel}, 17, 0.1);
+    Tensor d_out = random_tensor({64, 32, 16, 16}, 18);
+    Tensor out[2], d_in[2], d_w[2];
+    for (int run = 0; run < 2; ++run) {
+      testing::ScopedThreads scoped(run == 0 ? 1 : 2);
+      out[run] = Tensor::empty(d_out.shape());
+      d_in[run] = Tensor::empty(x.shape());
+      d_w[run] = Tensor::zeros(w.shape());
+      ops::conv2d_forward(x, w, nullptr, strided, out[run]);
+      ops::conv2d_backward(x, w, d_out, strided, &d_in[run], d_w[run], nullptr);
+    }
+    EXPECT_TRUE(testing::bitwise_equal(out[0], out[1])) << "kernel " << kernel;
+    EXPECT_TRUE(testing::bitwise_equal(d_in[0], d_in[1])) << "kernel " << kernel;
+    EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[1])) << "kernel " << kernel;
+  }
   // And the large case still matches the direct convolution (chunk boundaries included).
   Tensor x_small = x.slice(0, 0, 3).clone();
   Tensor y_small = Tensor::empty({3, 16, 32, 32});

@@ -1,0 +1,146 @@
+// bench_conv: the image ops of a ResNet-20 step at their own shapes (Fashion-MNIST-shaped input, batch 128):
+// conv2d forward / backward (with d_x), batchnorm + ReLU forward / backward, each timed alone (median of --reps
+// calls), and the sum over one step's calls. Shows where a ResNet step's time goes without a profiler. Besides
+// wall time it reports the process's CPU time per call (all threads, getrusage), which other load on shared
+// cores disturbs much less: compare builds by it.
+//
+//   bench_conv [--reps N] [--threads N] [--batch N]
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+
+namespace {
+
+using namespace proplab;
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// Median wall ms and median CPU ms (all threads) over `reps` calls after one untimed call.
+struct Timing {
+  double wall = 0.0, cpu = 0.0;
+};
+
+Timing median_ms(int reps, const std::function<void()>& call) {
+  call();
+  std::vector<double> wall, cpu;
+  for (int r = 0; r < reps; ++r) {
+    const double cpu_start = cpu_seconds();
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    cpu.push_back(1e3 * (cpu_seconds() - cpu_start));
+  }
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
+}
+
+Tensor random(const Shape& shape, std::uint64_t stream) {
+  Tensor t = Tensor::empty(shape);
+  const CounterRng rng(7, stream);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = rng.normal(static_cast<std::uint64_t>(i));
+  return t;
+}
+
+struct ConvCase {
+  std::int64_t c_in, c_out, size;
+  int kernel, stride;
+  int per_step;  // calls of this shape in one ResNet-20 step
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ResNet-20 image ops at their own shapes"};
+  int reps = 5, threads_arg = 0, batch = 128;
+  app.add_option("--reps", reps, "timed calls per op (median)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads_arg, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", batch, "images")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  set_threads(threads_arg);
+
+  const std::vector<ConvCase> cases = {
+      {1, 16, 28, 3, 1, 1},  {16, 16, 28, 3, 1, 6}, {16, 32, 28, 3, 2, 1}, {16, 32, 28, 1, 2, 1},
+      {32, 32, 14, 3, 1, 5}, {32, 64, 14, 3, 2, 1}, {32, 64, 14, 1, 2, 1}, {64, 64, 7, 3, 1, 5},
+  };
+  std::printf("bench_conv: batch %d, %d threads, median of %d calls\n", batch, threads(), reps);
+  std::printf("%-26s %16s %16s %10s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms (cpu)", "bwd ms (cpu)", "GFLOP/s",
+              "x step");
+  double conv_total = 0.0, conv_cpu = 0.0, flops_total = 0.0;
+  std::uint64_t stream = 0;
+  for (const ConvCase& c : cases) {
+    const ops::Conv2dParams params{c.stride, c.kernel / 2, 1};
+    const std::int64_t out_size = ops::conv2d_out_size(c.size, c.kernel, c.stride, c.kernel / 2);
+    Tensor x = random({batch, c.c_in, c.size, c.size}, stream++);
+    Tensor w = random({c.c_out, c.c_in, c.kernel, c.kernel}, stream++);
+    Tensor y = Tensor::empty({batch, c.c_out, out_size, out_size});
+    Tensor d_y = random(y.shape(), stream++);
+    Tensor d_x = Tensor::empty(x.shape());
+    Tensor d_w = Tensor::zeros(w.shape());
+    const Timing forward = median_ms(reps, [&] { ops::conv2d_forward(x, w, nullptr, params, y); });
+    const bool first = c.c_in == 1;  // the stem needs no d_x
+    const Timing backward =
+        median_ms(reps, [&] { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); });
+    const double flops = 2.0 *
+                         static_cast<double>(batch * c.c_in * c.kernel * c.kernel * c.c_out * out_size * out_size) *
+                         (first ? 2.0 : 3.0);
+    const std::string name = std::to_string(c.c_in) + ">" + std::to_string(c.c_out) + ", " + std::to_string(c.size) +
+                             ", " + std::to_string(c.kernel) + "/" + std::to_string(c.stride);
+    std::printf("%-26s %7.2f (%6.2f) %7.2f (%6.2f) %10.1f %7d\n", name.c_str(), forward.wall, forward.cpu,
+                backward.wall, backward.cpu, flops / ((forward.wall + backward.wall) / 1e3) / 1e9, c.per_step);
+    conv_total += c.per_step * (forward.wall + backward.wall);
+    conv_cpu += c.per_step * (forward.cpu + backward.cpu);
+    flops_total += c.per_step * flops;
+  }
+  std::printf("convs in one step: %.1f ms (%.1f GFLOP/s), %.1f ms CPU time\n", conv_total,
+              flops_total / (conv_total / 1e3) / 1e9, conv_cpu);
+
+  // BatchNorm (+ ReLU) at each activation shape, training mode; per step: 7 / 6 / 6 of them (+ shortcuts).
+  struct NormCase {
+    std::int64_t channels, size;
+    int per_step;
+  };
+  double norm_total = 0.0, norm_cpu = 0.0;
+  for (const NormCase& n : std::vector<NormCase>{{16, 28, 7}, {32, 14, 7}, {64, 7, 7}}) {
+    Tensor x = random({batch, n.channels, n.size, n.size}, stream++);
+    Tensor y = Tensor::empty(x.shape()), act = Tensor::empty(x.shape()), d = random(x.shape(), stream++);
+    Tensor d_x = Tensor::empty(x.shape());
+    Tensor gamma = Tensor::zeros({n.channels}), beta = Tensor::zeros({n.channels});
+    Tensor running_mean = Tensor::zeros({n.channels}), running_var = Tensor::zeros({n.channels});
+    gamma.fill(1.0f);
+    running_var.fill(1.0f);
+    Tensor mean = Tensor::empty({n.channels}), rstd = Tensor::empty({n.channels});
+    Tensor d_gamma = Tensor::zeros({n.channels}), d_beta = Tensor::zeros({n.channels});
+    const Timing forward = median_ms(reps, [&] {
+      ops::batchnorm_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, y, mean, rstd);
+      ops::activation_forward(ops::Activation::relu, y, act);
+    });
+    const Timing backward = median_ms(reps, [&] {
+      ops::activation_backward(ops::Activation::relu, y, d, d_x);
+      ops::batchnorm_backward(x, &gamma, mean, rstd, d_x, true, d_x, &d_gamma, &d_beta);
+    });
+    std::printf(
+        "batchnorm+relu %2lld channels, %2lld px: fwd %.2f ms (cpu %.2f), bwd %.2f ms (cpu %.2f), x %d per step\n",
+        static_cast<long long>(n.channels), static_cast<long long>(n.size), forward.wall, forward.cpu, backward.wall,
+        backward.cpu, n.per_step);
+    norm_total += n.per_step * (forward.wall + backward.wall);
+    norm_cpu += n.per_step * (forward.cpu + backward.cpu);
+  }
+  std::printf("batchnorm+relu in one step: %.1f ms, %.1f ms CPU time\n", norm_total, norm_cpu);
+  return 0;
+}

@@ -1,0 +1,272 @@
+// bench_resnet: ResNet-20 training throughput on the CPU beside the same model in PyTorch (issue 7, Speed).
+//
+// The model is bench_resnet_fmnist's: the default ResnetConfig (post-activation basic blocks, BatchNorm, ReLU,
+// widths 16/32/64) on Fashion-MNIST-shaped input (1 × 28 × 28, 10 classes), batch 128, SGD with Nesterov momentum
+// 0.9 and weight decay 5e-4, no clipping, one fixed batch of N(0, 1) images and random labels. Side by side in
+// one run:
+//   - proplab with recording off, recording every 10 steps (the study default: every statistic of every probe and
+//     parameter, written to a real run file) and every step, interleaved step by step so machine noise hits all
+//     alike;
+//   - PyTorch (bench/torch_reference.py --model resnet20): its thread setups are searched once, then the fastest
+//     runs once per round between proplab's rounds.
+// A setup's ms/step is the median of its unrecorded steps plus its recorded steps' median excess spread over
+// `every` steps (a plain median would hide a cost paid one step in ten). The PyTorch ratio is the median over
+// rounds of (PyTorch ms/step / proplab ms/step) of the same round.
+//
+//   bench_resnet [--steps N] [--rounds N] [--threads N] [--batch N] [--no-torch] [--torch-steps N]
+//                [--torch-setup intra,blas]
+// Run it with OMP_WAIT_POLICY=passive on shared cores (docs/perf.md).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "models/resnet.h"
+#include "train/optimizer.h"
+#include "train/recorder.h"
+
+#ifndef PROPLAB_SOURCE_DIR
+#define PROPLAB_SOURCE_DIR "."
+#endif
+
+namespace {
+
+using namespace proplab;
+
+// The median (the mean of the two middle values for an even count).
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t mid = v.size() / 2;
+  return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct Setup {
+  std::string label;
+  std::int64_t every = 0;  // 0: recording off
+  std::unique_ptr<Resnet> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<Recorder> recorder;
+  std::optional<RunWriter> writer;
+  std::vector<double> plain_seconds, recorded_seconds;  // timed steps without / with a record
+  std::vector<std::vector<double>> round_plain, round_recorded;
+  std::int64_t step = 0;
+};
+
+// ms/step with a recorded step's excess spread over `every` steps (see the header).
+double amortised_seconds(const std::vector<double>& plain, const std::vector<double>& recorded, std::int64_t every) {
+  const double base = median(plain);
+  if (every == 0 || recorded.empty()) return base;
+  return base + (median(recorded) - base) / static_cast<double>(every);
+}
+
+// A number after `"key":` in JSON text (first occurrence), or nullopt.
+std::optional<double> json_number(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return std::nullopt;
+  return std::stod(text.substr(text.find(':', at) + 1));
+}
+
+// A string after `"key":` in JSON text (first occurrence), or "".
+std::string json_string(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return "";
+  const auto open = text.find('"', text.find(':', at) + 1);
+  const auto close = text.find('"', open + 1);
+  return open == std::string::npos || close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
+}
+
+std::string run_command(const std::string& command) {
+  std::string output;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+    if (pclose(pipe) != 0) output.clear();
+  }
+  return output;
+}
+
+std::string torch_script() { return std::string(PROPLAB_SOURCE_DIR) + "/bench/torch_reference.py"; }
+
+// PyTorch ms/step for one thread setup "intra,blas" (a fresh interpreter: OpenBLAS reads its thread count at
+// load), or nullopt.
+std::optional<double> torch_ms(const std::string& setup, int steps) {
+  const std::string blas = setup.substr(setup.find(',') + 1);
+  std::ostringstream command;
+  command << "env -u OMP_NUM_THREADS OPENBLAS_NUM_THREADS=" << blas << " /usr/bin/python3 " << torch_script()
+          << " --model resnet20 --setup " << setup << " --warmup 2 --steps " << steps << " 2>/dev/null";
+  return json_number(run_command(command.str()), "ms_per_step");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ResNet-20 training throughput: proplab (recording off / every 10 / every step) beside PyTorch"};
+  int steps = 10, rounds = 3, warmup = 2, threads_arg = 0, batch = 128, torch_steps = 6;
+  bool no_torch = false;
+  std::string torch_setup;
+  app.add_option("--steps", steps, "timed steps per setup per round (a multiple of 10 keeps rounds alike)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "rounds: proplab's setups interleaved step by step, then PyTorch")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads_arg, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", batch, "images per step")->check(CLI::PositiveNumber);
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  app.add_option("--torch-steps", torch_steps, "timed PyTorch steps per round")->check(CLI::PositiveNumber);
+  app.add_option("--torch-setup", torch_setup, "PyTorch thread setup 'intra,blas' (default: search all)");
+  CLI11_PARSE(app, argc, argv);
+
+  set_threads(threads_arg);
+  ResnetConfig config;
+  config.depth = 20;
+  config.in_channels = 1;
+  config.image_size = 28;
+  config.classes = 10;
+  TrainConfig train;
+  train.optimizer = OptimizerKind::sgd;
+  train.momentum = 0.9;
+  train.nesterov = true;
+  train.weight_decay = 5e-4;
+  const std::int64_t total_steps = 1000000;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("proplab-bench-resnet-" + std::to_string(::getpid()));
+
+  std::vector<Setup> setups;
+  for (std::int64_t every : {0, 10, 1}) {
+    Setup s;
+    s.every = every;
+    s.label = every == 0 ? "record off" : every == 1 ? "record every step" : "record every 10";
+    s.model = std::make_unique<Resnet>(config, ScalingConfig{}, 1);
+    s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
+    if (every > 0) {
+      RecordConfig record;
+      record.every = every;
+      s.recorder = std::make_unique<Recorder>(record, s.model->probes(), s.model->params(), total_steps);
+      RunHeader header;
+      header.proplab_version = "bench";
+      std::filesystem::create_directories(dir);
+      s.writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + ".h5"), header, true));
+      s.recorder->create_datasets(*s.writer);
+      s.writer->start();
+    }
+    setups.push_back(std::move(s));
+  }
+  Batch b{Tensor::empty({batch, 1, 28, 28}), Tensor::empty({batch}, DType::i32)};
+  const CounterRng image_rng(1, 0), label_rng(1, 1);
+  for (std::int64_t i = 0; i < b.inputs.numel(); ++i)
+    b.inputs.f32()[i] = image_rng.normal(static_cast<std::uint64_t>(i));
+  for (int i = 0; i < batch; ++i) b.targets.i32()[i] = static_cast<std::int32_t>(label_rng.below(i, 10));
+
+  auto run_step = [&](Setup& s, bool timed) {
+    const auto start = std::chrono::steady_clock::now();
+    const bool record = s.recorder && s.recorder->records(s.step);
+    if (record) s.recorder->begin_step();
+    s.model->params().zero_grads();
+    StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? s.recorder.get() : nullptr};
+    s.model->forward_backward(b, 1.0f, context);
+    if (record) s.recorder->before_update();
+    s.optimizer->step(0.1, record ? &s.recorder->update_norms() : nullptr);
+    if (record) {
+      s.recorder->after_update();
+      s.recorder->write_record(*s.writer, s.step);
+    }
+    const double seconds = seconds_since(start);
+    if (timed) {
+      (record ? s.recorded_seconds : s.plain_seconds).push_back(seconds);
+      (record ? s.round_recorded : s.round_plain).back().push_back(seconds);
+    }
+    ++s.step;
+  };
+
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf("bench_resnet: ResNet-%d, %lld parameters, batch %d, %d threads, OMP_WAIT_POLICY=%s\n", config.depth,
+              static_cast<long long>(setups[0].model->params().count_elements()), batch, threads(),
+              wait_policy ? wait_policy : "(unset)");
+  std::fflush(stdout);
+  for (Setup& s : setups) {
+    s.round_plain.emplace_back();
+    s.round_recorded.emplace_back();
+    for (int i = 0; i < warmup; ++i) run_step(s, false);
+  }
+
+  bool torch_available = !no_torch;
+  if (torch_available && torch_setup.empty()) {
+    const std::string search =
+        run_command("/usr/bin/python3 " + torch_script() + " --model resnet20 --json --warmup 2 --steps " +
+                    std::to_string(torch_steps) + " 2>/dev/null");
+    torch_setup = json_string(search, "best_setup");
+    if (torch_setup.empty()) {
+      torch_available = false;
+      std::printf("pytorch: not available (/usr/bin/python3 cannot run %s)\n", torch_script().c_str());
+    } else {
+      std::printf("pytorch thread setups searched: fastest intra,blas = %s (%.1f ms/step in the search)\n",
+                  torch_setup.c_str(), json_number(search, "ms_per_step").value_or(0.0));
+    }
+  }
+  std::vector<double> torch_round_ms, ratio_off, ratio_every10;
+  for (int r = 0; r < rounds; ++r) {
+    for (Setup& s : setups) {
+      if (r > 0) {
+        s.round_plain.emplace_back();
+        s.round_recorded.emplace_back();
+      }
+    }
+    for (int i = 0; i < steps; ++i)
+      for (Setup& s : setups) run_step(s, true);
+    const double off = amortised_seconds(setups[0].round_plain.back(), setups[0].round_recorded.back(), 0);
+    const double every10 = amortised_seconds(setups[1].round_plain.back(), setups[1].round_recorded.back(), 10);
+    std::printf("round %d: proplab %.1f ms/step recording off, %.1f every 10", r + 1, off * 1e3, every10 * 1e3);
+    if (torch_available) {
+      if (const auto ms = torch_ms(torch_setup, torch_steps)) {
+        torch_round_ms.push_back(*ms);
+        ratio_off.push_back(*ms / 1e3 / off);
+        ratio_every10.push_back(*ms / 1e3 / every10);
+        std::printf("; pytorch %.1f ms/step -> %.2fx (%.2fx recording every 10)", *ms, ratio_off.back(),
+                    ratio_every10.back());
+      }
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  for (Setup& s : setups)
+    if (s.writer) s.writer->finish(RunStatus::completed, "benchmark");
+  std::filesystem::remove_all(dir);
+
+  const double flops = setups[0].model->train_flops(batch);
+  const double off = amortised_seconds(setups[0].plain_seconds, setups[0].recorded_seconds, 0);
+  std::printf("ResNet-%d on 1x28x28, batch %d, %.2f GFLOP/step (convs + classifier, fwd+bwd); %d rounds x %d steps\n",
+              config.depth, batch, flops / 1e9, rounds, steps);
+  for (const Setup& s : setups) {
+    const double t = amortised_seconds(s.plain_seconds, s.recorded_seconds, s.every);
+    std::printf("  proplab %-18s: %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s", s.label.c_str(), t * 1e3, batch / t,
+                flops / t / 1e9);
+    if (s.every > 0)
+      std::printf("  overhead %+5.1f%% (recorded steps: median %.1f ms)", 100.0 * (t / off - 1.0),
+                  median(s.recorded_seconds) * 1e3);
+    std::printf("\n");
+  }
+  if (!torch_round_ms.empty()) {
+    const double t = median(torch_round_ms) / 1e3;
+    std::printf("  pytorch (intra,blas = %s)     : %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s\n", torch_setup.c_str(),
+                t * 1e3, batch / t, flops / t / 1e9);
+    std::printf(
+        "  ratio (median of rounds): proplab %.2fx PyTorch's images/s recording off, %.2fx recording every 10\n",
+        median(ratio_off), median(ratio_every10));
+  }
+  return 0;
+}
