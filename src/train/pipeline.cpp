@@ -99,6 +99,7 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
     const int owner = owner_of(p->name);
     const bool tied_copy = tied_ && last && p->name == "embed.token.weight";
     owned_.push_back(owner == stage_);
+    updated_.push_back(owner == stage_ || tied_copy);
     if (owner == stage_ || tied_copy) all_grads_.push_back(&p->grad);
   }
 }

@@ -75,8 +75,9 @@ class PipelineStage {
   // Checkpoint tensors (param/<name>, optim/<name>.<state>, buffer/<name>): each owned one sent to stage 0 and
   // written into `tensors` there. Data-parallel replicas other than 0 skip it (their tensors are identical).
   void gather_to_first_stage(std::map<std::string, Tensor>& tensors);
-  // The gradients this stage updates (its own and the tied embedding copy): all others stay zero.
-  const std::vector<Tensor*>& gradients() const { return all_grads_; }
+  // Per parameter (store order): true for the parameters whose gradients this stage computes and updates (its
+  // own and the tied embedding copy); all others stay zero. The data-parallel exchange covers these only.
+  const std::vector<bool>& updated_parameters() const { return updated_; }
   // True on every stage when true on some.
   bool any(bool flag);
   // Stage 0's value on every stage.
@@ -101,6 +102,7 @@ class PipelineStage {
   std::vector<Tensor> received_;    // per slot: the activation from the previous stage [rows, D]
   Tensor received_gradient_;        // from the next stage [rows, D]
   std::vector<bool> owned_;         // per parameter (store order): counted in the norm by this stage
+  std::vector<bool> updated_;       // per parameter: owned or the tied copy (updated_parameters())
   std::vector<Tensor*> all_grads_;  // gradients this stage scales when clipping (the tied copy too)
 };
 

@@ -167,11 +167,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   theory::ProbePrediction prediction;
   if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed, tensor);
-  DataParallel data_parallel(spec.parallel, group, model->params());
-  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
   if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group, tensor);
   PipelineStage* pipeline = stage ? &*stage : nullptr;
+  // (a stage's replicas exchange only the gradients it updates)
+  DataParallel data_parallel(spec.parallel, group, model->params(),
+                             pipeline ? pipeline->updated_parameters() : std::vector<bool>{});
+  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
   recorder.set_tensor_parallel(tensor);
   std::optional<TensorParallelSink> tensor_sink;  // records split probes whole, replicated ones once
