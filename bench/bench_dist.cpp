@@ -1,13 +1,18 @@
-// bench_dist: per-step time and bytes communicated by data parallelism on the reference model (transformer,
-// 4 layers, width 256, 4 heads, seq 128, batch 8, vocab 256, fp32 AdamW), against the formula in
+// bench_dist: per-step time and bytes communicated by data, tensor and pipeline parallelism on the reference model
+// (transformer, 4 layers, width 256, 4 heads, seq 128, batch 8, vocab 256, fp32 AdamW), against the formulas in
 // docs/distributed.md.
 //
 //   bench_dist [--steps N] [--threads N] [--set key=value ...]            one process
 //   mpirun -np 2 bench_dist --set parallel.dp=2 [--set parallel.zero=1]   data parallel
+//   mpirun -np 2 bench_dist --set parallel.tp=2                           tensor parallel
+//   mpirun -np 2 bench_dist --set parallel.pp=2 --set parallel.microbatches=4   pipeline parallel
 //
 // Runs the study twice, for N/3 and N steps (records only at the first and last step of each), and takes the
-// bytes per step from the difference between the two runs, so the recorded steps' extra traffic cancels out.
-// ms/step is the median over the longer run's unrecorded steps (rank 0's run file).
+// bytes per step from the difference between the two runs, so the recorded steps' extra traffic, the final
+// evaluation and the final checkpoint cancel out. Bytes are the payload every communicator of the layout (data,
+// tensor, pipeline groups) counted, on rank 0 and summed over all ranks. ms/step is the median over the longer
+// run's unrecorded steps (rank 0's run file). With --reference-ms T1 (the one-process ms/step at one thread) it
+// also prints the parallel efficiency T1 / (ranks · T).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -53,18 +58,73 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// What the formulas of docs/distributed.md give per step: on rank 0 and summed over every rank. Negative: no
+// formula for this layout.
+struct Expected {
+  double rank0 = -1.0, all = -1.0;
+};
+
+Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
+  const ParallelConfig& p = study.parallel;
+  const RunSpec spec = to_run_spec(study);
+  const TransformerConfig& m = spec.model.transformer;
+  const double batch = static_cast<double>(spec.train.batch), t = m.seq_len, d = m.width, v = m.vocab;
+  Expected out;
+  if (p.tp == 1 && p.pp == 1) {  // data parallel: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag
+    const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
+    const double c = std::ceil(n / p.dp);
+    double rank = 0.0;
+    if (p.dp > 1) {
+      if (p.zero == 1)
+        rank = 4.0 * p.dp * c + 4.0 * c + 24.0;  // + the gradient norm's double
+      else if (p.dp_mode == "local_sgd")
+        rank = 4.0 * n / p.sync_every + 16.0;
+      else if (p.dp_mode == "gossip")
+        rank = 4.0 * n * (p.dp == 2 ? 1 : 2) + 16.0;
+      else
+        rank = 4.0 * n + 16.0;
+    }
+    out.rank0 = rank;
+    out.all = p.dp * rank;
+  } else if (p.dp == 1 && p.pp == 1) {
+    // Tensor parallel, per rank: each micro-batch's R = (batch / grad_accum)·T rows cost 8·R·D·(1 + 2L) bytes of
+    // f/g all-reduces and 24·R of cross-entropy; the gradient norm one double per split parameter; the stop flag.
+    const double rows = batch / spec.train.grad_accum * t;
+    const std::unique_ptr<Model> piece = make_model(spec.model, spec.scaling, spec.seed, tensor);
+    double split = 0.0;
+    for (const auto& param : piece->params().all())
+      if (param->shard.split()) split += 1.0;
+    const double rank =
+        spec.train.grad_accum * (8.0 * rows * d * (1.0 + 2.0 * m.layers) + 24.0 * rows) + 8.0 * split + 8.0;
+    out.rank0 = rank;
+    out.all = p.tp * rank;
+  } else if (p.dp == 1 && p.tp == 1) {
+    // Pipeline parallel: each boundary carries batch·T·D floats forward (activations) and back (gradients); the
+    // tied embedding's gradient both ways between the first and last stage; per stage the gradient norm and the
+    // stop flag (8 bytes each); the loss broadcast (8 bytes) from the last stage. Rank 0 is the first stage.
+    const double tied = m.tie_embeddings ? 4.0 * v * d : 0.0;
+    out.rank0 = 4.0 * batch * t * d + tied + 16.0;
+    out.all = 8.0 * (p.pp - 1) * batch * t * d + 2.0 * tied + 16.0 * p.pp + 8.0;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("bench_dist: data-parallel step time and bytes per step on the reference model");
+  CLI::App app("bench_dist: data-, tensor- and pipeline-parallel step time and bytes per step on the reference model");
   std::int64_t steps = 12;
   int threads = 0;
+  double reference_ms = 0.0;
   std::vector<std::string> settings;
   std::string out = "bench_dist_runs";
   app.add_option("--steps", steps, "steps of the longer run (the shorter has a third)")->check(CLI::Range(6, 100000));
   app.add_option("--threads", threads, "threads per process (0: all cores)");
   app.add_option("--set", settings, "study overrides, e.g. parallel.dp=2");
   app.add_option("--out", out, "folder for the run files");
+  app.add_option("--reference-ms", reference_ms,
+                 "one-process ms/step at one thread: prints the efficiency T1 / (ranks * ms/step)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     std::vector<std::string> overrides = settings;
@@ -73,17 +133,30 @@ int main(int argc, char** argv) {
     const Study base = parse_study(kStudy, "bench_dist", ".", overrides);
     std::optional<dist::ProcessGroups> groups;
     RunOptions options;
+    // The communicators whose bytes count (each once).
+    std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
       groups.emplace(dist::make_process_groups(dist::make_mpi_world(base.parallel.timeout_s),
                                                dist::Layout{base.parallel.dp, base.parallel.tp, base.parallel.pp}));
       if (groups->world->size() > 1) options.data_parallel = groups->data.get();
+      if (groups->layout.pp > 1) options.pipeline = groups->pipeline.get();
+      if (groups->tensor->size() > 1) options.tensor_parallel = groups->tensor.get();
+      counted_groups = {groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
     }
     const bool root = !groups || groups->world->rank() == 0;
-    dist::Communicator* group = options.data_parallel;
-    options.out_dir = std::filesystem::path(out) / (base.parallel.dp_mode + "-dp" + std::to_string(base.parallel.dp) +
-                                                    "-zero" + std::to_string(base.parallel.zero));
+    const int ranks = groups ? groups->world->size() : 1;
+    const ParallelConfig& layout = base.parallel;
+    options.out_dir =
+        std::filesystem::path(out) / (layout.dp_mode + "-dp" + std::to_string(layout.dp) + "-tp" +
+                                      std::to_string(layout.tp) + "-pp" + std::to_string(layout.pp) + "-m" +
+                                      std::to_string(layout.microbatches) + "-zero" + std::to_string(layout.zero));
     options.force = true;
-    std::int64_t counted[2][dist::kTrafficKinds] = {};
+    auto bytes_now = [&](dist::Traffic kind) {
+      std::int64_t total = 0;
+      for (const dist::Communicator* c : counted_groups) total += c->bytes_communicated(kind);
+      return total;
+    };
+    double counted[2][dist::kTrafficKinds] = {};
     const std::int64_t lengths[2] = {steps / 3, steps};
     std::vector<double> seconds;
     for (int run = 0; run < 2; ++run) {
@@ -91,12 +164,11 @@ int main(int argc, char** argv) {
       run_overrides.push_back("train.steps=" + std::to_string(lengths[run]));
       const Study study = parse_study(kStudy, "bench_dist", ".", run_overrides);
       std::int64_t before[dist::kTrafficKinds] = {};
-      for (int k = 0; k < dist::kTrafficKinds; ++k)
-        before[k] = group ? group->bytes_communicated(static_cast<dist::Traffic>(k)) : 0;
+      for (int k = 0; k < dist::kTrafficKinds; ++k) before[k] = bytes_now(static_cast<dist::Traffic>(k));
       const RunSummary summary = run_training(to_run_spec(study), options);
       if (summary.status != RunStatus::completed) throw UserError("bench_dist: the run ended " + summary.detail);
       for (int k = 0; k < dist::kTrafficKinds; ++k)
-        counted[run][k] = (group ? group->bytes_communicated(static_cast<dist::Traffic>(k)) : 0) - before[k];
+        counted[run][k] = static_cast<double>(bytes_now(static_cast<dist::Traffic>(k)) - before[k]);
       if (root && run == 1) {
         const RunReader reader = RunReader::open(summary.run_file);
         const TrainCurves train = reader.read_train();
@@ -104,37 +176,36 @@ int main(int argc, char** argv) {
           seconds.push_back(train.wall_time[i] - train.wall_time[i - 1]);
       }
     }
+    const double counted_steps = static_cast<double>(steps - steps / 3);
+    double per_step[dist::kTrafficKinds], all_ranks[dist::kTrafficKinds];
+    for (int k = 0; k < dist::kTrafficKinds; ++k)
+      all_ranks[k] = per_step[k] = (counted[1][k] - counted[0][k]) / counted_steps;
+    if (groups) groups->world->all_reduce(all_ranks, dist::kTrafficKinds);
     if (!root) return 0;
-    const int dp = base.parallel.dp;
-    std::printf("bench_dist: reference transformer, dp=%d dp_mode=%s zero=%d bucket_mb=%g threads=%d\n", dp,
-                base.parallel.dp_mode.c_str(), base.parallel.zero, base.parallel.bucket_mb, threads);
-    std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), 1e3 * median(seconds));
-    std::int64_t total = 0;
+    const Expected expected = expected_bytes(base, options.tensor_parallel);
+    const double ms = 1e3 * median(seconds);
+    std::printf(
+        "bench_dist: reference transformer, dp=%d tp=%d pp=%d microbatches=%d dp_mode=%s zero=%d bucket_mb=%g "
+        "threads=%d\n",
+        layout.dp, layout.tp, layout.pp, layout.microbatches, layout.dp_mode.c_str(), layout.zero, layout.bucket_mb,
+        threads);
+    std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), ms);
+    double total = 0.0, total_all = 0.0;
     for (int k = 0; k < dist::kTrafficKinds; ++k) {
-      const double per_step =
-          static_cast<double>(counted[1][k] - counted[0][k]) / static_cast<double>(steps - steps / 3);
-      total += counted[1][k] - counted[0][k];
-      if (per_step != 0.0)
-        std::printf("  %-15s %14.0f bytes/step\n", dist::traffic_name(static_cast<dist::Traffic>(k)), per_step);
+      total += per_step[k];
+      total_all += all_ranks[k];
+      if (all_ranks[k] != 0.0)
+        std::printf("  %-15s %14.0f bytes/step (rank 0), %14.0f (all ranks)\n",
+                    dist::traffic_name(static_cast<dist::Traffic>(k)), per_step[k], all_ranks[k]);
     }
-    // The formula of docs/distributed.md: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag (zero = 1:
-    // 8 more, the gradient norm).
-    const RunSpec spec = to_run_spec(base);
-    const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
-    const double c = std::ceil(n / dp);
-    double expected = 0.0;
-    if (dp > 1) {
-      if (base.parallel.zero == 1)
-        expected = 4.0 * dp * c + 4.0 * c + 24.0;  // + the gradient norm's double
-      else if (base.parallel.dp_mode == "local_sgd")
-        expected = 4.0 * n / base.parallel.sync_every + 16.0;
-      else if (base.parallel.dp_mode == "gossip")
-        expected = 4.0 * n * (dp == 2 ? 1 : 2) + 16.0;
-      else
-        expected = 4.0 * n + 16.0;
-    }
-    std::printf("  total           %14.0f bytes/step (rank 0); formula %.0f (N = %.0f parameters)\n",
-                static_cast<double>(total) / static_cast<double>(steps - steps / 3), expected, n);
+    std::printf("  total           %14.0f bytes/step (rank 0), %14.0f (all ranks)\n", total, total_all);
+    if (expected.rank0 >= 0.0)
+      std::printf("  formula         %14.0f bytes/step (rank 0), %14.0f (all ranks)\n", expected.rank0, expected.all);
+    else
+      std::printf("  formula         (none for this combined layout)\n");
+    if (reference_ms > 0.0)
+      std::printf("  efficiency      %.2f = %.1f ms / (%d ranks x %.1f ms)\n", reference_ms / (ranks * ms),
+                  reference_ms, ranks, ms);
   } catch (const std::exception& e) {
     std::cerr << "bench_dist: " << e.what() << "\n";
     return 2;

@@ -43,7 +43,8 @@ class Transformer final : public Model {
   // [first_block, last_block), with the embedding when first_block = 0 and the final norm, head and loss when
   // last_block = layers, through stage_forward/stage_backward (not forward_backward or evaluate); it keeps the
   // activations of `slots` micro-batches between their forward and backward. Every parameter still exists here;
-  // the stage reads and accumulates gradients into its own (and the tied token embedding on the last stage).
+  // the stage reads and accumulates gradients into its own (and the tied token embedding on the last stage). A
+  // tensor-parallel model runs as a stage the same way (tp × pp): its pieces, with the residual stream replicated.
   void set_stage(int first_block, int last_block, int slots);
   // Forward of one micro-batch into `slot`. The first stage embeds batch.inputs, the others start from `x_in`
   // [R, D]. The last stage returns the mean loss over batch.targets and, when grad_scale != 0, keeps its gradient

@@ -4,7 +4,9 @@
 // The stage reuses the whole model's sublayer_forward/sublayer_backward, which read the activation members; a
 // micro-batch in slot k > 0 has its own set of those tensors, swapped into the members (handles only, no copies)
 // for the duration of the call. The embedding and head code mirrors Transformer::forward_backward op for op, so a
-// stage chain computes what the whole model computes.
+// stage chain computes what the whole model computes. A stage may itself be split over a tensor-parallel group
+// (tp × pp): the embedding, head and loss then go through the same TensorParallel calls as the whole model, and
+// the stage's input and output (the residual stream) are replicated over the group.
 #include <functional>
 #include <utility>
 
@@ -88,7 +90,7 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
   Tensor& x0 = stream_[static_cast<std::size_t>(stage_first_)];
   if (first) {
     Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-    ops::embedding_forward(tokens, token_embedding_->value, &position_embedding_->value, target);
+    tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
     if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
     if (sink) sink->forward(probe_embed_, x0, batch_);
   } else {
@@ -114,7 +116,7 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
   if (output_multiplier_ != 1.0f) ops::scale(logits_, output_multiplier_);
   if (sink) sink->forward(probe_logits_, logits_, batch_);
   const Tensor targets = batch.targets.reshape({r});
-  return ops::softmax_cross_entropy(logits_, targets, grad_scale != 0.0f ? &d_logits_ : nullptr, grad_scale);
+  return tp_.cross_entropy(logits_, targets, grad_scale != 0.0f ? &d_logits_ : nullptr, grad_scale);
 }
 
 void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_out, Tensor& d_in,
@@ -135,10 +137,12 @@ void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_o
     Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
     if (has_final_norm_) {
       ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
+      tp_.all_reduce(d_tmp_);  // f: every rank's vocabulary columns
       if (sink) sink->backward(probe_final_, d_tmp_, batch_);
       final_norm_.backward(stream_.back(), final_saved_, d_tmp_, d_stream_);
     } else {
       ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
+      tp_.all_reduce(d_stream_);
     }
   } else {
     PROPLAB_CHECK(d_out.shape() == d_stream_.shape(), "stage_backward: gradient ", shape_string(d_out.shape()),
@@ -158,8 +162,8 @@ void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_o
     ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
     d_embedded = &d_tmp_;
   }
-  ops::embedding_backward(batch.inputs, d_embedded->reshape({batch_, tokens_, d}), token_embedding_->grad,
-                          &position_embedding_->grad);
+  tp_.embedding_backward(batch.inputs, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_,
+                         *position_embedding_);
   d_in = Tensor();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -21,8 +22,9 @@ double relative_distance(double spread, double mean_sq, int replicas) {
 
 }  // namespace
 
-DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params)
-    : config_(config), group_(group), params_(params) {
+DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params,
+                           std::vector<bool> exchanged)
+    : config_(config), group_(group), params_(params), exchanged_(std::move(exchanged)) {
   replicas_ = group_ ? group_->size() : 1;
   if (config.zero == 1 && config.dp_mode != "allreduce")
     throw UserError(
@@ -31,6 +33,12 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
         config.dp_mode + "\" each replica keeps its own; allowed: zero = 1 with dp_mode = \"allreduce\"");
   local_ = replicas_ > 1 && config.dp_mode != "allreduce";
   zero_ = replicas_ > 1 && config.zero == 1;
+  const std::size_t n = params_.all().size();
+  const bool restricted = !exchanged_.empty();
+  if (!restricted) exchanged_.assign(n, true);
+  PROPLAB_CHECK(exchanged_.size() == n, "DataParallel: ", exchanged_.size(), " exchange flags for ", n, " parameters");
+  PROPLAB_CHECK(!restricted || (config.dp_mode == "allreduce" && config.zero == 0),
+                "DataParallel: a restricted exchange (pipeline stage) with allreduce and zero = 0 only");
   offsets_.push_back(0);
   for (auto& p : params_.all()) offsets_.push_back(offsets_.back() + p->value.numel());
   const std::int64_t total = offsets_.back();
@@ -41,19 +49,19 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
   }
   if (replicas_ > 1 && !local_ && !zero_ && config.bucket_mb > 0.0) {
     const double bucket_bytes = config.bucket_mb * 1024.0 * 1024.0;
-    const std::size_t n = params_.all().size();
+    // Elements of parameter i's gradient in the exchange (0 when it is not exchanged).
+    auto elements_of = [&](std::size_t i) { return exchanged_[i] ? params_.all()[i]->value.numel() : 0; };
     std::size_t last = n;
     while (last > 0) {
+      while (last > 0 && !exchanged_[last - 1]) --last;  // a bucket ends with an exchanged parameter
+      if (last == 0) break;
       std::size_t first = last - 1;
-      double bytes = 4.0 * static_cast<double>(params_.all()[first]->value.numel());
-      while (first > 0 && bytes < bucket_bytes) {
-        --first;
-        bytes += 4.0 * static_cast<double>(params_.all()[first]->value.numel());
-      }
+      std::int64_t elements = elements_of(first);
+      while (first > 0 && 4.0 * static_cast<double>(elements) < bucket_bytes) elements += elements_of(--first);
       Bucket bucket;
       bucket.first = first;
       bucket.last = last;
-      bucket.buffer.resize(static_cast<std::size_t>(offsets_[last] - offsets_[first]));
+      bucket.buffer.resize(static_cast<std::size_t>(elements));
       buckets_.push_back(std::move(bucket));
       last = first;
     }
@@ -90,12 +98,32 @@ void DataParallel::unpack(bool gradients, std::int64_t begin, std::int64_t end, 
   }
 }
 
+void DataParallel::pack_bucket(const Bucket& bucket, float* out) const {
+  auto& all = params_.all();
+  for (std::size_t i = bucket.first; i < bucket.last; ++i) {
+    if (!exchanged_[i]) continue;
+    const std::int64_t count = all[i]->grad.numel();
+    std::memcpy(out, all[i]->grad.f32(), static_cast<std::size_t>(count) * sizeof(float));
+    out += count;
+  }
+}
+
+void DataParallel::unpack_bucket(const Bucket& bucket, const float* in) {
+  auto& all = params_.all();
+  for (std::size_t i = bucket.first; i < bucket.last; ++i) {
+    if (!exchanged_[i]) continue;
+    const std::int64_t count = all[i]->grad.numel();
+    std::memcpy(all[i]->grad.f32(), in, static_cast<std::size_t>(count) * sizeof(float));
+    in += count;
+  }
+}
+
 GradientListener* DataParallel::listener_for(bool last_micro_batch) {
   return last_micro_batch && !buckets_.empty() ? this : nullptr;
 }
 
 void DataParallel::start_bucket(Bucket& bucket) {
-  pack(true, offsets_[bucket.first], offsets_[bucket.last], bucket.buffer.data());
+  pack_bucket(bucket, bucket.buffer.data());
   bucket.pending = group_->start_all_reduce(bucket.buffer.data(), static_cast<std::int64_t>(bucket.buffer.size()));
 }
 
@@ -123,14 +151,15 @@ void DataParallel::finish_gradients() {
     return;
   }
   if (buckets_.empty()) {
-    for (auto& p : all) group_->all_reduce(p->grad.f32(), p->grad.numel());
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (exchanged_[i]) group_->all_reduce(all[i]->grad.f32(), all[i]->grad.numel());
     return;
   }
   while (next_bucket_ < buckets_.size()) start_bucket(buckets_[next_bucket_++]);
   for (Bucket& bucket : buckets_) {
     bucket.pending->wait();
     bucket.pending.reset();
-    unpack(true, offsets_[bucket.first], offsets_[bucket.last], bucket.buffer.data());
+    unpack_bucket(bucket, bucket.buffer.data());
   }
   next_bucket_ = 0;
 }

@@ -6,7 +6,9 @@
 //   the shares are summed. With bucket_mb > 0 the sum runs in buckets of about bucket_mb MiB, parameters taken in
 //   reverse creation order; a bucket's non-blocking all-reduce starts as soon as the model reports its parameters'
 //   gradients final (GradientListener), and every bucket is completed before clipping. With bucket_mb = 0 each
-//   gradient tensor is all-reduced after backward. Either way the replicas apply identical updates.
+//   gradient tensor is all-reduced after backward. Either way the replicas apply identical updates. A pipeline
+//   stage exchanges only the parameters it updates (`exchanged`: its own and the tied embedding copy; the others
+//   carry zero gradients there), in buckets cut over those parameters alone.
 // - allreduce with zero = 1 (ZeRO-1): the flattened gradients are reduce-scattered; replica r owns the flat slice
 //   [r·c, (r+1)·c) with c = ceil(N / dp), clips it with the global norm, updates it with an optimizer that keeps
 //   only that slice's state, and the parameters are all-gathered.
@@ -41,7 +43,10 @@ namespace proplab {
 class DataParallel final : public GradientListener {
  public:
   // `group` null: one process. UserError for combinations that do not exist (zero = 1 with local_sgd or gossip).
-  DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params);
+  // `exchanged` (per parameter in store order; empty: all): the gradients the allreduce mode sums; the others are
+  // left as they are. Only with dp_mode = "allreduce" and zero = 0 (pipeline stages).
+  DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params,
+               std::vector<bool> exchanged = {});
   ~DataParallel() override;
 
   int replicas() const { return replicas_; }
@@ -90,6 +95,9 @@ class DataParallel final : public GradientListener {
   // Flat copies between the parameters (values or gradients) and a buffer covering flat range [begin, end).
   void pack(bool gradients, std::int64_t begin, std::int64_t end, float* out) const;
   void unpack(bool gradients, std::int64_t begin, std::int64_t end, const float* in);
+  // A bucket's buffer: the exchanged gradients of its parameters, back to back.
+  void pack_bucket(const Bucket& bucket, float* out) const;
+  void unpack_bucket(const Bucket& bucket, const float* in);
   void average_parameters();
   void mix_parameters();
   void measure_disagreement(std::vector<double>& out);
@@ -100,6 +108,7 @@ class DataParallel final : public GradientListener {
   int replicas_ = 1;
   bool local_ = false;  // local_sgd or gossip: replicas step on their own gradients
   bool zero_ = false;
+  std::vector<bool> exchanged_;        // per parameter: summed by the allreduce mode
   std::vector<std::int64_t> offsets_;  // flat offset of each parameter; back() = N
   std::int64_t chunk_ = 0;             // zero: elements per replica's slice (N padded to dp·chunk)
   std::vector<Bucket> buckets_;        // in start order (last parameters first)

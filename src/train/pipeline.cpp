@@ -5,6 +5,7 @@
 
 #include "dist/pipeline_schedule.h"
 #include "ops/ops.h"
+#include "train/tensor_parallel.h"
 
 namespace proplab {
 
@@ -68,10 +69,12 @@ std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stag
   return dist::balance_stages(std::vector<double>(static_cast<std::size_t>(config.layers), block), 0.0, head, stages);
 }
 
-PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data)
+PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data,
+                             dist::Communicator* tensor)
     : model_(dynamic_cast<Transformer&>(model)),
       stages_(stages),
       data_(data),
+      tensor_(tensor != nullptr && tensor->size() > 1 ? tensor : nullptr),
       seed_(spec.seed),
       stage_(stages.rank()),
       stage_count_(stages.size()),
@@ -95,7 +98,8 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
   for (auto& p : model_.params().all()) {
     const int owner = owner_of(p->name);
     const bool tied_copy = tied_ && last && p->name == "embed.token.weight";
-    if (owner == stage_) owned_grads_.push_back(&p->grad);
+    owned_.push_back(owner == stage_);
+    updated_.push_back(owner == stage_ || tied_copy);
     if (owner == stage_ || tied_copy) all_grads_.push_back(&p->grad);
   }
 }
@@ -185,8 +189,13 @@ double PipelineStage::finish_backward(double loss, Recorder* recorder) {
 }
 
 double PipelineStage::clip_grad_norm(double max_norm) {
+  const auto& all = model_.params().all();
+  std::vector<double> squares(all.size(), 0.0);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (owned_[i]) squares[i] = ops::sum_squares(all[i]->grad);
+  if (tensor_) sum_split_parameters(*tensor_, model_.params(), squares);  // a split parameter's pieces add up
   double total = 0.0;
-  for (const Tensor* grad : owned_grads_) total += ops::sum_squares(*grad);
+  for (double s : squares) total += s;
   stages_.all_reduce(&total, 1);
   const double norm = std::sqrt(total);
   if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {

@@ -14,6 +14,13 @@
 // - Statistics and checkpoints are full-tensor: probe sums are merged into stage 0 exactly (Recorder's merge),
 //   parameter statistics come from each parameter's owner, and a checkpoint gathers every owned parameter and
 //   optimizer state tensor onto stage 0 (rank 0 writes it); every rank reads a checkpoint in full on resume.
+// - tp × pp: a stage may be split over a tensor-parallel group (models/tensor_parallel.h). Rank t of the tensor
+//   group of stage s talks only to rank t of stages s ± 1 (the same pipeline group: dist::make_process_groups
+//   keeps tp fixed inside it); the activations and gradients it sends are the replicated residual stream. Each
+//   stage's pieces are then what they are without the pipeline: the gradient norm sums the split parameters'
+//   squares over the tensor group first, probes reach the recorder through the trainer's TensorParallelSink, and
+//   a checkpoint gathers the pieces onto stage 0 (each tensor rank its own), where the tensor group gathers them
+//   into full tensors.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +47,10 @@ std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stag
 
 class PipelineStage {
  public:
-  // `stages`: this rank's pipeline group (its rank is the stage); `data`: its data-parallel group or null.
-  PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data);
+  // `stages`: this rank's pipeline group (its rank is the stage); `data`: its data-parallel group or null;
+  // `tensor`: its tensor-parallel group when the model is split (tp × pp), else null.
+  PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data,
+                dist::Communicator* tensor = nullptr);
 
   int stage() const { return stage_; }
   int stage_count() const { return stage_count_; }
@@ -55,8 +64,9 @@ class PipelineStage {
   // After the data-parallel gradient sum: adds the tied embedding's two gradients, sends the loss from the last
   // stage to every stage, and (with a recorder) merges every stage's probe sums into stage 0's.
   double finish_backward(double loss, Recorder* recorder);
-  // The global gradient norm (each parameter once, from its owner), and every owned gradient scaled by
-  // max_norm / norm when it is larger (0 disables clipping), as ops::clip_grad_norm does in one process.
+  // The global gradient norm (each parameter once, from its owner; split parameters summed over the tensor
+  // group), and every owned gradient scaled by max_norm / norm when it is larger (0 disables clipping), as
+  // ops::clip_grad_norm does in one process.
   double clip_grad_norm(double max_norm);
   // Each parameter statistic row from the parameter's owner, on every stage.
   void gather_param_stats(Recorder& recorder);
@@ -65,8 +75,9 @@ class PipelineStage {
   // Checkpoint tensors (param/<name>, optim/<name>.<state>, buffer/<name>): each owned one sent to stage 0 and
   // written into `tensors` there. Data-parallel replicas other than 0 skip it (their tensors are identical).
   void gather_to_first_stage(std::map<std::string, Tensor>& tensors);
-  // The gradients this stage updates (its own and the tied embedding copy): all others stay zero.
-  const std::vector<Tensor*>& gradients() const { return all_grads_; }
+  // Per parameter (store order): true for the parameters whose gradients this stage computes and updates (its
+  // own and the tied embedding copy); all others stay zero. The data-parallel exchange covers these only.
+  const std::vector<bool>& updated_parameters() const { return updated_; }
   // True on every stage when true on some.
   bool any(bool flag);
   // Stage 0's value on every stage.
@@ -80,17 +91,19 @@ class PipelineStage {
   Transformer& model_;
   dist::Communicator& stages_;
   dist::Communicator* data_;
+  dist::Communicator* tensor_;
   std::uint64_t seed_;
   int stage_, stage_count_, first_block_, last_block_;
   int microbatches_, grad_accum_, chunks_per_micro_, replicas_, slots_;
   bool tied_;
   std::vector<int> bounds_;
   std::int64_t chunk_rows_ = 0;
-  std::vector<Batch> chunks_;         // the step's pipeline micro-batches (copies: the data buffer is reused)
-  std::vector<Tensor> received_;      // per slot: the activation from the previous stage [rows, D]
-  Tensor received_gradient_;          // from the next stage [rows, D]
-  std::vector<Tensor*> owned_grads_;  // gradients this stage counts in the norm
-  std::vector<Tensor*> all_grads_;    // gradients this stage scales when clipping (the tied copy too)
+  std::vector<Batch> chunks_;       // the step's pipeline micro-batches (copies: the data buffer is reused)
+  std::vector<Tensor> received_;    // per slot: the activation from the previous stage [rows, D]
+  Tensor received_gradient_;        // from the next stage [rows, D]
+  std::vector<bool> owned_;         // per parameter (store order): counted in the norm by this stage
+  std::vector<bool> updated_;       // per parameter: owned or the tied copy (updated_parameters())
+  std::vector<Tensor*> all_grads_;  // gradients this stage scales when clipping (the tied copy too)
 };
 
 }  // namespace proplab

@@ -124,10 +124,6 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError(
         "device.type: training on CUDA is not available in this version (only the residual-combine "
         "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
-  if (spec.parallel.tp > 1 && spec.parallel.pp > 1)
-    throw UserError(
-        "parallel: tensor and pipeline parallelism together (tp > 1 and pp > 1) are not available in this version; "
-        "allowed: tp = 1 or pp = 1 (each may be combined with dp)");
   if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
@@ -138,8 +134,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   const int tensor_ranks = tensor ? tensor->size() : 1;
   if (tensor_ranks != spec.parallel.tp)
     throw UserError("parallel.tp = " + std::to_string(spec.parallel.tp) + " needs " + std::to_string(spec.parallel.tp) +
-                    " processes per replica (mpirun -np " + std::to_string(spec.parallel.dp * spec.parallel.tp) +
-                    " proplab run ...), but " + std::to_string(tensor_ranks) + " were started");
+                    " processes per replica (mpirun -np " +
+                    std::to_string(spec.parallel.dp * spec.parallel.tp * spec.parallel.pp) + " proplab run ...), but " +
+                    std::to_string(tensor_ranks) + " were started");
   check_tensor_parallel(spec.model, spec.parallel.tp);
   if (tensor_ranks == 1) tensor = nullptr;
   dist::Communicator* group = options.data_parallel;
@@ -170,11 +167,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   theory::ProbePrediction prediction;
   if (root) prediction = predict_for_run(spec);
   std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed, tensor);
-  DataParallel data_parallel(spec.parallel, group, model->params());
-  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
-  if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group);
+  if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group, tensor);
   PipelineStage* pipeline = stage ? &*stage : nullptr;
+  // (a stage's replicas exchange only the gradients it updates)
+  DataParallel data_parallel(spec.parallel, group, model->params(),
+                             pipeline ? pipeline->updated_parameters() : std::vector<bool>{});
+  Optimizer optimizer(tc, model->params(), data_parallel.optimizer_shard());
   Recorder recorder(spec.record, model->probes(), model->params(), tc.steps);
   recorder.set_tensor_parallel(tensor);
   std::optional<TensorParallelSink> tensor_sink;  // records split probes whole, replicated ones once
@@ -287,8 +286,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     std::map<std::string, Tensor> tensors =
         checkpoint_tensors(*model, data_parallel.optimizer_state_to_save(optimizer));
     if (pipeline) pipeline->gather_to_first_stage(tensors);  // each stage's own tensors, full size, to rank 0
-    // Tensor parallel: the first replica's group gathers its pieces into full tensors for rank 0.
-    if (tensor && (!group || group->rank() == 0)) tensors = gather_full_tensors(*tensor, model->params(), tensors);
+    // Tensor parallel: the first replica's (first stage's) group gathers its pieces into full tensors for rank 0.
+    if (tensor && (!group || group->rank() == 0) && (!pipeline || pipeline->stage() == 0))
+      tensors = gather_full_tensors(*tensor, model->params(), tensors);
     if (!root) return;
     Checkpoint checkpoint;
     checkpoint.tensors = std::move(tensors);
@@ -355,7 +355,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
                                            1.0f / static_cast<float>(tc.grad_accum * replicas), context);
         }
         double loss = pipeline ? pipeline->forward_backward(
-                                     step, record ? &recorder : nullptr,
+                                     step, record ? sink : nullptr,
                                      [&](int m) { return local(data.batch(Split::train, step * tc.grad_accum + m)); })
                                : total / tc.grad_accum;
         if (group && replicas > 1) {
@@ -365,7 +365,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
           if (record && (!tensor || tensor->rank() == 0)) recorder.merge_replicas(*group);
         }
-        if (pipeline) loss = pipeline->finish_backward(loss, record ? &recorder : nullptr);
+        if (pipeline)  // (tp × pp: the stages merge among the tensor groups' rank 0s, as the replicas do)
+          loss = pipeline->finish_backward(loss, record && (!tensor || tensor->rank() == 0) ? &recorder : nullptr);
         return loss;
       };
       const bool record = recorder.records(step);

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Pipeline-parallel parity: the same study run by one process and by `mpirun` with [parallel] pp = 2 (4
-micro-batches), dp = 2 x pp = 2 (4 ranks) and pp = 3 with fewer micro-batches than stages must give a run file of
-the same layout with the same loss, every recorded statistic and the same parameter statistics, and the same
-parameters after the steps, within 1e-5 (statistics that can sit near zero, mean and corr, within 1e-5 of the
-probe's rms or of 1). A pp = 2 run stopped after 3 steps and resumed by one process must match too (its checkpoint
-is full-tensor), and so must a one-process run stopped after 2 steps and resumed with pp = 2. Uses SGD with
-momentum and gradient clipping, so the pipelined global gradient norm is checked.
+micro-batches), dp = 2 x pp = 2 (4 ranks), pp = 3 with fewer micro-batches than stages, tp = 2 x pp = 2 (4 ranks:
+stages split over tensor groups) and dp = 2 x tp = 2 x pp = 2 (8 ranks) must give a run file of the same layout with
+the same loss, every recorded statistic and the same parameter statistics, and the same parameters after the steps,
+within 1e-5 (statistics that can sit near zero, mean and corr, within 1e-5 of the probe's rms or of 1). tp = 2 x
+pp = 2 is also checked on a post-RMSNorm model with an untied head and biases (no final norm: the head's input
+gradient is the last stage's output gradient). A pp = 2 run and a tp = 2 x pp = 2 run stopped after 3 steps and
+resumed by one process must match too (their checkpoints are full-tensor), and so must a one-process run stopped
+after 2 steps and resumed with pp = 2 or with tp = 2 x pp = 2. A tp = 2 x pp = 2 run repeated gives bitwise the same
+statistics and checkpoint. Uses SGD with momentum and gradient clipping, so the pipelined global gradient norm is
+checked.
 
 usage: check_pp_parity.py PROPLAB MPIEXEC WORKDIR
 """
@@ -17,7 +21,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_dp_parity import compare_checkpoints, compare_runs, run  # noqa: E402
+from check_dp_parity import compare_checkpoints, compare_runs, identical_runs, run  # noqa: E402
 
 STUDY = textwrap.dedent("""\
     name = "parity"
@@ -49,6 +53,11 @@ STUDY = textwrap.dedent("""\
     """)
 
 
+PP = ["parallel.pp=2", "parallel.microbatches=4"]
+TP_PP = ["parallel.tp=2"] + PP
+POST_UNTIED = 'norm = "post"\nnorm_kind = "rmsnorm"\ntie_embeddings = false\nbias = true'
+
+
 def layout(path):
     """Every dataset's name and shape, and the probe and parameter names. /replicas (the data-parallel replicas'
     disagreement) exists only with dp > 1."""
@@ -70,18 +79,50 @@ def main():
     failures = []
     single = os.path.join(work, "single")
     run([proplab, "run", study, "--out", single, "--force"], env)
-    single_run, single_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
     layouts = [  # (label, processes, --set options)
-        ("pp=2 microbatches=4", 2, ["parallel.pp=2", "parallel.microbatches=4"]),
-        ("dp=2 x pp=2 microbatches=4", 4, ["parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4"]),
+        ("pp=2 microbatches=4", 2, PP),
+        ("dp=2 x pp=2 microbatches=4", 4, ["parallel.dp=2"] + PP),
         ("pp=3 microbatches=2", 3, ["parallel.pp=3", "parallel.microbatches=2"]),
+        ("tp=2 x pp=2 microbatches=4", 4, TP_PP),
+        ("dp=2 x tp=2 x pp=2 microbatches=4", 8, ["parallel.dp=2"] + TP_PP),
     ]
+    compare_layouts(proplab, mpiexec, work, study, env, single, layouts, failures)
+    # tp x pp without a final norm, with an untied (vocabulary-split) head and biases.
+    post = os.path.join(work, "parity-post.toml")
+    with open(post, "w") as f:
+        f.write(STUDY.replace('norm = "pre"', POST_UNTIED))
+    post_single = os.path.join(work, "post-single")
+    run([proplab, "run", post, "--out", post_single, "--force"], env)
+    compare_layouts(proplab, mpiexec, work, post, env, post_single,
+                    [("post-untied tp=2 x pp=2 microbatches=4", 4, TP_PP)], failures)
+    # Resume across layouts, both ways: pp = 2 and tp = 2 x pp = 2 <-> one process.
+    resume_checks(proplab, mpiexec, work, study, env, single, failures, "pp=2", 2, PP)
+    resume_checks(proplab, mpiexec, work, study, env, single, failures, "tp=2 x pp=2", 4, TP_PP)
+    # Determinism at a fixed layout: tp = 2 x pp = 2 repeated.
+    again = os.path.join(work, "tp2_x_pp2_again")
+    run([mpiexec, "-np", "4", "--oversubscribe", proplab, "run", study, "--out", again, "--force"] + sets_of(TP_PP), env)
+    identical_runs(os.path.join(work, "tp2_x_pp2_microbatches4"), again, "tp=2 x pp=2 repeated", failures)
+    for f in failures:
+        print(f)
+    if failures:
+        sys.exit(1)
+    print("pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3, tp = 2 x pp = 2 (pre and post-untied), "
+          "dp = 2 x tp = 2 x pp = 2, and resuming pp = 2 and tp = 2 x pp = 2 <-> one process")
+
+
+def sets_of(options):
+    out = []
+    for s in options:
+        out += ["--set", s]
+    return out
+
+
+def compare_layouts(proplab, mpiexec, work, study, env, single, layouts, failures):
+    single_run, single_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
     for label, ranks, sets in layouts:
         out = os.path.join(work, label.replace(" ", "_").replace("=", ""))
         cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", proplab, "run", study, "--out", out, "--force"]
-        for s in sets:
-            cmd += ["--set", s]
-        log = run(cmd, env)
+        log = run(cmd + sets_of(sets), env)
         if log.count("proplab: parity: completed") != 1:
             failures.append("%s: expected one final line from rank 0, got:\n%s" % (label, log))
         parallel_run = os.path.join(out, "parity.h5")
@@ -94,31 +135,30 @@ def main():
             a, b = s["eval/loss"][()], p["eval/loss"][()]
             if a.shape != b.shape or not np.all(np.abs(a - b) <= 1e-5 * np.abs(a)):
                 failures.append("%s: validation loss %s vs %s" % (label, a, b))
-    # Resume across layouts: a pp = 2 run stopped after 3 steps, continued by one process.
-    moved = os.path.join(work, "pp2-resumed")
-    run([mpiexec, "-np", "2", "--oversubscribe", proplab, "run", study, "--set", "parallel.pp=2", "--set",
-         "parallel.microbatches=4", "--out", moved, "--force", "--stop-after", "3"], env, allowed=(4,))
+
+
+def resume_checks(proplab, mpiexec, work, study, env, single, failures, label, ranks, sets):
+    """A `label` run stopped after 3 steps and continued by one process, and a one-process run stopped after 2 steps
+    and continued under `label` (every rank reads the full-tensor file), each against the uninterrupted run."""
+    single_run, single_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
+    mpirun = [mpiexec, "-np", str(ranks), "--oversubscribe", proplab, "run", study] + sets_of(sets)
+    name = label.replace(" ", "").replace("=", "")
+    moved = os.path.join(work, name + "-resumed")
+    run(mpirun + ["--out", moved, "--force", "--stop-after", "3"], env, allowed=(4,))
     resumed = run([proplab, "run", study, "--out", moved, "--resume"], env)
     if "resuming at step 3" not in resumed:
-        failures.append("pp=2 then one process: did not resume at step 3:\n%s" % resumed)
-    compare_runs(single_run, os.path.join(moved, "parity.h5"), "pp=2 then resumed by one process", failures)
-    compare_checkpoints(single_ckpt, os.path.join(moved, "parity.ckpt.h5"), "pp=2 then resumed by one process",
-                        failures)
-    # And the other way: one process stopped after 2 steps, continued by pp = 2 (every stage reads the full file).
-    back = os.path.join(work, "single-then-pp2")
+        failures.append("%s then one process: did not resume at step 3:\n%s" % (label, resumed))
+    what = "%s then resumed by one process" % label
+    compare_runs(single_run, os.path.join(moved, "parity.h5"), what, failures)
+    compare_checkpoints(single_ckpt, os.path.join(moved, "parity.ckpt.h5"), what, failures)
+    back = os.path.join(work, "single-then-" + name)
     run([proplab, "run", study, "--out", back, "--force", "--stop-after", "2"], env, allowed=(4,))
-    resumed = run([mpiexec, "-np", "2", "--oversubscribe", proplab, "run", study, "--set", "parallel.pp=2", "--set",
-                   "parallel.microbatches=4", "--out", back, "--resume"], env)
+    resumed = run(mpirun + ["--out", back, "--resume"], env)
     if "resuming at step 2" not in resumed:
-        failures.append("one process then pp=2: did not resume at step 2:\n%s" % resumed)
-    compare_runs(single_run, os.path.join(back, "parity.h5"), "one process then resumed by pp=2", failures)
-    compare_checkpoints(single_ckpt, os.path.join(back, "parity.ckpt.h5"), "one process then resumed by pp=2",
-                        failures)
-    for f in failures:
-        print(f)
-    if failures:
-        sys.exit(1)
-    print("pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3, and resuming pp = 2 <-> one process")
+        failures.append("one process then %s: did not resume at step 2:\n%s" % (label, resumed))
+    what = "one process then resumed by %s" % label
+    compare_runs(single_run, os.path.join(back, "parity.h5"), what, failures)
+    compare_checkpoints(single_ckpt, os.path.join(back, "parity.ckpt.h5"), what, failures)
 
 
 if __name__ == "__main__":

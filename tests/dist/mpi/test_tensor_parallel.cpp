@@ -3,7 +3,8 @@
 // every piece equals the unsplit parameter's piece bitwise; after one forward/backward the loss equals the unsplit
 // loss, split gradients equal the pieces of the unsplit gradients, and the gradients of replicated parameters
 // (norms, biases of the row-parallel outputs, the position embedding, residual scalars) are bitwise identical on
-// every rank and equal the unsplit ones. Each rank runs every test; a failure on any rank fails the run.
+// every rank and equal the unsplit ones; the split model run as two pipeline stages equals the split model (tp × pp).
+// Each rank runs every test; a failure on any rank fails the run.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -102,8 +103,7 @@ TEST(TensorParallelTransformer, LossAndGradientsMatchOneProcess) {
     // The payload docs/distributed.md states: an [R, D] f32 all-reduce for the embedding, each sublayer's g and f
     // and the head's f, and 3 doubles per row for the cross-entropy.
     const std::int64_t rows = 3 * v.config.seq_len, width = v.config.width;
-    EXPECT_EQ(world->bytes_communicated() - bytes_before,
-              4 * rows * width * (2 + 4 * v.config.layers) + 8 * 3 * rows);
+    EXPECT_EQ(world->bytes_communicated() - bytes_before, 4 * rows * width * (2 + 4 * v.config.layers) + 8 * 3 * rows);
     for (auto& p : split.params().all()) {
       SCOPED_TRACE(p->name);
       Parameter& q = find(full.params(), p->name);
@@ -123,6 +123,48 @@ TEST(TensorParallelTransformer, LossAndGradientsMatchOneProcess) {
       for (int r = 1; r < ranks; ++r)
         ASSERT_TRUE(std::equal(got.begin(), got.end(), all.begin() + static_cast<std::ptrdiff_t>(r * got.size())))
             << "rank " << r << " differs from rank " << world->rank();
+    }
+  }
+}
+
+// tp × pp: the split model run as two pipeline stages (blocks [0, 1) with the embedding, [1, 2) with the head and
+// loss; both in this process, the activation handed from one to the other as the pipeline sends it) computes what
+// the split model computes: the same loss and, summing the tied embedding's two copies, the same gradients.
+TEST(TensorParallelTransformer, SplitStagesMatchTheSplitModel) {
+  auto world = dist::make_mpi_world(60.0);
+  for (const Variant& v : variants()) {
+    SCOPED_TRACE(v.name);
+    Transformer whole(v.config, ScalingConfig{}, 7, TensorParallel(world.get()));
+    Transformer first(v.config, ScalingConfig{}, 7, TensorParallel(world.get()));
+    Transformer last(v.config, ScalingConfig{}, 7, TensorParallel(world.get()));
+    first.set_stage(0, 1, 1);
+    last.set_stage(1, 2, 1);
+    const Batch batch = testing::token_batch(3, v.config.seq_len, v.config.vocab, 11);
+    StepContext context;
+    context.seed = 7;
+    context.micro_step = 2;
+    context.training = v.training;
+    for (Transformer* m : {&whole, &first, &last}) m->params().zero_grads();
+    const double whole_loss = whole.forward_backward(batch, 0.5f, context);
+    Tensor boundary, boundary_grad, unused;
+    first.stage_forward(0, batch, Tensor(), boundary, 0.5f, context);
+    const double stage_loss = last.stage_forward(0, batch, boundary, unused, 0.5f, context);
+    last.stage_backward(0, batch, Tensor(), boundary_grad, context);
+    first.stage_backward(0, batch, boundary_grad, unused, context);
+    EXPECT_EQ(stage_loss, whole_loss);
+    for (auto& p : whole.params().all()) {
+      SCOPED_TRACE(p->name);
+      const bool on_first = p->name.rfind("embed.", 0) == 0 || p->name.rfind("blocks.0.", 0) == 0;
+      std::vector<float> got = (on_first ? first : last).params().find(p->name)->grad.to_vector();
+      if (p->name == "embed.token.weight" && v.config.tie_embeddings) {  // the head's copy on the last stage
+        const std::vector<float> head = last.params().find(p->name)->grad.to_vector();
+        for (std::size_t i = 0; i < got.size(); ++i) got[i] += head[i];
+      }
+      const std::vector<float> want = p->grad.to_vector();
+      float scale = 0.0f;
+      for (float x : want) scale = std::max(scale, std::abs(x));
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6f * scale + 1e-12f) << i;
     }
   }
 }
