@@ -2,7 +2,6 @@
 // process groups of every layout that fits the world, and the timeout that keeps a stalled rank from hanging
 // the others. Each rank runs every test; a failure on any rank fails the run.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <chrono>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "mpi_test_main.h"
 
 namespace proplab::dist {
 namespace {
@@ -185,22 +185,4 @@ TEST(MpiCollectives, StalledRankTimesOutTheOthers) {
 }  // namespace
 }  // namespace proplab::dist
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  // Only rank 0 prints the test listing; every rank reports failures.
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  // Any rank's failure fails the job.
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && rank == 0 && !failed) std::fprintf(stderr, "a test failed on another rank\n");
-  MPI_Finalize();
-  return any;
-}
+int main(int argc, char** argv) { return proplab::testing::run_mpi_tests(argc, argv); }

@@ -4,13 +4,12 @@
 // per parameter, one bucket for all) the sums are exact and the bytes handed to the all-reduces are 4 bytes per
 // exchanged element, no more. Each rank runs every test; a failure on any rank fails the run.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "dist/communicator.h"
+#include "mpi_test_main.h"
 #include "train/data_parallel.h"
 
 namespace proplab {
@@ -85,20 +84,4 @@ TEST(DataParallelExchange, SumsOnlyTheExchangedGradientsAndSendsOnlyTheirBytes) 
 }  // namespace
 }  // namespace proplab
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && rank == 0 && !failed) std::fprintf(stderr, "a test failed on another rank\n");
-  MPI_Finalize();
-  return any;
-}
+int main(int argc, char** argv) { return proplab::testing::run_mpi_tests(argc, argv); }

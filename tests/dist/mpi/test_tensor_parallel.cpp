@@ -6,7 +6,6 @@
 // every rank and equal the unsplit ones; the split model run as two pipeline stages equals the split model (tp × pp).
 // Each rank runs every test; a failure on any rank fails the run.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "mpi_test_main.h"
 #include "models/transformer.h"
 #include "support/model_testing.h"
 
@@ -182,20 +182,4 @@ TEST(TensorParallelTransformer, EvaluateMatchesOneProcess) {
 }  // namespace
 }  // namespace proplab
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  int any = failed;
-  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && rank == 0 && !failed) std::fprintf(stderr, "a test failed on another rank\n");
-  MPI_Finalize();
-  return any;
-}
+int main(int argc, char** argv) { return proplab::testing::run_mpi_tests(argc, argv); }
