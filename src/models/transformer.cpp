@@ -234,25 +234,18 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   if (sink && s.probe_input >= 0) sink->backward(s.probe_input, d_in, batch_);
 }
 
-double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
-  const Tensor& tokens = batch.inputs;
-  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) <= config_.seq_len, "transformer input shape ",
-                shape_string(tokens.shape()));
-  ensure_buffers(tokens.dim(0), tokens.dim(1));
-  const std::int64_t r = batch_ * tokens_, d = config_.width;
-  const bool drop = dropout_active(context);
-
-  // Forward.
+void Transformer::embed_forward(const Tensor& tokens, const StepContext& context) {
   Tensor& x0 = stream_[0];
-  {
-    Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-    tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
-    if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
-  }
+  const std::int64_t d = config_.width;
+  const bool drop = dropout_active(context);
+  Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
+  tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
+  if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
+  if (context.sink) context.sink->forward(probe_embed_, x0, batch_);
+}
+
+double Transformer::head_forward(const Batch& batch, float grad_scale, const StepContext& context) {
   ProbeSink* sink = context.sink;
-  if (sink) sink->forward(probe_embed_, x0, batch_);
-  for (std::size_t i = 0; i < sublayers_.size(); ++i)
-    sublayer_forward(sublayers_[i], stream_[i], stream_[i + 1], context, static_cast<int>(i));
   const Tensor* head_in = &stream_.back();
   if (has_final_norm_) {
     final_norm_.forward(stream_.back(), final_, final_saved_);
@@ -263,14 +256,16 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
   ops::linear_forward(*head_in, head_weight, nullptr, logits_);
   if (output_multiplier_ != 1.0f) ops::scale(logits_, output_multiplier_);
   if (sink) sink->forward(probe_logits_, logits_, batch_);
-  const Tensor targets = batch.targets.reshape({r});
-  const bool backward = grad_scale != 0.0f;
-  const double loss = tp_.cross_entropy(logits_, targets, backward ? &d_logits_ : nullptr, grad_scale);
-  if (!backward) return loss;
+  const Tensor targets = batch.targets.reshape({batch_ * tokens_});
+  return tp_.cross_entropy(logits_, targets, grad_scale != 0.0f ? &d_logits_ : nullptr, grad_scale);
+}
 
-  // Backward.
+void Transformer::head_backward(const StepContext& context) {
+  ProbeSink* sink = context.sink;
   if (sink) sink->backward(probe_logits_, d_logits_, batch_);
   if (output_multiplier_ != 1.0f) ops::scale(d_logits_, output_multiplier_);
+  const Tensor* head_in = has_final_norm_ ? &final_ : &stream_.back();
+  const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
   Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
   if (has_final_norm_) {
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
@@ -281,19 +276,41 @@ double Transformer::forward_backward(const Batch& batch, float grad_scale, const
     ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
     tp_.all_reduce(d_stream_);
   }
+}
+
+void Transformer::embed_backward(const Tensor& tokens, const StepContext& context) {
+  if (context.sink) context.sink->backward(probe_embed_, d_stream_, batch_);
+  const Tensor* d_embedded = &d_stream_;
+  if (dropout_active(context)) {
+    ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
+    d_embedded = &d_tmp_;
+  }
+  const std::int64_t d = config_.width;
+  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_);
+}
+
+double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
+  const Tensor& tokens = batch.inputs;
+  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) <= config_.seq_len, "transformer input shape ",
+                shape_string(tokens.shape()));
+  ensure_buffers(tokens.dim(0), tokens.dim(1));
+
+  // Forward.
+  embed_forward(tokens, context);
+  for (std::size_t i = 0; i < sublayers_.size(); ++i)
+    sublayer_forward(sublayers_[i], stream_[i], stream_[i + 1], context, static_cast<int>(i));
+  const double loss = head_forward(batch, grad_scale, context);
+  if (grad_scale == 0.0f) return loss;
+
+  // Backward.
+  head_backward(context);
   // (A tied head's gradient goes to the token embedding, parameter 0, which is final only at the end.)
   if (context.gradients) context.gradients->gradients_final_from(head_first_param_);
   for (std::size_t i = sublayers_.size(); i-- > 0;) {
     sublayer_backward(sublayers_[i], stream_[i], d_stream_, d_stream_, context, static_cast<int>(i));
     if (context.gradients) context.gradients->gradients_final_from(sublayers_[i].first_param);
   }
-  if (sink) sink->backward(probe_embed_, d_stream_, batch_);
-  const Tensor* d_embedded = &d_stream_;
-  if (drop) {
-    ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
-    d_embedded = &d_tmp_;
-  }
-  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_);
+  embed_backward(tokens, context);
   return loss;
 }
 

@@ -87,6 +87,13 @@ class Transformer final : public Model {
   void sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context, int site);
   void sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in, const StepContext& context,
                          int site);
+  // The two ends of the model, shared by forward_backward and the pipeline stage calls. embed_forward fills
+  // stream_[0]; head_forward reads stream_.back() and returns the loss (d_logits_ filled when grad_scale != 0);
+  // head_backward sets d_stream_ to the gradient of stream_.back(); embed_backward consumes d_stream_.
+  void embed_forward(const Tensor& tokens, const StepContext& context);
+  double head_forward(const Batch& batch, float grad_scale, const StepContext& context);
+  void head_backward(const StepContext& context);
+  void embed_backward(const Tensor& tokens, const StepContext& context);
   void ensure_buffers(std::int64_t batch, std::int64_t tokens);
   bool dropout_active(const StepContext& context) const { return context.training && config_.dropout > 0; }
   std::uint64_t dropout_stream(const StepContext& context, int site) const;

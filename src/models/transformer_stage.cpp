@@ -3,10 +3,10 @@
 //
 // The stage reuses the whole model's sublayer_forward/sublayer_backward, which read the activation members; a
 // micro-batch in slot k > 0 has its own set of those tensors, swapped into the members (handles only, no copies)
-// for the duration of the call. The embedding and head code mirrors Transformer::forward_backward op for op, so a
-// stage chain computes what the whole model computes. A stage may itself be split over a tensor-parallel group
-// (tp × pp): the embedding, head and loss then go through the same TensorParallel calls as the whole model, and
-// the stage's input and output (the residual stream) are replicated over the group.
+// for the duration of the call. The embedding and head are the whole model's own embed_forward/head_forward/
+// head_backward/embed_backward, so a stage chain computes what the whole model computes. A stage may itself be split
+// over a tensor-parallel group (tp × pp): the embedding, head and loss then go through the same TensorParallel calls as
+// the whole model, and the stage's input and output (the residual stream) are replicated over the group.
 #include <functional>
 #include <utility>
 
@@ -82,17 +82,11 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
     slots_tokens_ = tokens_;
   }
   SlotGuard guard([this](int k) { swap_slot(k); }, slot);
-  const std::int64_t r = batch_ * tokens_, d = config_.width;
-  const bool drop = dropout_active(context);
   const bool first = stage_first_ == 0, last = stage_last_ == static_cast<int>(sublayers_.size());
-  ProbeSink* sink = context.sink;
 
   Tensor& x0 = stream_[static_cast<std::size_t>(stage_first_)];
   if (first) {
-    Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-    tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
-    if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
-    if (sink) sink->forward(probe_embed_, x0, batch_);
+    embed_forward(tokens, context);
   } else {
     PROPLAB_CHECK(x_in.shape() == x0.shape(), "stage_forward: input ", shape_string(x_in.shape()), ", expected ",
                   shape_string(x0.shape()));
@@ -105,18 +99,7 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
     x_out = stream_[static_cast<std::size_t>(stage_last_)];
     return 0.0;
   }
-  const Tensor* head_in = &stream_.back();
-  if (has_final_norm_) {
-    final_norm_.forward(stream_.back(), final_, final_saved_);
-    head_in = &final_;
-    if (sink) sink->forward(probe_final_, final_, batch_);
-  }
-  const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
-  ops::linear_forward(*head_in, head_weight, nullptr, logits_);
-  if (output_multiplier_ != 1.0f) ops::scale(logits_, output_multiplier_);
-  if (sink) sink->forward(probe_logits_, logits_, batch_);
-  const Tensor targets = batch.targets.reshape({r});
-  return tp_.cross_entropy(logits_, targets, grad_scale != 0.0f ? &d_logits_ : nullptr, grad_scale);
+  return head_forward(batch, grad_scale, context);
 }
 
 void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_out, Tensor& d_in,
@@ -125,25 +108,10 @@ void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_o
                 "stage_backward before a stage_forward of this shape");
   PROPLAB_CHECK(slot >= 0 && slot < stage_slot_count_, "stage_backward: slot ", slot, " of ", stage_slot_count_);
   SlotGuard guard([this](int k) { swap_slot(k); }, slot);
-  const std::int64_t d = config_.width;
   const bool first = stage_first_ == 0, last = stage_last_ == static_cast<int>(sublayers_.size());
-  ProbeSink* sink = context.sink;
 
   if (last) {
-    if (sink) sink->backward(probe_logits_, d_logits_, batch_);
-    if (output_multiplier_ != 1.0f) ops::scale(d_logits_, output_multiplier_);
-    const Tensor* head_in = has_final_norm_ ? &final_ : &stream_.back();
-    const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
-    Tensor& head_grad = config_.tie_embeddings ? token_embedding_->grad : readout_.weight->grad;
-    if (has_final_norm_) {
-      ops::linear_backward(*head_in, head_weight, d_logits_, &d_tmp_, head_grad, nullptr);
-      tp_.all_reduce(d_tmp_);  // f: every rank's vocabulary columns
-      if (sink) sink->backward(probe_final_, d_tmp_, batch_);
-      final_norm_.backward(stream_.back(), final_saved_, d_tmp_, d_stream_);
-    } else {
-      ops::linear_backward(*head_in, head_weight, d_logits_, &d_stream_, head_grad, nullptr);
-      tp_.all_reduce(d_stream_);
-    }
+    head_backward(context);
   } else {
     PROPLAB_CHECK(d_out.shape() == d_stream_.shape(), "stage_backward: gradient ", shape_string(d_out.shape()),
                   ", expected ", shape_string(d_stream_.shape()));
@@ -156,14 +124,7 @@ void Transformer::stage_backward(int slot, const Batch& batch, const Tensor& d_o
     d_in = d_stream_;
     return;
   }
-  if (sink) sink->backward(probe_embed_, d_stream_, batch_);
-  const Tensor* d_embedded = &d_stream_;
-  if (dropout_active(context)) {
-    ops::dropout_backward(d_stream_, config_.dropout, context.seed, dropout_stream(context, -1), d_tmp_);
-    d_embedded = &d_tmp_;
-  }
-  tp_.embedding_backward(batch.inputs, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_,
-                         *position_embedding_);
+  embed_backward(batch.inputs, context);
   d_in = Tensor();
 }
 
