@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "bench_util.h"
 #include "core/rng.h"
 #include "models/resnet.h"
 #include "train/optimizer.h"
@@ -43,6 +44,8 @@
 namespace {
 
 using namespace proplab;
+using bench::json_number;
+using bench::run_command;
 
 // The median (the mean of the two middle values for an even count).
 double median(std::vector<double> v) {
@@ -75,13 +78,6 @@ double amortised_seconds(const std::vector<double>& plain, const std::vector<dou
   return base + (median(recorded) - base) / static_cast<double>(every);
 }
 
-// A number after `"key":` in JSON text (first occurrence), or nullopt.
-std::optional<double> json_number(const std::string& text, const std::string& key) {
-  const auto at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return std::nullopt;
-  return std::stod(text.substr(text.find(':', at) + 1));
-}
-
 // A string after `"key":` in JSON text (first occurrence), or "".
 std::string json_string(const std::string& text, const std::string& key) {
   const auto at = text.find("\"" + key + "\"");
@@ -89,16 +85,6 @@ std::string json_string(const std::string& text, const std::string& key) {
   const auto open = text.find('"', text.find(':', at) + 1);
   const auto close = text.find('"', open + 1);
   return open == std::string::npos || close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
-}
-
-std::string run_command(const std::string& command) {
-  std::string output;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    char buffer[4096];
-    while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-    if (pclose(pipe) != 0) output.clear();
-  }
-  return output;
 }
 
 std::string torch_script() { return std::string(PROPLAB_SOURCE_DIR) + "/bench/torch_reference.py"; }
@@ -153,17 +139,7 @@ int main(int argc, char** argv) {
     s.label = every == 0 ? "record off" : every == 1 ? "record every step" : "record every 10";
     s.model = std::make_unique<Resnet>(config, ScalingConfig{}, 1);
     s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
-    if (every > 0) {
-      RecordConfig record;
-      record.every = every;
-      s.recorder = std::make_unique<Recorder>(record, s.model->probes(), s.model->params(), total_steps);
-      RunHeader header;
-      header.proplab_version = "bench";
-      std::filesystem::create_directories(dir);
-      s.writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + ".h5"), header, true));
-      s.recorder->create_datasets(*s.writer);
-      s.writer->start();
-    }
+    if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
     setups.push_back(std::move(s));
   }
   Batch b{Tensor::empty({batch, 1, 28, 28}), Tensor::empty({batch}, DType::i32)};

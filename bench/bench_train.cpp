@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/parallel.h"
 #include "data/dataset.h"
 #include "models/model.h"
@@ -78,13 +79,6 @@ class TimedSink final : public ProbeSink {
   Recorder& recorder_;
 };
 
-// A number after `"key":` in JSON text (first occurrence), or nullopt.
-std::optional<double> json_number(const std::string& text, const std::string& key) {
-  const auto at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return std::nullopt;
-  return std::stod(text.substr(text.find(':', at) + 1));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,16 +119,7 @@ int main(int argc, char** argv) {
     s.model = make_model(config, ScalingConfig{}, 1);
     s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
     for (auto& p : s.model->params().all()) s.grads.push_back(&p->grad);
-    if (every > 0) {
-      RecordConfig record;
-      record.every = every;
-      s.recorder = std::make_unique<Recorder>(record, s.model->probes(), s.model->params(), total_steps);
-      RunHeader header;
-      header.proplab_version = "bench";
-      s.writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + ".h5"), header, true));
-      s.recorder->create_datasets(*s.writer);
-      s.writer->start();
-    }
+    if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
     setups.push_back(std::move(s));
   }
   Batch b;
@@ -223,13 +208,8 @@ int main(int argc, char** argv) {
     std::ostringstream command;
     command << "/usr/bin/python3 " << PROPLAB_SOURCE_DIR << "/bench/torch_reference.py --json --hooks --steps "
             << torch_steps << " 2>/dev/null";
-    std::string output;
-    if (FILE* pipe = popen(command.str().c_str(), "r")) {
-      char buffer[4096];
-      while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-      if (pclose(pipe) != 0) output.clear();
-    }
-    const std::optional<double> torch_ms = json_number(output, "ms_per_step");
+    const std::string output = bench::run_command(command.str());
+    const std::optional<double> torch_ms = bench::json_number(output, "ms_per_step");
     if (!torch_ms) {
       std::printf("  pytorch: not available (/usr/bin/python3 cannot import torch)\n");
     } else {
@@ -237,7 +217,7 @@ int main(int argc, char** argv) {
                   tokens / (*torch_ms / 1e3));
       std::printf("  ratio: proplab %.2fx PyTorch's tokens/s (recording off), %.2fx (recording every step)\n",
                   *torch_ms / 1e3 / off, *torch_ms / 1e3 / median(setups[2].seconds));
-      if (const auto hooks = json_number(output, "overhead_percent"))
+      if (const auto hooks = bench::json_number(output, "overhead_percent"))
         std::printf(
             "  pytorch mean/var/max hooks on every module: overhead %+.1f%% (proplab, all statistics every "
             "step: %+.1f%%)\n",
