@@ -21,6 +21,8 @@ import time
 
 import h5py
 
+from parity_util import finish, mpi_env, write_study
+
 STUDY = textwrap.dedent("""\
     name = "fault"
     seed = 1
@@ -69,12 +71,9 @@ def rank_pids(launcher_pid):
 def main():
     proplab, mpiexec, work = sys.argv[1:4]
     exits = "--exit" in sys.argv[4:]
-    os.makedirs(work, exist_ok=True)
-    study = os.path.join(work, "fault.toml")
-    with open(study, "w") as f:
-        f.write(STUDY)
+    study = write_study(os.path.join(work, "fault.toml"), STUDY)
     run_file = os.path.join(work, "out", "fault.h5")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpi_env()
     launch = [mpiexec, "-np", "2", "--oversubscribe"]
     if exits:
         launch += ["--mca", "orte_abort_on_non_zero_status", "0"]
@@ -121,12 +120,8 @@ def main():
         failures.append("run file status %r, detail %r" % (status, detail))
     if rows < 1:
         failures.append("no training rows were flushed before the fault")
-    for f in failures:
-        print(f)
-    if failures:
-        sys.exit(1)
-    print("rank 1 %s; the job ended %.1f s later (timeout_s = 3) with exit %d; run file failed after %d steps: %s"
-          % ("exited (SIGKILL)" if exits else "stalled (SIGSTOP)", ended, job.returncode, rows, detail))
+    finish(failures, "rank 1 %s; the job ended %.1f s later (timeout_s = 3) with exit %d; run file failed after %d "
+           "steps: %s" % ("exited (SIGKILL)" if exits else "stalled (SIGSTOP)", ended, job.returncode, rows, detail))
 
 
 if __name__ == "__main__":

@@ -18,10 +18,9 @@ import sys
 import textwrap
 
 import h5py
-import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_dp_parity import compare_checkpoints, compare_runs, identical_runs, run  # noqa: E402
+from parity_util import (compare_checkpoints, compare_losses, compare_runs, finish, identical_runs, mpi_env,
+                         mpirun_cmd, run, write_study)
 
 STUDY = textwrap.dedent("""\
     name = "parity"
@@ -71,11 +70,8 @@ def layout(path):
 
 def main():
     proplab, mpiexec, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    os.makedirs(work, exist_ok=True)
-    study = os.path.join(work, "parity.toml")
-    with open(study, "w") as f:
-        f.write(STUDY)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    study = write_study(os.path.join(work, "parity.toml"), STUDY)
+    env = mpi_env()
     failures = []
     single = os.path.join(work, "single")
     run([proplab, "run", study, "--out", single, "--force"], env)
@@ -88,9 +84,7 @@ def main():
     ]
     compare_layouts(proplab, mpiexec, work, study, env, single, layouts, failures)
     # tp x pp without a final norm, with an untied (vocabulary-split) head and biases.
-    post = os.path.join(work, "parity-post.toml")
-    with open(post, "w") as f:
-        f.write(STUDY.replace('norm = "pre"', POST_UNTIED))
+    post = write_study(os.path.join(work, "parity-post.toml"), STUDY.replace('norm = "pre"', POST_UNTIED))
     post_single = os.path.join(work, "post-single")
     run([proplab, "run", post, "--out", post_single, "--force"], env)
     compare_layouts(proplab, mpiexec, work, post, env, post_single,
@@ -100,29 +94,17 @@ def main():
     resume_checks(proplab, mpiexec, work, study, env, single, failures, "tp=2 x pp=2", 4, TP_PP)
     # Determinism at a fixed layout: tp = 2 x pp = 2 repeated.
     again = os.path.join(work, "tp2_x_pp2_again")
-    run([mpiexec, "-np", "4", "--oversubscribe", proplab, "run", study, "--out", again, "--force"] + sets_of(TP_PP), env)
+    run(mpirun_cmd(mpiexec, 4, proplab, study, TP_PP) + ["--out", again, "--force"], env)
     identical_runs(os.path.join(work, "tp2_x_pp2_microbatches4"), again, "tp=2 x pp=2 repeated", failures)
-    for f in failures:
-        print(f)
-    if failures:
-        sys.exit(1)
-    print("pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3, tp = 2 x pp = 2 (pre and post-untied), "
-          "dp = 2 x tp = 2 x pp = 2, and resuming pp = 2 and tp = 2 x pp = 2 <-> one process")
-
-
-def sets_of(options):
-    out = []
-    for s in options:
-        out += ["--set", s]
-    return out
+    finish(failures, "pipeline-parallel parity holds for pp = 2, dp = 2 x pp = 2, pp = 3, tp = 2 x pp = 2 (pre and "
+           "post-untied), dp = 2 x tp = 2 x pp = 2, and resuming pp = 2 and tp = 2 x pp = 2 <-> one process")
 
 
 def compare_layouts(proplab, mpiexec, work, study, env, single, layouts, failures):
     single_run, single_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
     for label, ranks, sets in layouts:
         out = os.path.join(work, label.replace(" ", "_").replace("=", ""))
-        cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", proplab, "run", study, "--out", out, "--force"]
-        log = run(cmd + sets_of(sets), env)
+        log = run(mpirun_cmd(mpiexec, ranks, proplab, study, sets) + ["--out", out, "--force"], env)
         if log.count("proplab: parity: completed") != 1:
             failures.append("%s: expected one final line from rank 0, got:\n%s" % (label, log))
         parallel_run = os.path.join(out, "parity.h5")
@@ -131,17 +113,14 @@ def compare_layouts(proplab, mpiexec, work, study, env, single, layouts, failure
             continue
         compare_runs(single_run, parallel_run, label, failures)
         compare_checkpoints(single_ckpt, os.path.join(out, "parity.ckpt.h5"), label, failures)
-        with h5py.File(single_run, "r") as s, h5py.File(parallel_run, "r") as p:
-            a, b = s["eval/loss"][()], p["eval/loss"][()]
-            if a.shape != b.shape or not np.all(np.abs(a - b) <= 1e-5 * np.abs(a)):
-                failures.append("%s: validation loss %s vs %s" % (label, a, b))
+        compare_losses(single_run, parallel_run, label, failures, dataset="eval/loss", what="validation loss")
 
 
 def resume_checks(proplab, mpiexec, work, study, env, single, failures, label, ranks, sets):
     """A `label` run stopped after 3 steps and continued by one process, and a one-process run stopped after 2 steps
     and continued under `label` (every rank reads the full-tensor file), each against the uninterrupted run."""
     single_run, single_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
-    mpirun = [mpiexec, "-np", str(ranks), "--oversubscribe", proplab, "run", study] + sets_of(sets)
+    mpirun = mpirun_cmd(mpiexec, ranks, proplab, study, sets)
     name = label.replace(" ", "").replace("=", "")
     moved = os.path.join(work, name + "-resumed")
     run(mpirun + ["--out", moved, "--force", "--stop-after", "3"], env, allowed=(4,))

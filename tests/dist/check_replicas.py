@@ -15,12 +15,13 @@ usage: check_replicas.py PROPLAB MPIEXEC WORKDIR
 """
 import math
 import os
-import subprocess
 import sys
 import textwrap
 
 import h5py
 import numpy as np
+
+from parity_util import finish, mpi_env, mpirun_cmd, run, write_study
 
 STUDY = textwrap.dedent("""\
     name = "replicas"
@@ -53,31 +54,22 @@ def second_eigenvalue(n):
     return max(abs(1.0 / 3.0 + 2.0 / 3.0 * math.cos(2.0 * math.pi * k / n)) for k in range(1, n))
 
 
-def run(mpiexec, proplab, study, n, out, settings, env):
-    cmd = [mpiexec, "-np", str(n), "--oversubscribe", proplab, "run", study, "--out", out, "--force",
-           "--set", "parallel.dp=%d" % n]
-    for s in settings:
-        cmd += ["--set", s]
-    result = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    if result.returncode != 0:
-        sys.exit("command failed (%d): %s\n%s" % (result.returncode, " ".join(cmd), result.stdout))
+def run_replicas(mpiexec, proplab, study, n, out, settings, env):
+    run(mpirun_cmd(mpiexec, n, proplab, study, ["parallel.dp=%d" % n] + settings) + ["--out", out, "--force"], env)
     with h5py.File(os.path.join(out, "replicas.h5"), "r") as f:
         return {name: f["replicas"][name][()] for name in f["replicas"]}
 
 
 def main():
     proplab, mpiexec, work = sys.argv[1:4]
-    os.makedirs(work, exist_ok=True)
-    study = os.path.join(work, "replicas.toml")
-    with open(study, "w") as f:
-        f.write(STUDY)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    study = write_study(os.path.join(work, "replicas.toml"), STUDY)
+    env = mpi_env()
     failures = []
     steps = list(range(8))
 
     for label, n, settings in (("allreduce dp=2", 2, ["parallel.bucket_mb=0.002"]),
                                ("zero=1 dp=2", 2, ["parallel.zero=1"])):
-        r = run(mpiexec, proplab, study, n, os.path.join(work, label.replace(" ", "-")), settings, env)
+        r = run_replicas(mpiexec, proplab, study, n, os.path.join(work, label.replace(" ", "-")), settings, env)
         if list(r["steps"]) != steps:
             failures.append("%s: /replicas/steps %s" % (label, r["steps"]))
         for name in ("disagreement", "disagreement_total", "disagreement_before_mix",
@@ -86,7 +78,7 @@ def main():
                 failures.append("%s: /replicas/%s not 0: max %g" % (label, name, np.max(r[name])))
 
     label = "local_sgd sync_every=2 dp=2"
-    r = run(mpiexec, proplab, study, 2, os.path.join(work, "local"),
+    r = run_replicas(mpiexec, proplab, study, 2, os.path.join(work, "local"),
             ['parallel.dp_mode="local_sgd"', "parallel.sync_every=2"], env)
     for i, step in enumerate(r["steps"]):
         after, before = r["disagreement_total"][i, 0], r["disagreement_before_mix_total"][i, 0]
@@ -102,7 +94,8 @@ def main():
     for n in (2, 4):
         label = "gossip dp=%d" % n
         lam = second_eigenvalue(n)
-        r = run(mpiexec, proplab, study, n, os.path.join(work, "gossip%d" % n), ['parallel.dp_mode="gossip"'], env)
+        r = run_replicas(mpiexec, proplab, study, n, os.path.join(work, "gossip%d" % n),
+                         ['parallel.dp_mode="gossip"'], env)
         if list(r["steps"]) != steps:
             failures.append("%s: /replicas/steps %s" % (label, r["steps"]))
         before, after = r["disagreement_before_mix"], r["disagreement"]
@@ -125,11 +118,8 @@ def main():
                                                                                                        total_after))
         print("%s: λ = %.4f; before mixing %s; after %s" % (label, lam, np.array2string(total_before, precision=3),
                                                           np.array2string(total_after, precision=3)))
-    for f in failures:
-        print(f)
-    if failures:
-        sys.exit(1)
-    print("replica disagreement: 0 for allreduce and zero = 1, 0 after each local-SGD average, gossip within λ")
+    finish(failures,
+           "replica disagreement: 0 for allreduce and zero = 1, 0 after each local-SGD average, gossip within λ")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""Tensor-parallel parity: the study of check_dp_parity.py run by one process and by `mpirun` with [parallel]
-tp = 2 and dp = 2 x tp = 2 (4 ranks) must give the same run file (loss, every forward/backward statistic recorded
-every step, parameter statistics) and the same full-tensor parameters after 5 steps, within 1e-5 (mean within 1e-5
-of the probe's rms, corr within 1e-5 of 1, the rest relative). The tp = 2 layout is checked with both norm
-placements that split differently (pre: final norm and norm probes; post: no final norm, untied head, biases) and
-with dropout (masks on replicated tensors must agree across the tensor-parallel ranks). Resume across layouts: a
-dp = 2 run stopped after 3 steps resumes at tp = 2, and a tp = 2 run stopped after 3 steps resumes as one process
-and at dp = 2; each then matches the uninterrupted single-process run. A tp = 2 run repeated gives bitwise the same
-run file statistics and checkpoint (determinism at a fixed layout). With AdamW the loss at tp = 2 matches within
-1e-5 (the parameters are not compared: see check_dp_parity.py on zero-gradient parameters under Adam). A layout the
-model cannot split is refused.
+"""Tensor-parallel parity: the study of check_dp_parity.py (parity_util.PARITY_STUDY) run by one process and by `mpirun`
+with [parallel] tp = 2 and dp = 2 x tp = 2 (4 ranks) must give the same run file (loss, every forward/backward
+statistic recorded every step, parameter statistics) and the same full-tensor parameters after 5 steps, within 1e-5
+(mean within 1e-5 of the probe's rms, corr within 1e-5 of 1, the rest relative). The tp = 2 layout is checked with
+both norm placements that split differently (pre: final norm and norm probes; post: no final norm, untied head,
+biases) and with dropout (masks on replicated tensors must agree across the tensor-parallel ranks). Resume across
+layouts: a dp = 2 run stopped after 3 steps resumes at tp = 2, and a tp = 2 run stopped after 3 steps resumes as one
+process and at dp = 2; each then matches the uninterrupted single-process run. A tp = 2 run repeated gives bitwise
+the same run file statistics and checkpoint (determinism at a fixed layout). With AdamW the loss at tp = 2 matches
+within 1e-5 (the parameters are not compared: see check_dp_parity.py on zero-gradient parameters under Adam). A
+layout the model cannot split is refused.
 
 usage: check_tp_parity.py PROPLAB MPIEXEC WORKDIR
 """
@@ -17,11 +17,8 @@ import os
 import subprocess
 import sys
 
-import h5py
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_dp_parity import STUDY, compare_checkpoints, compare_runs, run  # noqa: E402
+from parity_util import (PARITY_STUDY, compare_checkpoints, compare_losses, compare_runs, finish, identical_runs,
+                         mpi_env, mpirun_cmd, run, write_study)
 
 SGD = 'optimizer = "sgd"\nmomentum = 0.9\ngrad_clip = 0.5'
 # Variants of the study: (label, [model] lines replacing norm = "pre").
@@ -32,27 +29,17 @@ VARIANTS = [
 ]
 
 
-def write_study(path, model_lines):
-    text = STUDY.replace("{optimizer}", SGD).replace('norm = "pre"', model_lines)
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main():
     proplab, mpiexec, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    os.makedirs(work, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env = mpi_env()
     failures = []
 
     def mpirun(ranks, study, out, sets, extra=(), allowed=()):
-        cmd = [mpiexec, "-np", str(ranks), "--oversubscribe", proplab, "run", study, "--out", out]
-        for s in sets:
-            cmd += ["--set", s]
-        return run(cmd + list(extra), env, allowed)
+        return run(mpirun_cmd(mpiexec, ranks, proplab, study, sets) + ["--out", out] + list(extra), env, allowed)
 
     for label, model_lines in VARIANTS:
-        study = os.path.join(work, "parity-%s.toml" % label)
-        write_study(study, model_lines)
+        study = write_study(os.path.join(work, "parity-%s.toml" % label),
+                            PARITY_STUDY.replace("{optimizer}", SGD).replace('norm = "pre"', model_lines))
         single = os.path.join(work, label + "-single")
         run([proplab, "run", study, "--out", single, "--force"], env)
         s_run, s_ckpt = os.path.join(single, "parity.h5"), os.path.join(single, "parity.ckpt.h5")
@@ -73,22 +60,7 @@ def main():
         # Determinism: the same layout again gives the same bits.
         again = os.path.join(work, "pre-tp2-again")
         mpirun(2, study, again, ["parallel.tp=2"], ["--force"])
-        first = os.path.join(work, "pre-tp2")
-        with h5py.File(os.path.join(first, "parity.h5"), "r") as a, \
-                h5py.File(os.path.join(again, "parity.h5"), "r") as b:
-            for group in ("forward", "backward", "params"):
-                for stat in a[group]:
-                    if stat != "name" and not np.array_equal(a[group][stat][()], b[group][stat][()], equal_nan=True):
-                        failures.append("tp=2 repeated: /%s/%s differs" % (group, stat))
-            if not np.array_equal(a["train/loss"][()], b["train/loss"][()]):
-                failures.append("tp=2 repeated: loss differs")
-        with h5py.File(os.path.join(first, "parity.ckpt.h5"), "r") as a, \
-                h5py.File(os.path.join(again, "parity.ckpt.h5"), "r") as b:
-            def same(name, node):
-                if isinstance(node, h5py.Dataset) and name.startswith("tensors/"):
-                    if not np.array_equal(node[()], b[name][()]):
-                        failures.append("tp=2 repeated: checkpoint %s differs" % name)
-            a.visititems(same)
+        identical_runs(os.path.join(work, "pre-tp2"), again, "tp=2 repeated", failures)
         # Resume across layouts: dp = 2 → tp = 2; tp = 2 → one process; tp = 2 → dp = 2.
         moves = [("dp=2 then tp=2", ["parallel.dp=2"], 2, ["parallel.tp=2"], 2),
                  ("tp=2 then one process", ["parallel.tp=2"], 2, None, 1),
@@ -106,17 +78,12 @@ def main():
             compare_checkpoints(s_ckpt, os.path.join(out, "parity.ckpt.h5"), name, failures)
 
     # AdamW: the loss.
-    study = os.path.join(work, "parity-adamw.toml")
-    with open(study, "w") as f:
-        f.write(STUDY.replace("{optimizer}", ""))
+    study = write_study(os.path.join(work, "parity-adamw.toml"), PARITY_STUDY.replace("{optimizer}", ""))
     single = os.path.join(work, "adamw-single")
     run([proplab, "run", study, "--out", single, "--force"], env)
     out = os.path.join(work, "adamw-tp2")
     mpirun(2, study, out, ["parallel.tp=2"], ["--force"])
-    with h5py.File(os.path.join(single, "parity.h5"), "r") as a, h5py.File(os.path.join(out, "parity.h5"), "r") as b:
-        la, lb = a["train/loss"][()], b["train/loss"][()]
-        if la.shape != lb.shape or not np.all(np.abs(la - lb) <= 1e-5 * np.abs(la)):
-            failures.append("adamw tp=2: loss %s vs %s" % (la, lb))
+    compare_losses(os.path.join(single, "parity.h5"), os.path.join(out, "parity.h5"), "adamw tp=2", failures)
 
     # A split the model does not allow: a clear error naming the key, exit 2, nothing written.
     study = os.path.join(work, "parity-pre.toml")
@@ -130,11 +97,7 @@ def main():
     if os.path.exists(os.path.join(bad, "parity.h5")):
         failures.append("tp=4 with 2 heads: a run file was written")
 
-    for f in failures:
-        print(f)
-    if failures:
-        sys.exit(1)
-    print("tensor-parallel parity holds for tp = 2 and dp = 2 x tp = 2; resume across layouts holds")
+    finish(failures, "tensor-parallel parity holds for tp = 2 and dp = 2 x tp = 2; resume across layouts holds")
 
 
 if __name__ == "__main__":
