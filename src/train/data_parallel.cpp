@@ -20,6 +20,14 @@ double relative_distance(double spread, double mean_sq, int replicas) {
   return distance / std::sqrt(mean_sq);
 }
 
+// The optimizer's own state tensors by name (handles, no copies): what a checkpoint saves and loads into when
+// every rank holds the whole state (no ZeRO).
+std::vector<std::pair<std::string, Tensor>> whole_state(Optimizer& optimizer) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, tensor] : optimizer.state()) out.emplace_back(name, *tensor);
+  return out;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params,
@@ -332,12 +340,8 @@ void DataParallel::write_record(RunWriter& writer, std::int64_t step) {
 }
 
 std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_save(Optimizer& optimizer) {
-  std::vector<std::pair<std::string, Tensor>> out;
+  if (!zero_) return whole_state(optimizer);
   const auto state = optimizer.state();
-  if (!zero_) {
-    for (const auto& [name, tensor] : state) out.emplace_back(name, *tensor);
-    return out;
-  }
   auto& all = params_.all();
   const std::size_t kinds = state.size() / all.size();
   const ParameterShard own = optimizer_shard();
@@ -357,19 +361,17 @@ std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_sav
       std::memcpy(full[i * kinds + k].f32(), flat_.data() + offsets_[i],
                   static_cast<std::size_t>(all[i]->value.numel()) * sizeof(float));
   }
+  std::vector<std::pair<std::string, Tensor>> out;
   for (std::size_t e = 0; e < state.size(); ++e) out.emplace_back(state[e].first, full[e]);
   return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_load(Optimizer& optimizer) {
-  std::vector<std::pair<std::string, Tensor>> out;
+  if (!zero_) return whole_state(optimizer);
   const auto state = optimizer.state();
-  if (!zero_) {
-    for (const auto& [name, tensor] : state) out.emplace_back(name, *tensor);
-    return out;
-  }
   auto& all = params_.all();
   const std::size_t kinds = state.size() / all.size();
+  std::vector<std::pair<std::string, Tensor>> out;
   for (std::size_t e = 0; e < state.size(); ++e)
     out.emplace_back(state[e].first, Tensor::zeros(all[e / kinds]->value.shape()));
   return out;
