@@ -22,14 +22,7 @@ class TransformerGradient : public ::testing::TestWithParam<std::tuple<NormPlace
 
 TEST_P(TransformerGradient, MatchesFiniteDifferences) {
   const auto [placement, rule] = GetParam();
-  TransformerConfig config;
-  config.layers = 2;
-  config.width = 8;
-  config.heads = 2;
-  config.ffn_mult = 2;
-  config.vocab = 11;
-  config.seq_len = 5;
-  config.norm = placement;
+  TransformerConfig config = testing::tiny_transformer(placement);
   config.tie_embeddings = rule != "xavier";  // exercise the untied head too
   ScalingConfig scaling;
   scaling.rule = rule;

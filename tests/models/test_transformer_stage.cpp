@@ -39,14 +39,8 @@ class SummingSink final : public ProbeSink {
 };
 
 TransformerConfig tiny(NormPlacement placement, bool tied, float dropout) {
-  TransformerConfig config;
+  TransformerConfig config = testing::tiny_transformer(placement);
   config.layers = 3;
-  config.width = 8;
-  config.heads = 2;
-  config.ffn_mult = 2;
-  config.vocab = 11;
-  config.seq_len = 5;
-  config.norm = placement;
   config.tie_embeddings = tied;
   config.dropout = dropout;
   return config;

@@ -20,6 +20,7 @@
 namespace proplab {
 
 using testing::check_all_parameters;
+using testing::tiny_transformer;
 using testing::token_batch;
 
 namespace {
@@ -97,18 +98,6 @@ std::string error_of(const std::function<void()>& action) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-TransformerConfig tiny_transformer(NormPlacement norm) {
-  TransformerConfig config;
-  config.layers = 2;
-  config.width = 8;
-  config.heads = 2;
-  config.ffn_mult = 2;
-  config.vocab = 11;
-  config.seq_len = 5;
-  config.norm = norm;
-  return config;
-}
 
 }  // namespace
 

@@ -29,6 +29,20 @@ inline Batch token_batch(int batch, int tokens, int vocab, std::uint64_t seed) {
   return b;
 }
 
+// The tiny transformer of the whole-model gradient tests: 2 blocks of width 8 (2 heads, FFN 16), vocabulary 11,
+// 5 tokens, with the given norm placement; the other keys at their defaults.
+inline TransformerConfig tiny_transformer(NormPlacement norm) {
+  TransformerConfig config;
+  config.layers = 2;
+  config.width = 8;
+  config.heads = 2;
+  config.ffn_mult = 2;
+  config.vocab = 11;
+  config.seq_len = 5;
+  config.norm = norm;
+  return config;
+}
+
 // Checks d(loss)/d(param) — the gradients the model last accumulated — for every parameter against finite
 // differences of `loss`.
 inline void check_all_parameters(Model& model, const std::function<double()>& loss, const GradCheckOptions& options) {
