@@ -4,8 +4,6 @@
 
 #ifdef PROPLAB_GUI_BINARY
 
-#include <stb/stb_image.h>
-
 #include <array>
 #include <cstdlib>
 #include <set>
@@ -20,49 +18,11 @@ namespace proplab::gui {
 namespace {
 
 namespace fs = std::filesystem;
-using RGB = std::array<unsigned char, 3>;
-
-struct Image {
-  int width = 0, height = 0;
-  std::vector<unsigned char> rgb;  // width × height × 3, top row first
-  RGB at(int x, int y) const {
-    const std::size_t i = (static_cast<std::size_t>(y) * width + x) * 3;
-    return {rgb[i], rgb[i + 1], rgb[i + 2]};
-  }
-};
-
-Image load_png(const fs::path& path) {
-  Image image;
-  int channels = 0;
-  unsigned char* data = stbi_load(path.c_str(), &image.width, &image.height, &channels, 3);
-  if (data == nullptr) return image;
-  image.rgb.assign(data, data + static_cast<std::size_t>(image.width) * image.height * 3);
-  stbi_image_free(data);
-  return image;
-}
-
-bool near(const RGB& a, const RGB& b, int tolerance = 6) {
-  for (int c = 0; c < 3; ++c) {
-    if (std::abs(static_cast<int>(a[c]) - static_cast<int>(b[c])) > tolerance) return false;
-  }
-  return true;
-}
-
-std::size_t count_colour(const Image& image, const RGB& colour) {
-  std::size_t count = 0;
-  for (int y = 0; y < image.height; ++y) {
-    for (int x = 0; x < image.width; ++x) count += near(image.at(x, y), colour) ? 1 : 0;
-  }
-  return count;
-}
-
-std::size_t distinct_colours(const Image& image) {
-  std::set<unsigned> colours;
-  for (std::size_t i = 0; i + 2 < image.rgb.size(); i += 3) {
-    colours.insert(image.rgb[i] << 16 | image.rgb[i + 1] << 8 | image.rgb[i + 2]);
-  }
-  return colours.size();
-}
+using RGB = test_png::Rgb;
+using Image = test_png::RgbImage;
+using test_png::count_colour;
+using test_png::distinct_colours;
+using test_png::near;
 
 // The most separate horizontal runs (>= 3 pixels each) of `colour` in any one row: a dashed horizontal line
 // gives many, a solid curve crossing a row only one or two.
@@ -128,7 +88,7 @@ class GuiScreenshotTest : public cli_test::CliTest {
   // Produced, of the requested size, and not blank.
   Image expect_image(const std::string& name, const cli_test::CliResult& result) {
     EXPECT_EQ(result.exit_code, 0) << describe(result);
-    const Image image = load_png(work_ / name);
+    const Image image = test_png::load_rgb(work_ / name);
     EXPECT_EQ(image.width, 640) << name;
     EXPECT_EQ(image.height, 400) << name;
     if (image.rgb.empty()) return image;

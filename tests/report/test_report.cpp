@@ -4,8 +4,6 @@
 // references every PNG, and its summary table holds the values read from the run files with RunReader. A plain
 // folder of synthetic runs (no index.csv) is grouped by the config key that differs and its table checked against
 // the values the synthetic runs were made with; bad folders exit 2.
-#include <stb/stb_image.h>
-
 #include <cmath>
 #include <map>
 #include <set>
@@ -22,45 +20,15 @@
 namespace proplab::cli_test {
 namespace {
 
+using test_png::count_colour;
+using test_png::distinct_colours;
+
 constexpr int kWidth = 1200, kHeight = 800;
-
-struct Image {
-  int width = 0, height = 0;
-  std::vector<unsigned char> rgb;  // width × height × 3, top row first
-};
-
-Image load_png(const fs::path& path) {
-  Image image;
-  int channels = 0;
-  unsigned char* data = stbi_load(path.c_str(), &image.width, &image.height, &channels, 3);
-  if (data == nullptr) return image;
-  image.rgb.assign(data, data + static_cast<std::size_t>(image.width) * image.height * 3);
-  stbi_image_free(data);
-  return image;
-}
-
-std::size_t distinct_colours(const Image& image) {
-  std::set<unsigned> colours;
-  for (std::size_t i = 0; i + 2 < image.rgb.size(); i += 3)
-    colours.insert(image.rgb[i] << 16 | image.rgb[i + 1] << 8 | image.rgb[i + 2]);
-  return colours.size();
-}
-
-// Pixels within a small tolerance of `colour` (lines are antialiased: their centres keep the colour).
-std::size_t count_colour(const Image& image, const std::array<unsigned char, 3>& colour) {
-  std::size_t count = 0;
-  for (std::size_t i = 0; i + 2 < image.rgb.size(); i += 3) {
-    bool near = true;
-    for (int c = 0; c < 3; ++c) near = near && std::abs(int(image.rgb[i + c]) - int(colour[c])) <= 6;
-    count += near ? 1 : 0;
-  }
-  return count;
-}
 
 // Checks one figure: exists, the figure size, not blank; `runs` colours (series_rgb(0..runs-1)) drawn in it.
 void expect_figure(const fs::path& path, std::size_t runs) {
   ASSERT_TRUE(fs::is_regular_file(path)) << path << " missing";
-  const Image image = load_png(path);
+  const test_png::RgbImage image = test_png::load_rgb(path);
   ASSERT_EQ(image.width, kWidth) << path;
   ASSERT_EQ(image.height, kHeight) << path;
   EXPECT_GT(distinct_colours(image), 30u) << path << " looks blank";

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 namespace proplab::test_png {
@@ -48,6 +49,19 @@ inline int count_in(const RgbImage& image, const Rgb& colour, int x0, int x1, in
     for (int x = std::max(0, x0); x < std::min(image.width, x1); ++x) count += near(image.at(x, y), colour) ? 1 : 0;
   }
   return count;
+}
+
+// Pixels of `colour` in the whole image (lines are antialiased: their centres keep the colour).
+inline std::size_t count_colour(const RgbImage& image, const Rgb& colour) {
+  return static_cast<std::size_t>(count_in(image, colour, 0, image.width, 0, image.height));
+}
+
+// How many different colours the image has (1 for a blank one).
+inline std::size_t distinct_colours(const RgbImage& image) {
+  std::set<unsigned> colours;
+  for (std::size_t i = 0; i + 2 < image.rgb.size(); i += 3)
+    colours.insert(image.rgb[i] << 16 | image.rgb[i + 1] << 8 | image.rgb[i + 2]);
+  return colours.size();
 }
 
 // Groups adjacent indices whose count reaches `min_pixels` and returns each group's centre.
