@@ -19,13 +19,8 @@ class DeepNormRule final : public ScalingRule {
       : alpha_(alpha), beta_init_(beta_init), base_std_(base_std) {}
   std::string name() const override { return "deepnorm"; }
   InitSpec init(const ParamInfo& param) const override {
+    if (const auto constant = rule_util::constant_init(param.role)) return *constant;
     switch (param.role) {
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-      case ParamRole::residual_scale:
-        return InitSpec::constant(1.0);
       case ParamRole::attn_qkv: {
         const double base = base_of(param);
         return InitSpec::normal_row_blocks({base, base, base * beta_init_});  // Q, K, V

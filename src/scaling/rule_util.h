@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -21,10 +22,10 @@ inline double xavier_std(const ParamInfo& param) {
   return std::sqrt(2.0 / static_cast<double>(param.fan_in + param.fan_out));
 }
 
-// The `xavier` rule's init (also Admin's): Glorot for every matrix and embedding, biases 0, norm gains and
-// learnable residual scalars 1 (a rule with its own residual values writes them over the scalars).
-inline InitSpec xavier_init(const ParamInfo& param) {
-  switch (param.role) {
+// The usual constants: biases and norm shifts 0, norm gains and learnable residual scalars 1 (a rule with its own
+// residual values writes them over the scalars); nothing for the matrices and embeddings a rule draws.
+inline std::optional<InitSpec> constant_init(ParamRole role) {
+  switch (role) {
     case ParamRole::bias:
     case ParamRole::norm_bias:
       return InitSpec::constant(0.0);
@@ -32,8 +33,14 @@ inline InitSpec xavier_init(const ParamInfo& param) {
     case ParamRole::residual_scale:
       return InitSpec::constant(1.0);
     default:
-      return InitSpec::normal_std(xavier_std(param));
+      return std::nullopt;
   }
+}
+
+// The `xavier` rule's init (also Admin's): Glorot for every matrix and embedding, constant_init for the rest.
+inline InitSpec xavier_init(const ParamInfo& param) {
+  if (const auto constant = constant_init(param.role)) return *constant;
+  return InitSpec::normal_std(xavier_std(param));
 }
 
 // Throws unless the model is a transformer (`what` says what the rule is defined for).

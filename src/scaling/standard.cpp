@@ -6,6 +6,7 @@
 
 #include "scaling/resnet_util.h"
 #include "scaling/rule.h"
+#include "scaling/rule_util.h"
 
 namespace proplab {
 
@@ -18,17 +19,11 @@ class StandardRule final : public ScalingRule {
   InitSpec init(const ParamInfo& param) const override {
     if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
     if (shape_.type == "resnet") return resnet_util::he_init(param);
+    if (const auto constant = rule_util::constant_init(param.role)) return *constant;
     switch (param.role) {
       case ParamRole::attn_out:
       case ParamRole::ffn_out:
         return InitSpec::normal_std(std_ / std::sqrt(2.0 * shape_.transformer.layers));
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-        return InitSpec::constant(1.0);
-      case ParamRole::residual_scale:
-        return InitSpec::constant(1.0);
       default:
         return InitSpec::normal_std(std_);
     }

@@ -18,6 +18,7 @@ class TFixupRule final : public ScalingRule {
   TFixupRule(double scale, int width) : scale_(scale), width_(width) {}
   std::string name() const override { return "tfixup"; }
   InitSpec init(const ParamInfo& param) const override {
+    if (const auto constant = rule_util::constant_init(param.role)) return *constant;
     const double xavier = rule_util::xavier_std(param);
     switch (param.role) {
       case ParamRole::token_embedding:
@@ -29,12 +30,6 @@ class TFixupRule final : public ScalingRule {
       case ParamRole::ffn_in:
       case ParamRole::ffn_out:
         return InitSpec::normal_std(xavier * scale_);
-      case ParamRole::bias:
-      case ParamRole::norm_bias:
-        return InitSpec::constant(0.0);
-      case ParamRole::norm_gain:
-      case ParamRole::residual_scale:
-        return InitSpec::constant(1.0);
       default:
         return InitSpec::normal_std(xavier);
     }
