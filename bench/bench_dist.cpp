@@ -133,15 +133,13 @@ int main(int argc, char** argv) {
     const Study base = parse_study(kStudy, "bench_dist", ".", overrides);
     std::optional<dist::ProcessGroups> groups;
     RunOptions options;
-    // The communicators whose bytes count (each once).
+    // The communicators whose bytes count (each once; the world carries the stop flag).
     std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
       groups.emplace(dist::make_process_groups(dist::make_mpi_world(base.parallel.timeout_s),
                                                dist::Layout{base.parallel.dp, base.parallel.tp, base.parallel.pp}));
-      if (groups->world->size() > 1) options.data_parallel = groups->data.get();
-      if (groups->layout.pp > 1) options.pipeline = groups->pipeline.get();
-      if (groups->tensor->size() > 1) options.tensor_parallel = groups->tensor.get();
-      counted_groups = {groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
+      use_process_groups(options, *groups);
+      counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
     }
     const bool root = !groups || groups->world->rank() == 0;
     const int ranks = groups ? groups->world->size() : 1;

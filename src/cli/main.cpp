@@ -61,9 +61,7 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
     groups.emplace(proplab::dist::make_process_groups(
         proplab::dist::make_mpi_world(study.parallel.timeout_s),
         proplab::dist::Layout{study.parallel.dp, study.parallel.tp, study.parallel.pp}));
-    if (groups->world->size() > 1) options.data_parallel = groups->data.get();
-    if (groups->layout.pp > 1) options.pipeline = groups->pipeline.get();
-    if (groups->tensor->size() > 1) options.tensor_parallel = groups->tensor.get();
+    proplab::use_process_groups(options, *groups);
     if (groups->world->rank() != 0) options.log = nullptr;
   }
   std::signal(SIGINT, on_stop_signal);

@@ -250,12 +250,4 @@ void PipelineStage::gather_to_first_stage(std::map<std::string, Tensor>& tensors
   }
 }
 
-bool PipelineStage::any(bool flag) {
-  double value = flag ? 1.0 : 0.0;
-  stages_.all_reduce(&value, 1, dist::ReduceOp::max);
-  return value != 0.0;
-}
-
-void PipelineStage::broadcast_from_first(std::uint8_t& value) { stages_.broadcast(&value, 1, 0); }
-
 }  // namespace proplab

@@ -78,10 +78,6 @@ class PipelineStage {
   // Per parameter (store order): true for the parameters whose gradients this stage computes and updates (its
   // own and the tied embedding copy); all others stay zero. The data-parallel exchange covers these only.
   const std::vector<bool>& updated_parameters() const { return updated_; }
-  // True on every stage when true on some.
-  bool any(bool flag);
-  // Stage 0's value on every stage.
-  void broadcast_from_first(std::uint8_t& value);
 
  private:
   // The stage that owns a parameter (the tied token embedding: stage 0).

@@ -114,6 +114,14 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, cons
   return out_dir / (name + ".ckpt.h5");
 }
 
+void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups) {
+  if (groups.world->size() == 1) return;
+  options.world = groups.world.get();
+  options.data_parallel = groups.data.get();
+  if (groups.layout.pp > 1) options.pipeline = groups.pipeline.get();
+  if (groups.tensor->size() > 1) options.tensor_parallel = groups.tensor.get();
+}
+
 RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   using clock = std::chrono::steady_clock;
   std::ostream* log = options.log;
@@ -317,13 +325,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   try {
     while (step < tc.steps) {
       bool interrupted = options.interrupt && options.interrupt->load();
-      if ((group && replicas > 1) || tensor) {  // every rank stops at the same step, or the others would wait forever
+      if (options.world) {  // every rank stops at the same step, or the others would wait forever
         double any = interrupted ? 1.0 : 0.0;
-        if (group && replicas > 1) group->all_reduce(&any, 1, dist::ReduceOp::max);
-        if (tensor) tensor->all_reduce(&any, 1, dist::ReduceOp::max);  // (data then tensor groups: the whole world)
+        options.world->all_reduce(&any, 1, dist::ReduceOp::max);
         interrupted = any != 0.0;
       }
-      if (pipeline) interrupted = pipeline->any(interrupted);
       if (interrupted) {
         status = RunStatus::failed;
         detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
@@ -410,11 +416,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
           first_nonfinite = recorder.write_record(*writer, step);
           data_parallel.write_record(*writer, step);
         }
-        if ((group && replicas > 1) || pipeline || tensor) {  // only rank 0 finalised the statistics: tell the others
+        if (options.world) {  // only rank 0 (world rank 0) finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
-          if (pipeline) pipeline->broadcast_from_first(nonfinite);
-          if (group && replicas > 1 && (!tensor || tensor->rank() == 0)) group->broadcast(&nonfinite, 1, 0);
-          if (tensor) tensor->broadcast(&nonfinite, 1, 0);
+          options.world->broadcast(&nonfinite, 1, 0);
           if (nonfinite && !root) first_nonfinite = "(found by rank 0)";
         }
       }

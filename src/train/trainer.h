@@ -56,6 +56,9 @@ struct RunOptions {
   // Tensor parallel: the ranks that share one model replica (size = [parallel] tp), null for tp = 1. Each holds
   // its piece of the model (models/tensor_parallel.h); statistics and checkpoints stay full-tensor.
   dist::Communicator* tensor_parallel = nullptr;
+  // Every rank of the layout, null for one process: the ranks agree over it on when to stop and on rank 0's
+  // verdict about non-finite statistics.
+  dist::Communicator* world = nullptr;
   std::string proplab_version = "0.1.0";
 };
 
@@ -78,5 +81,8 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, cons
 
 // Runs the study. Throws UserError for problems found before training starts (nothing is written then).
 RunSummary run_training(const RunSpec& spec, const RunOptions& options);
+
+// Points `options` at the groups of a `[parallel]` layout of several processes (a world of one changes nothing).
+void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups);
 
 }  // namespace proplab
