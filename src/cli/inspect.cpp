@@ -234,6 +234,11 @@ void inspect_run_file(const InspectOptions& options, std::ostream& out) {
 void recover_run_file_command(const std::filesystem::path& run_file, std::ostream& out) {
   const RecoverResult result = recover_run_file(run_file);
   const std::string file_name = run_file.string();
+  if (result.outcome == RecoverOutcome::status_written) {
+    out << "proplab: recovered " << file_name << ": it was closed but its run never recorded how it ended; status "
+        << result.status_before << " -> " << result.status_after << " (" << recover_killed_detail << ")\n";
+    return;
+  }
   if (result.outcome == RecoverOutcome::not_marked_open) {
     out << "proplab: " << file_name << " is not marked open for write (status " << or_dash(result.status_before)
         << "): nothing to recover; left unchanged\n";

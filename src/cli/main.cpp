@@ -6,7 +6,9 @@
 //
 // Exit status: 0 completed; 1 internal error; 2 bad input (study, data, run file, command line; nothing was
 // written); 3 diverged (loss became non-finite); 4 stopped early (interrupted or --stop-after), resumable with
-// --resume; 5 a collective timed out under mpirun (a rank died or stalled; the run file says failed).
+// --resume; 5 a collective timed out under mpirun (a rank died or stalled; the run file says failed); 6 an I/O
+// failure (disk full, quota, read-only or vanished folder) stopped the run: one line says what the run file holds
+// and the command that continues it (--resume from the last good checkpoint).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -38,7 +40,19 @@ constexpr const char* kDescription =
     "what happens to the signal in a run file (HDF5, see docs/run-format.md).\n\n"
     "Exit status: 0 completed, 1 internal error, 2 bad input (nothing written), 3 diverged,\n"
     "4 stopped early (interrupted or --stop-after; continue with --resume), 5 a collective timed out under\n"
-    "mpirun (a rank died or stalled; the run file says failed).";
+    "mpirun (a rank died or stalled; the run file says failed), 6 an I/O failure (disk full, quota, read-only\n"
+    "or vanished folder) stopped the run (the message says what was kept and how to continue with --resume).\n"
+    "One process writes a run at a time: a second `proplab run` into the same run file is refused (exit 2).";
+
+// `text` as one shell word (quoted when it holds anything but safe characters).
+std::string shell_word(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=+,:@%") ==
+                           std::string::npos)
+    return text;
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
 
 int run_command(const std::string& study_path, const std::vector<std::string>& overrides, const std::string& out,
                 bool resume, bool force, std::int64_t stop_after) {
@@ -55,6 +69,9 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   options.terminal = isatty(STDOUT_FILENO) != 0;
   options.interrupt = &g_interrupted;
   options.proplab_version = kVersion;
+  options.command = "proplab run " + shell_word(study_path);
+  for (const std::string& entry : overrides) options.command += " --set " + shell_word(entry);
+  options.command += " --out " + shell_word(options.out_dir.string());
   // Under an MPI launcher (mpirun/srun) the processes form the [parallel] layout; rank 0 prints and writes.
   std::optional<proplab::dist::ProcessGroups> groups;
   if (proplab::dist::launched_by_mpi()) {
@@ -71,6 +88,10 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
     std::cerr << "proplab: " << study.name << ": " << summary.detail << "\n";
     std::cerr.flush();
     proplab::dist::abort_all(5);  // ends every rank, the stalled one included
+  }
+  if (summary.io_failure) {
+    if (options.log) std::cerr << "proplab: error: " << summary.message << "\n";
+    return 6;
   }
   switch (summary.status) {
     case proplab::RunStatus::completed:
@@ -226,6 +247,10 @@ int main(int argc, char** argv) {
   } catch (const proplab::UserError& e) {
     std::cerr << "proplab: error: " << e.what() << "\n";
     return 2;
+  } catch (const proplab::IoError& e) {
+    std::cerr << "proplab: error: " << e.what() << "; nothing was lost: free space (or make the folder writable "
+              << "again), then run the same command again\n";
+    return 6;
   } catch (const std::exception& e) {
     std::cerr << "proplab: internal error: " << e.what() << "\n";
     return 1;

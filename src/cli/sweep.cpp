@@ -94,7 +94,8 @@ int sweep_command(const SweepCommandOptions& command, std::ostream& out) {
   std::signal(SIGTERM, on_sweep_stop_signal);
   const SweepResult result = run_sweep(plan, options);
   if (result.stopped) return 4;
-  return result.counts.failed > 0 ? 5 : 0;
+  if (result.counts.failed > 0) return 5;
+  return result.counts.busy > 0 ? 4 : 0;  // (another process is writing some point: rerun once it has ended)
 }
 
 }  // namespace proplab

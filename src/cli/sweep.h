@@ -2,8 +2,8 @@
 // separate `proplab run` processes into one folder (or prints the plan, or writes a Slurm array script).
 //
 // Exit status: 0 every point of the shard finished (completed or diverged); 2 bad input (nothing started);
-// 4 stopped early by SIGINT/SIGTERM (rerun the same command to continue); 5 some point failed (index.csv says
-// which and why; the others ran).
+// 4 stopped early by SIGINT/SIGTERM, or some point left to another process writing it (rerun the same command to
+// continue); 5 some point failed (index.csv says which and why, an I/O failure's message included; the others ran).
 #pragma once
 
 #include <cstdint>

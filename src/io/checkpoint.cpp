@@ -243,7 +243,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
   H5Quiet quiet;
   try {
     H5Handle file(h5_check(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate",
-                           temporary, "", ErrorKind::user));
+                           temporary, "", ErrorKind::write));
     io_detail::h5_write_string_attribute(file.get(), "format", checkpoint_format_name,
                                          std::char_traits<char>::length(checkpoint_format_name), temporary);
     io_detail::h5_write_int_attribute(file.get(), "format_version", checkpoint_format_version, temporary);
@@ -278,10 +278,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
     writer.close();
     file.close(temporary);
     io_detail::fsync_path(temporary, false);
-    if (std::rename(temporary.c_str(), file_name.c_str()) != 0) {
-      throw UserError(
-          detail::concat("cannot rename checkpoint '", temporary, "' to '", file_name, "': ", std::strerror(errno)));
-    }
+    if (std::rename(temporary.c_str(), file_name.c_str()) != 0) throw IoError(file_name, errno);
     const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
     io_detail::fsync_path(directory.string(), true);
   } catch (...) {

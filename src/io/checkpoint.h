@@ -9,7 +9,9 @@
 // Invariants:
 // - Round trips are exact: float32 tensors and float64/int64 scalars are stored in their own types, bit for bit.
 // - save_checkpoint writes `<path>.tmp`, fsyncs it, renames it over `path` and fsyncs the directory, so a crash
-//   leaves either the previous checkpoint or the new one, never half of one.
+//   leaves either the previous checkpoint or the new one, never half of one. A save the operating system refuses
+//   (no space, quota, read-only or vanished directory) throws IoError after removing `<path>.tmp`: the previous
+//   checkpoint stays as it was.
 // - load_checkpoint checks the caller's expectations: every expected tensor must be present with the expected
 //   shape, and the file may hold no tensor the caller did not expect (UserError naming the tensor and, for a
 //   shape mismatch, both shapes).
@@ -39,7 +41,7 @@ struct Checkpoint {
   const std::string& string_value(const std::string& name) const;
 };
 
-// Writes `checkpoint` atomically to `path` (parent directories are created).
+// Writes `checkpoint` atomically to `path` (parent directories are created). IoError when a write is refused.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
 
 // Reads everything in the checkpoint as is (for inspection); tensors come back as fresh CPU tensors.

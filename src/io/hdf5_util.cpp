@@ -5,12 +5,22 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 namespace proplab::io_detail {
 
 namespace {
+
+// HDF5 closes what is still open when the program exits. A file whose last writes the disk refused cannot be
+// closed: HDF5 1.10 keeps its half-closed identifier, and closing it again at exit crashes (or loops). Every file
+// proplab writes is closed explicitly before exit, so the library's exit handler is switched off before HDF5 is
+// first used.
+const bool hdf5_exit_handler_off = [] {
+  H5dont_atexit();
+  return true;
+}();
 
 herr_t collect_error(unsigned /*index*/, const H5E_error2_t* entry, void* client) {
   auto* messages = static_cast<std::string*>(client);
@@ -31,10 +41,21 @@ std::string take_error_stack() {
 
 }  // namespace
 
+int h5_stack_errno(const std::string& stack) {
+  const std::string key = "errno = ";
+  const std::size_t at = stack.find(key);
+  if (at == std::string::npos) return 0;
+  return std::atoi(stack.c_str() + at + key.size());
+}
+
 void h5_fail(const char* call, const std::string& file, const std::string& object, ErrorKind kind) {
   std::string message = detail::concat("HDF5 call ", call, " failed on file '", file, "'");
   if (!object.empty()) message += detail::concat(" (object '", object, "')");
   const std::string stack = take_error_stack();
+  const int error_number = h5_stack_errno(stack);
+  const bool refused_write = error_number == ENOSPC || error_number == EDQUOT || error_number == EROFS ||
+                             error_number == EIO || error_number == EFBIG || error_number == ESTALE;
+  if (refused_write || (kind == ErrorKind::write && error_number != 0)) throw IoError(file, error_number);
   if (!stack.empty()) message += ": " + stack;
   if (kind == ErrorKind::user) throw UserError(message);
   throw InternalError(message);
@@ -270,15 +291,11 @@ std::vector<std::string> h5_read_string_dataset(hid_t dataset, const std::string
 
 void fsync_path(const std::string& path, bool directory) {
   const int descriptor = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (descriptor < 0) {
-    throw InternalError(detail::concat("cannot open '", path, "' to fsync it: ", std::strerror(errno)));
-  }
+  if (descriptor < 0) throw IoError(path, errno);
   const int result = ::fsync(descriptor);
   const int saved_errno = errno;
   ::close(descriptor);
-  if (result != 0) {
-    throw InternalError(detail::concat("fsync of '", path, "' failed: ", std::strerror(saved_errno)));
-  }
+  if (result != 0) throw IoError(path, saved_errno);
 }
 
 void require_run_format(hid_t root, const std::string& file_name) {

@@ -21,10 +21,18 @@
 
 namespace proplab::io_detail {
 
-enum class ErrorKind { user, internal };
+// user: a file the user named (open, create, a missing object); internal: a bug; write: writing a file proplab
+// produces, where any operating-system error is an I/O failure (a vanished directory, a lost permission).
+enum class ErrorKind { user, internal, write };
 
-// Throws (UserError or InternalError) with `call`, `file` and `object` and the HDF5 error stack.
+// Throws (UserError, InternalError or IoError) with `call`, `file` and `object` and the HDF5 error stack. When
+// the stack carries an operating-system error (HDF5's file driver reports "errno = N") that says the disk or the
+// file system refused the write (ENOSPC, EDQUOT, EROFS, EIO, EFBIG, ESTALE; any errno for ErrorKind::write), it
+// is an IoError naming `file` instead.
 [[noreturn]] void h5_fail(const char* call, const std::string& file, const std::string& object, ErrorKind kind);
+
+// The errno in an HDF5 error stack's text ("..., errno = 28, ..."), 0 when there is none.
+int h5_stack_errno(const std::string& stack);
 
 // Returns `value` when it is non-negative; otherwise throws via h5_fail.
 template <typename Value>
@@ -91,7 +99,7 @@ std::vector<std::string> h5_attribute_names(hid_t object, const std::string& fil
 // Reads a whole 1-D string dataset (fixed or variable length).
 std::vector<std::string> h5_read_string_dataset(hid_t dataset, const std::string& file_name, const std::string& object);
 
-// fsync(2) a file or directory so a rename that follows is durable; InternalError on failure.
+// fsync(2) a file or directory so a rename that follows is durable; IoError on failure.
 void fsync_path(const std::string& path, bool directory);
 
 // UserError unless the file whose root group is `root` is a proplab run file of the format_version this build

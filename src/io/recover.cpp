@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "io/hdf5_util.h"
+#include "io/run_lock.h"
 
 namespace proplab {
 
@@ -159,14 +160,23 @@ RecoverResult recover_run_file(const fs::path& path) {
   require_regular_file(path);
   H5Quiet quiet;
   RecoverResult result;
+  if (const std::optional<RunLockHolder> holder = lock_holder(path))
+    throw UserError(detail::concat("run file '", file_name, "' is being written by ", holder->describe(),
+                                   ": its run is still going, so there is nothing to recover (read it while it runs; ",
+                                   "recover only after the writer has ended)"));
 
   if (!run_file_marked_open(path)) {
-    // A closed file: only checked, never written.
+    // A closed file: checked, and written only when its writer closed it but could not record how it ended.
     H5Handle file(
         h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "H5Fopen", file_name, "", ErrorKind::user));
     io_detail::require_run_format(file.get(), file_name);
     result.status_before = result.status_after = read_status(file.get(), file_name);
     file.close(file_name);
+    if (result.status_before == run_status_name(RunStatus::running) && local_writers(path).empty()) {
+      rewrite_run_status(path, RunStatus::failed, recover_killed_detail, modification_time(path));
+      result.status_after = run_status_name(RunStatus::failed);
+      result.outcome = RecoverOutcome::status_written;
+    }
     return result;
   }
 

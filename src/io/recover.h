@@ -9,14 +9,17 @@
 // - Only proplab run files are written (root attribute format = "proplab-run", a format_version this build
 //   reads), and only while their superblock is marked open; everything is checked through read-only opens
 //   before the first write. A file that is not marked open is never written.
-// - A file that a process on this machine has open for writing is refused: clearing the mark under a live
-//   writer would corrupt the file. (Writers on other machines sharing the file system cannot be seen.)
+// - A run whose lock is held (io/run_lock.h: its writer is alive, on this machine or another sharing the file
+//   system) is refused, as is a file that a process on this machine has open for writing: clearing the mark under
+//   a live writer would corrupt the file.
 // - Clearing is what `h5clear -s --increment` does, through HDF5's own file-access properties
 //   (clear_status_flags, skip_eof_check, null_fsm_addr) and H5Fincrement_filesize: the EOA becomes
 //   max(EOA, end of file) + recover_eoa_margin, so nothing written is cut off. (Clearing the flags alone, like
 //   plain `h5clear -s`, keeps the stale EOA and loses data.)
 // - After clearing, a status still "running" becomes "failed" with detail "killed" and end_time the file's
 //   last modification time before recovery (when the writer last wrote). Any other status is kept.
+// - A closed file that still says "running" (its writer closed it but could not record how the run ended, e.g.
+//   its disk was full) gets the same "failed" / "killed" status; nothing else of a closed file is written.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,7 @@ inline constexpr const char* recover_killed_detail = "killed";
 enum class RecoverOutcome {
   recovered,        // the mark was cleared (and a "running" status rewritten)
   not_marked_open,  // a closed file: left unchanged
+  status_written,   // a closed file that said running: its status rewritten
 };
 
 struct RecoverResult {
@@ -46,8 +50,9 @@ struct RecoverResult {
 };
 
 // Clears a killed writer's open-for-write mark on the run file at `path` (see the invariants above).
-// UserError when the file is missing, not HDF5, not a proplab run file, of an unsupported version, open for
-// writing by a live process, or cannot be opened for writing (e.g. an SWMR reader holds its lock).
+// UserError when the file is missing, not HDF5, not a proplab run file, of an unsupported version, being written
+// (its run's lock is held, or a process here has it open for writing), or cannot be opened for writing (e.g. an
+// SWMR reader holds its lock).
 RecoverResult recover_run_file(const std::filesystem::path& path);
 
 // True when the superblock of the HDF5 file at `path` is marked open for write or SWMR write (superblock

@@ -88,6 +88,9 @@ struct Series {
   std::int64_t columns = 1;
   bool is_int = false;
   std::int64_t rows_written = 0;
+  std::int64_t last_int_written = -1;
+  std::int64_t rows_flushed = 0;  // as of the last successful H5Fflush
+  std::int64_t last_int_flushed = -1;
   std::vector<double> pending_doubles;  // row-major, `columns` per row
   std::vector<std::int64_t> pending_ints;
 
@@ -115,6 +118,7 @@ struct RunWriter::Impl {
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   bool started = false;
   bool finished = false;
+  bool abandoned = false;
 
   void require_layout_phase(const char* what) const {
     PROPLAB_CHECK(!finished, what, " on run file '", file_name, "' after finish()");
@@ -192,6 +196,7 @@ struct RunWriter::Impl {
                       file_space.get(), H5P_DEFAULT, data),
              "H5Dwrite", file_name, entry.path);
     entry.rows_written += rows;
+    if (entry.is_int) entry.last_int_written = entry.pending_ints.back();
     entry.pending_ints.clear();
     entry.pending_doubles.clear();
   }
@@ -201,6 +206,10 @@ struct RunWriter::Impl {
     for (Series& entry : series) write_series(entry);
     // In SWMR mode H5Fflush pushes raw data and metadata in the order a concurrent reader relies on.
     h5_check(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "H5Fflush", file_name);
+    for (Series& entry : series) {
+      entry.rows_flushed = entry.rows_written;
+      entry.last_int_flushed = entry.last_int_written;
+    }
     most_pending = 0;
     last_write = std::chrono::steady_clock::now();
   }
@@ -224,6 +233,24 @@ struct RunWriter::Impl {
     for (Series& entry : series) entry.dataset.close(file_name);
     link_properties.close(file_name);
     file.close(file_name);
+  }
+
+  // Reopens the closed file normally and records how the run ended.
+  void write_status(RunStatus status, const std::string& detail) {
+    H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
+    h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds",
+             file_name);
+    // SWMR readers (a GUI, h5py with swmr=True) hold a shared lock for as long as they have the file open, which
+    // would make this read-write open fail. This process is the run's only writer (io/run_lock.h), and a SWMR
+    // reader retries metadata whose checksum does not match, so it sees either the old or the new values.
+    h5_check(H5Pset_file_locking(access.get(), false, true), "H5Pset_file_locking", file_name);
+    H5Handle reopened(
+        h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen", file_name, "", ErrorKind::write));
+    io_detail::h5_overwrite_string_attribute(reopened.get(), "status", run_status_name(status), file_name);
+    io_detail::h5_overwrite_string_attribute(reopened.get(), "status_detail", fit_to(detail, run_status_detail_size),
+                                             file_name);
+    io_detail::h5_overwrite_string_attribute(reopened.get(), "end_time", iso8601_utc_now(), file_name);
+    reopened.close(file_name);
   }
 };
 
@@ -454,24 +481,43 @@ void RunWriter::finish(RunStatus status, const std::string& detail) {
   impl_->require_open("finish");
   PROPLAB_CHECK(status != RunStatus::running, "finish() records a final status, not running");
   H5Quiet quiet;
-  const std::string& file_name = impl_->file_name;
   // Marked first: whatever happens below, the writer does not try again from its destructor.
   impl_->finished = true;
   impl_->write_all();
   impl_->close_all();
-  H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
-  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
-  // SWMR readers (a GUI, h5py with swmr=True) hold a shared lock for as long as they have the file open, which
-  // would make this read-write open fail. This process is the run's only writer, and a SWMR reader retries
-  // metadata whose checksum does not match, so it sees either the old or the new attribute values.
-  h5_check(H5Pset_file_locking(access.get(), false, true), "H5Pset_file_locking", file_name);
-  H5Handle file(
-      h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen", file_name, "", ErrorKind::user));
-  io_detail::h5_overwrite_string_attribute(file.get(), "status", run_status_name(status), file_name);
-  io_detail::h5_overwrite_string_attribute(file.get(), "status_detail", fit_to(detail, run_status_detail_size),
-                                           file_name);
-  io_detail::h5_overwrite_string_attribute(file.get(), "end_time", iso8601_utc_now(), file_name);
-  file.close(file_name);
+  impl_->write_status(status, detail);
+}
+
+bool RunWriter::abandon(RunStatus status, const std::string& detail) noexcept {
+  if (!impl_ || impl_->abandoned) return false;
+  impl_->abandoned = true;
+  impl_->finished = true;
+  H5Quiet quiet;
+  try {
+    for (Series& entry : impl_->series) {
+      entry.pending_doubles.clear();
+      entry.pending_ints.clear();
+      // A write that failed after extending its dataset would leave a row of fill values: cut it off again.
+      const hsize_t extent[2] = {static_cast<hsize_t>(entry.rows_written), static_cast<hsize_t>(entry.columns)};
+      if (entry.dataset.valid()) H5Dset_extent(entry.dataset.get(), extent);
+    }
+    impl_->close_all();
+    impl_->write_status(status, detail);
+    return true;
+  } catch (...) {
+    for (Series& entry : impl_->series) entry.dataset.close_quietly();
+    impl_->link_properties.close_quietly();
+    impl_->file.close_quietly();
+    return false;
+  }
+}
+
+RunWriter::FlushedExtent RunWriter::flushed(const std::string& series_path) const {
+  const auto found = impl_->series_by_path.find(series_path);
+  PROPLAB_CHECK(found != impl_->series_by_path.end(), "series '", series_path, "' was created in run file '",
+                impl_->file_name, "'");
+  const Series& entry = impl_->series[found->second];
+  return FlushedExtent{entry.rows_flushed, entry.last_int_flushed};
 }
 
 }  // namespace proplab

@@ -24,6 +24,8 @@
 // - finish() flushes, closes, reopens the file normally (not SWMR) and writes status, status_detail and
 //   end_time. A writer destroyed without finish() records status "failed". A process killed while writing
 //   leaves status "running" and the file marked open for write (RunReader falls back to SWMR-read).
+// - A write the operating system refuses (no space, quota, read-only file system) is an IoError (core/error.h);
+//   what was flushed before it stays readable (flushed()), and abandon() closes the file as well as it still can.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +45,8 @@ inline constexpr std::size_t run_status_detail_size = 1024;
 inline constexpr std::size_t run_time_size = 32;
 
 enum class RunStatus { running, completed, diverged, failed };
+// The status_detail of a run that an I/O failure stopped (status failed) begins with this.
+inline constexpr const char* io_failure_detail_prefix = "I/O failure";
 const char* run_status_name(RunStatus status);
 // Parses "running" | "completed" | "diverged" | "failed"; UserError naming the valid values otherwise.
 RunStatus parse_run_status(const std::string& text);
@@ -135,6 +139,19 @@ class RunWriter {
   // `status` must not be running.
   void finish(RunStatus status, const std::string& detail);
   bool finished() const;
+  // After a write failed (IoError from an append, flush or finish): drops the rows not yet written, closes the
+  // file and records status and detail when the file system still lets it. Returns false when the status could
+  // not be written (the file then says running, and `proplab recover` marks it once the disk takes writes again).
+  // Callable once, also after a finish() that threw. Never throws.
+  bool abandon(RunStatus status, const std::string& detail) noexcept;
+
+  // What a reader is sure to find of a series: the rows of the last successful flush (not those buffered or lost
+  // to a failed write) and, for an int64 series, the last of them (-1 when none).
+  struct FlushedExtent {
+    std::int64_t rows = 0;
+    std::int64_t last_int = -1;
+  };
+  FlushedExtent flushed(const std::string& series_path) const;
 
   const std::filesystem::path& path() const;
   // Rows appended so far (buffered or written).

@@ -68,6 +68,8 @@ const char* point_action_name(PointAction action) {
       return "restart";
     case PointAction::resume:
       return "resume";
+    case PointAction::skip_busy:
+      return "skip (being written by another process)";
   }
   return "?";
 }
@@ -241,6 +243,8 @@ PointAction decide_action(const IndexRow* previous, const RunFileState& file, bo
                       (file.readable && file.row.status == PointStatus::failed);
   if (failed) {
     if (!retry_failed) return PointAction::skip_failed;
+    if (file.readable && file.detail.rfind(io_failure_detail_prefix, 0) == 0 && checkpoint_exists)
+      return PointAction::resume;
     return file.exists || checkpoint_exists ? PointAction::restart : PointAction::start;
   }
   // Interrupted (cleanly, or killed while "running"): its checkpoint continues it when its file can be read.

@@ -69,9 +69,12 @@ enum class PointAction {
   start,          // nothing on disk
   restart,        // a run file or checkpoint that cannot be continued: start over (--force)
   resume,         // an interrupted run with its checkpoint: continue (--resume)
+  skip_busy,      // another process is writing the run (its lock is held, io/run_lock.h): left alone
 };
 const char* point_action_name(PointAction action);
 // What to do with a point, from its previous index row (if any), its run file and whether its checkpoint exists.
+// (A failed point retried with retry_failed restarts, except one that an I/O failure stopped: it resumes from its
+// checkpoint, bit for bit the run it would have been.)
 PointAction decide_action(const IndexRow* previous, const RunFileState& file, bool checkpoint_exists,
                           bool retry_failed);
 

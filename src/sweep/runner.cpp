@@ -18,10 +18,12 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
+#include "io/run_lock.h"
 #include "train/progress.h"
 
 namespace proplab {
@@ -48,6 +50,13 @@ void write_atomically(const fs::path& path, const std::string& text) {
     if (!out) throw UserError(temporary.string() + ": cannot write");
   }
   fs::rename(temporary, path);
+}
+
+// The index row of a point another process is writing.
+IndexRow busy_row(IndexRow row, const RunLockHolder& holder) {
+  row.status = PointStatus::running;
+  row.detail = "being written by " + holder.describe() + ", not by this sweep; rerun the sweep after it has ended";
+  return row;
 }
 
 // The CPUs this process may run on.
@@ -119,6 +128,7 @@ class Runner {
   const SweepPlan& plan_;
   const SweepOptions& options_;
   std::map<std::string, IndexRow> rows_;  // this shard's rows
+  std::set<std::string> busy_;            // points another process is writing (io/run_lock.h)
   std::deque<std::pair<std::size_t, PointAction>> queue_;
   std::map<pid_t, Job> jobs_;
   std::vector<bool> slot_busy_;
@@ -145,7 +155,7 @@ SweepCounts Runner::counts() const {
         ++c.failed;
         break;
       case PointStatus::running:
-        ++c.running;
+        ++(busy_.count(name) ? c.busy : c.running);
         break;
       case PointStatus::interrupted:
         ++c.interrupted;
@@ -279,6 +289,16 @@ void Runner::reap(pid_t pid, int status) {
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   const RunFileState file = read_run_state(options_.out_dir / (point.name + ".h5"));
   IndexRow row = file.readable ? file.row : IndexRow{};
+  if (code == 2) {
+    // Refused because another process started writing the run after the plan was made: leave it to that one.
+    if (const auto holder = lock_holder(options_.out_dir / (point.name + ".h5"))) {
+      busy_.insert(point.name);
+      const IndexRow busy = busy_row(row, *holder);
+      set_row(job.point, busy);
+      event("skip " + point.name + " (" + busy.detail + ")");
+      return;
+    }
+  }
   if (code == 2 && job.action == PointAction::resume && stops_sent_ == 0) {
     event("resume " + point.name + " refused (" + failure_reason(log, status) + "); restarting it");
     queue_.emplace_front(job.point, PointAction::restart);
@@ -342,13 +362,17 @@ SweepResult Runner::run() {
       ++skipped_finished;
     else if (decided_point.action == PointAction::skip_failed)
       ++skipped_failed;
+    else if (decided_point.action == PointAction::skip_busy)
+      busy_.insert(plan_.points[decided_point.point].name);
     else
       queue_.emplace_back(decided_point.point, decided_point.action);
   }
   event(std::to_string(plan_.points.size()) + " points, " + std::to_string(decided.size()) + " in shard " +
         std::to_string(options_.shard.index) + "/" + std::to_string(options_.shard.count) + ": " +
         std::to_string(queue_.size()) + " to run, " + std::to_string(skipped_finished) + " finished, " +
-        std::to_string(skipped_failed) + " failed before; " + std::to_string(options_.jobs) + " at a time, " +
+        std::to_string(skipped_failed) + " failed before" +
+        (busy_.empty() ? std::string() : ", " + std::to_string(busy_.size()) + " being written by another process") +
+        "; " + std::to_string(options_.jobs) + " at a time, " +
         std::to_string(cpus_per_job_) + " CPU" + (cpus_per_job_ == 1 ? "" : "s") + " each");
   for (const PointPlan& decided_point : decided) {
     const std::string& name = plan_.points[decided_point.point].name;
@@ -356,6 +380,7 @@ SweepResult Runner::run() {
       event("skip " + name + " (" + point_status_name(decided_point.row.status) + ")");
     if (decided_point.action == PointAction::skip_failed)
       event("skip " + name + " (failed before; --retry-failed reruns it)");
+    if (decided_point.action == PointAction::skip_busy) event("skip " + name + " (" + decided_point.row.detail + ")");
   }
 
   SweepResult result;
@@ -438,6 +463,14 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
       decision.row.status = PointStatus::interrupted;
       decision.row.detail = "killed before its run file was written";
     }
+    // A point whose run another process is writing (a `proplab run` started by hand into the folder, another
+    // sweep over it) is not started twice.
+    if (decision.action == PointAction::start || decision.action == PointAction::restart ||
+        decision.action == PointAction::resume)
+      if (const auto holder = lock_holder(run_file)) {
+        decision.action = PointAction::skip_busy;
+        decision.row = busy_row(file.readable ? file.row : IndexRow{}, *holder);
+      }
     decided.push_back(decision);
   }
   if (!stale.empty()) {
@@ -461,6 +494,7 @@ std::string sweep_status_line(const SweepCounts& counts, double eta_s) {
   if (counts.diverged) line += " (" + std::to_string(counts.diverged) + " diverged)";
   line += ", " + std::to_string(counts.running) + " running, " + std::to_string(counts.failed) + " failed";
   if (counts.interrupted) line += ", " + std::to_string(counts.interrupted) + " interrupted";
+  if (counts.busy) line += ", " + std::to_string(counts.busy) + " being written by another process";
   if (eta_s != 0) line += ", ETA " + (eta_s < 0 ? std::string("?") : Progress::format_duration(eta_s));
   return line;
 }

@@ -14,6 +14,9 @@
 // - On a stop request (stop_requests > 0: SIGINT/SIGTERM), no point starts; running points get SIGTERM and stop
 //   at their next step with a checkpoint; a second request SIGKILLs them. Their rows become interrupted. On Linux
 //   a point also gets SIGTERM when the sweep process dies (PR_SET_PDEATHSIG), so no run outlives its sweep.
+// - A point whose run another process is writing (its lock is held, io/run_lock.h: a `proplab run` started by hand
+//   into DIR, say) is not started: its row says running, by whom, and the sweep ends with exit status 4 (rerun to
+//   continue). A point whose run is refused because such a process took it after the plan was made is treated the same.
 // - The index is rewritten (temp + rename) whenever a point starts or ends.
 #pragma once
 
@@ -48,6 +51,7 @@ struct SweepCounts {
   int running = 0;
   int interrupted = 0;
   int pending = 0;
+  int busy = 0;  // being written by another process (not started by this sweep)
 };
 
 struct SweepResult {

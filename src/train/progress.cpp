@@ -52,7 +52,8 @@ void Progress::update(std::int64_t step, double loss, std::optional<double> eval
 
 void Progress::finish(const std::string& message) {
   if (terminal_ && printed_live_) out_ << "\n";
-  out_ << message << "\n" << std::flush;
+  if (!message.empty()) out_ << message << "\n";
+  out_ << std::flush;
 }
 
 }  // namespace proplab

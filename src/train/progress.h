@@ -17,7 +17,7 @@ class Progress {
   Progress(std::ostream& out, bool terminal, std::int64_t total_steps, double interval_s = 10.0);
   // Called after every step (step = number of steps done).
   void update(std::int64_t step, double loss, std::optional<double> eval_loss, double tokens_per_s);
-  // Ends the display with a final line.
+  // Ends the display with a final line (none when `message` is empty).
   void finish(const std::string& message);
 
   static std::string format_duration(double seconds);

@@ -9,6 +9,7 @@
 #include "data/dataset.h"
 #include "data/images.h"
 #include "io/checkpoint.h"
+#include "io/run_lock.h"
 #include "io/run_reader.h"
 #include "models/model.h"
 #include "models/tensor_parallel.h"
@@ -108,6 +109,97 @@ std::string experiment_config(const std::string& toml) {
   return out.str();
 }
 
+// Rank 0 takes the run's lock before anything is written (io/run_lock.h). Under mpirun every rank learns whether
+// it got it, so that all of them stop with its message when it did not.
+std::optional<RunLock> lock_run(const RunOptions& options, bool root, const std::filesystem::path& run_file) {
+  std::optional<RunLock> lock;
+  std::string refusal;
+  if (root) {
+    try {
+      lock.emplace(RunLock::acquire(run_file));
+    } catch (const UserError& error) {
+      refusal = error.what();
+    }
+  }
+  if (options.world) {
+    std::int64_t length = static_cast<std::int64_t>(refusal.size());
+    options.world->broadcast(&length, sizeof length, 0);
+    refusal.resize(static_cast<std::size_t>(length));
+    if (length > 0) options.world->broadcast(refusal.data(), length, 0);
+  }
+  if (!refusal.empty()) throw UserError(refusal);
+  return lock;
+}
+
+// A write the operating system refused (IoError): to which file, at which step.
+struct IoFailure {
+  bool checkpoint = false;  // the checkpoint (else the run file)
+  std::string path;
+  std::string reason;      // e.g. "No space left on device"
+  std::int64_t step = 0;   // the step being written (a checkpoint: the step it would resume at)
+};
+
+// "steps 0-87 (88 training rows) and 9 records (the last at step 80)": what a reader is sure to find in the run
+// file (rows of a flush that failed half-way may be there too).
+std::string run_file_contents(const RunWriter& writer) {
+  const RunWriter::FlushedExtent train = writer.flushed("/train/step");
+  std::string text = train.rows == 0 ? std::string("no training step")
+                                     : "steps 0-" + std::to_string(train.last_int) + " (" +
+                                           std::to_string(train.rows) + " training rows)";
+  const RunWriter::FlushedExtent records = writer.flushed("/steps");
+  if (records.rows == 0) return text + " and no record";
+  return text + " and " + std::to_string(records.rows) + " record" + (records.rows == 1 ? "" : "s") +
+         " (the last at step " + std::to_string(records.last_int) + ")";
+}
+
+// Ends a run that rank 0 could not write: marks the run file failed as far as the file system lets it and says in
+// one line what failed, what the run file holds, the last good checkpoint and the command that continues.
+void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std::string& name,
+                          std::optional<std::int64_t> checkpoint_step, const RunOptions& options, RunSummary& summary) {
+  const std::string run_file = writer.path().string();
+  bool run_file_writable = failure.checkpoint && !writer.finished();
+  if (run_file_writable) {  // the checkpoint failed: the run file may still take its last rows
+    try {
+      writer.flush();
+    } catch (const IoError&) {
+      run_file_writable = false;
+    }
+  }
+  std::string detail = std::string(io_failure_detail_prefix) + " after " + std::to_string(failure.step) + " steps: " + failure.reason +
+                       " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
+                       failure.path + "'; the run file holds at least " + run_file_contents(writer) + "; ";
+  detail += checkpoint_step ? "last good checkpoint: step " + std::to_string(*checkpoint_step) +
+                                  ", continue with --resume"
+                            : "no checkpoint of this run, start again with --force";
+  bool marked = false;
+  if (run_file_writable) {
+    try {
+      writer.finish(RunStatus::failed, detail);
+      marked = true;
+    } catch (const IoError&) {
+    }
+  }
+  if (!marked) marked = writer.abandon(RunStatus::failed, detail);
+
+  const std::string command = options.command.empty() ? std::string("proplab run ...") : options.command;
+  std::string message = name + ": I/O failure after " + std::to_string(failure.step) + " steps: " + failure.reason +
+                        " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
+                        failure.path + "'. The run file '" + run_file + "' holds at least " + run_file_contents(writer);
+  message += marked ? " and says failed. "
+                    : "; its status could not be written, so it says running until `proplab recover " + run_file +
+                          "` or a resumed run rewrites it. ";
+  if (checkpoint_step)
+    message += "Last good checkpoint: step " + std::to_string(*checkpoint_step) + " ('" + summary.checkpoint.string() +
+               "'). Free space (or make the folder writable again), then continue with: " + command + " --resume";
+  else
+    message += "No checkpoint of this run was written. Free space (or make the folder writable again), then start "
+               "again with: " + command + " --force";
+  summary.status = RunStatus::failed;
+  summary.detail = detail;
+  summary.io_failure = true;
+  summary.message = message;
+}
+
 }  // namespace
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name) {
@@ -161,6 +253,8 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     throw UserError("parallel.dp = " + std::to_string(replicas) + " must divide the micro-batch train.batch / " +
                     "train.grad_accum = " + std::to_string(micro) + "; allowed: a dp that divides it");
   check_pipeline_layout(spec, options.pipeline, replicas);
+  // One writer per run: refused here, before anything is read or written, when another process writes this run.
+  const std::optional<RunLock> lock = lock_run(options, root, run_file_path(options.out_dir, spec.name));
   const std::int64_t local_rows = micro / replicas;
   const std::int64_t first_row = group ? group->rank() * local_rows : 0;
   // This replica's rows of a micro-batch (all of them for one process).
@@ -247,6 +341,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     }
   }
   std::optional<RunWriter> created;
+  double wall_offset = 0.0;  // a resumed run's wall time goes on from where the previous file ended
   try {
     if (root) {
       created.emplace(RunWriter::create(summary.run_file, header, options.force || options.resume));
@@ -255,32 +350,52 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       recorder.write_block_layout(*created, model->block_layout());
       write_theory(*created, prediction);
       created->start();
+      if (previous) {
+        // A resumed run's file holds the whole history: rows before the checkpoint come from the previous file,
+        // flushed before that file goes.
+        recorder.copy_history(*previous, *created, start_step);
+        data_parallel.copy_history(*previous, *created, start_step);
+        for (std::size_t i = 0; i < history.size() && history.step[i] < start_step; ++i) {
+          created->append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i],
+                                 history.tokens_per_s[i], history.wall_time[i]});
+          wall_offset = history.wall_time[i];
+        }
+        for (std::size_t i = 0; i < eval_history.size() && eval_history.step[i] <= start_step; ++i)
+          created->append_eval({eval_history.step[i], eval_history.loss[i]});
+        created->flush();
+      }
     }
   } catch (...) {
     if (previous) {  // put the previous file back: nothing is lost when the new one cannot be written
       previous.reset();
+      if (created) created->abandon(RunStatus::failed, "could not be written while resuming");
       created.reset();
       std::filesystem::rename(previous_copy, summary.run_file);
     }
     throw;
   }
-  // Only rank 0 writes; the other replicas compute and merge into it.
-  RunWriter* writer = root ? &*created : nullptr;
   if (previous) {
-    recorder.copy_history(*previous, *writer, start_step);
-    data_parallel.copy_history(*previous, *writer, start_step);
     previous.reset();
     std::filesystem::remove(previous_copy);
   }
-  // A resumed run's file holds the whole history: rows before the checkpoint come from the previous file.
-  double wall_offset = 0.0;
-  for (std::size_t i = 0; i < history.size() && history.step[i] < start_step; ++i) {
-    writer->append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i],
-                          history.tokens_per_s[i], history.wall_time[i]});
-    wall_offset = history.wall_time[i];
-  }
-  for (std::size_t i = 0; i < eval_history.size() && eval_history.step[i] <= start_step; ++i)
-    writer->append_eval({eval_history.step[i], eval_history.loss[i]});
+  // Only rank 0 writes; the other replicas compute and merge into it.
+  RunWriter* writer = root ? &*created : nullptr;
+
+  // A write the operating system refuses (disk full, quota, read-only or vanished directory) stops the run at the
+  // next step boundary: nothing more is written, and no later checkpoint is taken (it would run ahead of the run
+  // file's records), so --resume continues from the last good one without a gap.
+  std::optional<IoFailure> io_failure;
+  std::int64_t step = start_step;
+  std::optional<std::int64_t> checkpoint_step;  // of the last good checkpoint of this run
+  if (options.resume) checkpoint_step = start_step;
+  auto guarded = [&](bool checkpoint, auto&& write) {
+    if (io_failure) return;
+    try {
+      write();
+    } catch (const IoError& error) {
+      io_failure = IoFailure{checkpoint, checkpoint ? summary.checkpoint.string() : error.path(), error.reason(), step};
+    }
+  };
 
   auto evaluate = [&]() {
     double total = 0.0;
@@ -298,6 +413,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (tensor && (!group || group->rank() == 0) && (!pipeline || pipeline->stage() == 0))
       tensors = gather_full_tensors(*tensor, model->params(), tensors);
     if (!root) return;
+    // A checkpoint is taken only once the run file holds everything before it, so that --resume from it leaves no
+    // gap in the run file whatever happens to the rows written after it.
+    guarded(false, [&] { writer->flush(); });
+    if (io_failure) return;
     Checkpoint checkpoint;
     checkpoint.tensors = std::move(tensors);
     checkpoint.ints["step"] = step;
@@ -305,7 +424,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     checkpoint.ints["seed"] = static_cast<std::int64_t>(spec.seed);
     checkpoint.ints["data_position"] = step * tc.grad_accum;  // next train batch index
     checkpoint.strings["config"] = spec.config_toml;
-    save_checkpoint(summary.checkpoint, checkpoint);
+    guarded(true, [&] {
+      save_checkpoint(summary.checkpoint, checkpoint);  // (a checkpoint that fails leaves the previous one)
+      checkpoint_step = step;
+    });
   };
 
   if (log)
@@ -317,20 +439,22 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   const auto run_start = clock::now();
   const double tokens_per_step = static_cast<double>(tc.batch) * static_cast<double>(model->tokens_per_sample());
 
-  std::int64_t step = start_step;
   RunStatus status = RunStatus::completed;
   std::string detail;
   // A collective that times out (a rank died or stalled) ends the run as failed, with every record so far flushed;
   // the caller then ends the other ranks (dist::abort_all).
   try {
     while (step < tc.steps) {
-      bool interrupted = options.interrupt && options.interrupt->load();
-      if (options.world) {  // every rank stops at the same step, or the others would wait forever
-        double any = interrupted ? 1.0 : 0.0;
-        options.world->all_reduce(&any, 1, dist::ReduceOp::max);
-        interrupted = any != 0.0;
+      // Every rank stops at the same step, or the others would wait forever: 1 interrupted, 2 rank 0 could not
+      // write.
+      double stop = io_failure ? 2.0 : options.interrupt && options.interrupt->load() ? 1.0 : 0.0;
+      if (options.world) options.world->all_reduce(&stop, 1, dist::ReduceOp::max);
+      if (stop == 2.0) {
+        status = RunStatus::failed;
+        if (!io_failure) detail = "rank 0 could not write the run file or the checkpoint at step " + std::to_string(step);
+        break;
       }
-      if (interrupted) {
+      if (stop == 1.0) {
         status = RunStatus::failed;
         detail = "interrupted at step " + std::to_string(step) + "; continue with --resume";
         break;
@@ -396,13 +520,16 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
         recorder.skip_update();
         recorder.after_update();
         if (pipeline) pipeline->gather_param_stats(recorder);
-        const std::string first = root ? recorder.write_record(*writer, step) : std::string();
+        std::string first;
+        if (root) guarded(false, [&] { first = recorder.write_record(*writer, step); });
         status = RunStatus::diverged;
         detail = std::string(std::isfinite(loss) ? "gradient norm" : "loss") + " became non-finite at step " +
                  std::to_string(step) + (first.empty() ? "" : "; first non-finite probe: " + first);
         if (root)
-          writer->append_train({step, loss, lr, grad_norm, 0.0,
-                                wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+          guarded(false, [&] {
+            writer->append_train({step, loss, lr, grad_norm, 0.0,
+                                  wall_offset + std::chrono::duration<double>(clock::now() - run_start).count()});
+          });
         ++step;
         break;
       }
@@ -412,10 +539,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       if (record) {
         recorder.after_update();
         if (pipeline) pipeline->gather_param_stats(recorder);
-        if (root) {
-          first_nonfinite = recorder.write_record(*writer, step);
-          data_parallel.write_record(*writer, step);
-        }
+        if (root)
+          guarded(false, [&] {
+            first_nonfinite = recorder.write_record(*writer, step);
+            data_parallel.write_record(*writer, step);
+          });
         if (options.world) {  // only rank 0 (world rank 0) finalised the statistics: tell the others
           std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
           options.world->broadcast(&nonfinite, 1, 0);
@@ -426,8 +554,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       const double step_seconds = std::chrono::duration<double>(now - step_start).count();
       summary.tokens_per_s = tokens_per_step / step_seconds;
       if (root)
-        writer->append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
-                              wall_offset + std::chrono::duration<double>(now - run_start).count()});
+        guarded(false, [&] {
+          writer->append_train({step, loss, lr, grad_norm, summary.tokens_per_s,
+                                wall_offset + std::chrono::duration<double>(now - run_start).count()});
+        });
       summary.last_loss = loss;
       ++step;
       if (!first_nonfinite.empty() && spec.record.on_nonfinite == "stop") {
@@ -437,7 +567,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       }
       if ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == tc.steps) {
         const double eval_loss = evaluate();
-        if (root) writer->append_eval({step, eval_loss});
+        if (root) guarded(false, [&] { writer->append_eval({step, eval_loss}); });
         summary.last_eval_loss = eval_loss;
       }
       if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0) save(step);
@@ -449,17 +579,32 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     summary.collective_timeout = true;
   }
   summary.steps_done = step;
+  if (options.world && !summary.collective_timeout) {
+    // Rank 0's write failures in the last step reach the others here (earlier ones stopped the loop).
+    double failed = io_failure ? 1.0 : 0.0;
+    options.world->all_reduce(&failed, 1, dist::ReduceOp::max);
+    if (failed != 0.0 && !root) {
+      summary.io_failure = true;
+      summary.message = spec.name + ": rank 0 could not write the run file or the checkpoint (it says what and why)";
+      if (status != RunStatus::diverged) {  // (a diverged run takes no final checkpoint on any rank)
+        status = RunStatus::failed;
+        detail = "rank 0 could not write the run file or the checkpoint";
+      }
+    }
+  }
   // No checkpoint after a timeout: it may have struck between the update and the step count.
   if (status != RunStatus::diverged && !summary.collective_timeout) save(step);
   summary.status = status;
   summary.detail = status == RunStatus::completed ? "completed " + std::to_string(step) + " steps" : detail;
-  if (root) writer->finish(status, summary.detail);
+  if (root) guarded(false, [&] { writer->finish(status, summary.detail); });
+  if (root && io_failure) end_after_io_failure(*io_failure, *writer, spec.name, checkpoint_step, options, summary);
   std::ostringstream final_line;
-  final_line << "proplab: " << spec.name << ": " << run_status_name(status) << " (" << summary.detail << ")";
+  final_line << "proplab: " << spec.name << ": " << run_status_name(summary.status) << " (" << summary.detail << ")";
   if (summary.last_eval_loss) final_line << "; validation loss " << *summary.last_eval_loss;
   if (summary.entropy_rate) final_line << " (data entropy rate " << *summary.entropy_rate << ")";
   final_line << "; run file " << summary.run_file.string();
-  progress.finish(final_line.str());
+  // (an I/O failure's message is the caller's to print, on stderr)
+  progress.finish(summary.io_failure ? std::string() : final_line.str());
   return summary;
 }
 

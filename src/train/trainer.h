@@ -60,6 +60,9 @@ struct RunOptions {
   // verdict about non-finite statistics.
   dist::Communicator* world = nullptr;
   std::string proplab_version = "0.1.0";
+  // The command that ran this study without --resume or --force ("proplab run STUDY --out DIR ..."), for the
+  // message that says how to continue after an I/O failure; empty: the message names the flag only.
+  std::string command;
 };
 
 struct RunSummary {
@@ -75,11 +78,19 @@ struct RunSummary {
   // Data parallel: a collective timed out (status failed, detail names it); the other ranks cannot be relied on
   // to finish, so the caller ends the job (dist::abort_all).
   bool collective_timeout = false;
+  // The operating system refused a write to the run file or the checkpoint (no space, quota, a read-only or
+  // vanished directory): the run stopped at a step boundary with status failed, resumable from its last good
+  // checkpoint. `message` says in one line what failed, the step, what the run file holds, the last good
+  // checkpoint and the command that continues (rank 0; other ranks: that rank 0 could not write).
+  bool io_failure = false;
+  std::string message;
 };
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name);
 
-// Runs the study. Throws UserError for problems found before training starts (nothing is written then).
+// Runs the study. Throws UserError for problems found before training starts (nothing is written then), among
+// them another process writing the same run (io/run_lock.h: rank 0 holds the run's lock from before it writes
+// anything until it has written everything), and IoError when the run file cannot even be created.
 RunSummary run_training(const RunSpec& spec, const RunOptions& options);
 
 // Points `options` at the groups of a `[parallel]` layout of several processes (a world of one changes nothing).
