@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "io/run_file.h"
@@ -80,8 +81,14 @@ std::string RunLockHolder::describe() const {
 
 RunLock RunLock::acquire(const fs::path& run_file) {
   const fs::path lock_file = run_lock_path(run_file);
+  std::vector<fs::path> created;  // the directories this creates, innermost first
   if (lock_file.has_parent_path()) {
     std::error_code error;
+    for (fs::path missing = lock_file.parent_path(); !missing.empty() && !fs::exists(missing, error);
+         missing = missing.parent_path()) {
+      created.push_back(missing);
+      if (!missing.has_relative_path() || missing.parent_path() == missing) break;
+    }
     fs::create_directories(lock_file.parent_path(), error);
     if (error)
       throw UserError(detail::concat("cannot create directory '", lock_file.parent_path().string(),
@@ -118,13 +125,16 @@ RunLock RunLock::acquire(const fs::path& run_file) {
       ::close(descriptor);
       throw UserError(lock_error(lock_file, "write", error_number));
     }
-    return RunLock(lock_file, descriptor);
+    return RunLock(lock_file, descriptor, std::move(created));
   }
   throw InternalError(detail::concat("the lock file '", lock_file.string(),
                                      "' was replaced 100 times while it was being locked"));
 }
 
-RunLock::RunLock(RunLock&& other) noexcept : path_(std::move(other.path_)), descriptor_(other.descriptor_) {
+RunLock::RunLock(RunLock&& other) noexcept
+    : path_(std::move(other.path_)),
+      descriptor_(other.descriptor_),
+      created_directories_(std::move(other.created_directories_)) {
   other.descriptor_ = -1;
 }
 
@@ -133,6 +143,7 @@ RunLock& RunLock::operator=(RunLock&& other) noexcept {
     release();
     path_ = std::move(other.path_);
     descriptor_ = other.descriptor_;
+    created_directories_ = std::move(other.created_directories_);
     other.descriptor_ = -1;
   }
   return *this;
@@ -146,6 +157,10 @@ void RunLock::release() noexcept {
   if (same_file(descriptor_, path_)) ::unlink(path_.c_str());
   ::close(descriptor_);
   descriptor_ = -1;
+  // Directories it created that nothing else filled (rmdir refuses a non-empty one).
+  for (const fs::path& directory : created_directories_)
+    if (::rmdir(directory.c_str()) != 0) break;
+  created_directories_.clear();
 }
 
 std::optional<RunLockHolder> lock_holder(const fs::path& run_file) {

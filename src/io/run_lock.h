@@ -8,8 +8,9 @@
 //   never blocks. The holder writes "pid", "host" and "since" lines into the file for the messages of whoever is
 //   refused; readers of the run file (RunReader, the GUI, h5py) never look at it and are never blocked.
 // - Acquiring never waits: a lock held by another process is a UserError naming the run file, the holder's process
-//   id and host, and what to do. The lock file is removed when the lock is released; acquisition checks that the
-//   file it locked is still the one at DIR/<name>.lock (a releasing holder may have just removed it).
+//   id and host, and what to do. The lock file is removed when the lock is released, and so are the directories
+//   acquisition created when they are still empty (a run refused as bad input leaves nothing behind); acquisition
+//   checks that the file it locked is still the one at DIR/<name>.lock (a releasing holder may have just removed it).
 // - Checking who holds a lock (lock_holder) takes no lock, so it never makes a writer's acquisition fail.
 // - Network file systems: the lock works across machines only where the file system passes fcntl locks to its
 //   server (NFSv4, or NFSv3 with lockd; Lustre and GPFS mounted with locking). On a file system mounted without
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace proplab {
 
@@ -49,11 +51,13 @@ class RunLock {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  RunLock(std::filesystem::path path, int descriptor) : path_(std::move(path)), descriptor_(descriptor) {}
+  RunLock(std::filesystem::path path, int descriptor, std::vector<std::filesystem::path> created)
+      : path_(std::move(path)), descriptor_(descriptor), created_directories_(std::move(created)) {}
   void release() noexcept;
 
   std::filesystem::path path_;
   int descriptor_ = -1;
+  std::vector<std::filesystem::path> created_directories_;  // innermost first
 };
 
 // The live holder of the lock of `run_file`, or nothing when no process holds it (no lock file, or one left by a

@@ -139,17 +139,21 @@ struct IoFailure {
   std::int64_t step = 0;   // the step being written (a checkpoint: the step it would resume at)
 };
 
-// "steps 0-87 (88 training rows) and 9 records (the last at step 80)": what a reader is sure to find in the run
+// "88 training rows (steps 0-87) and 9 records (the last at step 80)": what a reader is sure to find in the run
 // file (rows of a flush that failed half-way may be there too).
 std::string run_file_contents(const RunWriter& writer) {
   const RunWriter::FlushedExtent train = writer.flushed("/train/step");
-  std::string text = train.rows == 0 ? std::string("no training step")
-                                     : "steps 0-" + std::to_string(train.last_int) + " (" +
-                                           std::to_string(train.rows) + " training rows)";
   const RunWriter::FlushedExtent records = writer.flushed("/steps");
-  if (records.rows == 0) return text + " and no record";
-  return text + " and " + std::to_string(records.rows) + " record" + (records.rows == 1 ? "" : "s") +
-         " (the last at step " + std::to_string(records.last_int) + ")";
+  std::string text = std::to_string(train.rows) + " training row" + (train.rows == 1 ? "" : "s");
+  if (train.rows > 0) text += " (steps 0-" + std::to_string(train.last_int) + ")";
+  text += " and " + std::to_string(records.rows) + " record" + (records.rows == 1 ? "" : "s");
+  if (records.rows > 0) text += " (the last at step " + std::to_string(records.last_int) + ")";
+  return text;
+}
+
+// "after 1 step", "after 20 steps".
+std::string after_steps(std::int64_t steps) {
+  return "after " + std::to_string(steps) + (steps == 1 ? " step" : " steps");
 }
 
 // Ends a run that rank 0 could not write: marks the run file failed as far as the file system lets it and says in
@@ -165,7 +169,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
       run_file_writable = false;
     }
   }
-  std::string detail = std::string(io_failure_detail_prefix) + " after " + std::to_string(failure.step) + " steps: " + failure.reason +
+  std::string detail = std::string(io_failure_detail_prefix) + " " + after_steps(failure.step) + ": " + failure.reason +
                        " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
                        failure.path + "'; the run file holds at least " + run_file_contents(writer) + "; ";
   detail += checkpoint_step ? "last good checkpoint: step " + std::to_string(*checkpoint_step) +
@@ -182,7 +186,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   if (!marked) marked = writer.abandon(RunStatus::failed, detail);
 
   const std::string command = options.command.empty() ? std::string("proplab run ...") : options.command;
-  std::string message = name + ": I/O failure after " + std::to_string(failure.step) + " steps: " + failure.reason +
+  std::string message = name + ": " + io_failure_detail_prefix + " " + after_steps(failure.step) + ": " + failure.reason +
                         " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
                         failure.path + "'. The run file '" + run_file + "' holds at least " + run_file_contents(writer);
   message += marked ? " and says failed. "

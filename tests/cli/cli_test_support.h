@@ -17,12 +17,15 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace proplab::cli_test {
@@ -56,6 +59,48 @@ threads = 1
 )";
 
 inline constexpr auto kChildTimeout = 120s;
+
+// Sets environment variables (inherited by the children spawned meanwhile) and restores them when it goes away.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& values) {
+    for (const auto& [name, value] : values) {
+      const char* before = std::getenv(name.c_str());
+      saved_.emplace_back(name, before ? std::optional<std::string>(before) : std::nullopt);
+      ::setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value)
+        ::setenv(name.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+#ifdef PROPLAB_WRITE_FAULT_LIBRARY
+// The environment that makes the children's writes to files ending in `file` fail with `error_number` (ENOSPC by
+// default) once `arm_after_checkpoints` checkpoints were committed and `skip` more writes to it went through,
+// `writes` times (-1: from then on, as a disk that stays full). tests/support/write_fault.c says how.
+inline std::vector<std::pair<std::string, std::string>> write_fault(const std::string& file, int arm_after_checkpoints,
+                                                                    int writes = -1, int error_number = ENOSPC,
+                                                                    int skip = 0) {
+  return {{"LD_PRELOAD", PROPLAB_WRITE_FAULT_LIBRARY},
+          {"PROPLAB_FAULT_FILE", file},
+          {"PROPLAB_FAULT_ARM_RENAME", std::to_string(arm_after_checkpoints)},
+          {"PROPLAB_FAULT_ARM_SUFFIX", ".ckpt.h5"},
+          {"PROPLAB_FAULT_WRITES", std::to_string(writes)},
+          {"PROPLAB_FAULT_SKIP", std::to_string(skip)},
+          {"PROPLAB_FAULT_ERRNO", std::to_string(error_number)}};
+}
+#endif
 
 struct CliResult {
   int exit_code = -1;  // the exit status; 128 + signal when the child was killed by a signal

@@ -377,7 +377,8 @@ TEST_F(InspectRecoverTest, SwmrReaderSeesARunningRunGrow) {
   EXPECT_EQ(inspected.exit_code, 0) << describe(inspected);
   EXPECT_TRUE(contains(inspected.out, "SWMR-read mode")) << inspected.out;
   EXPECT_TRUE(contains(inspected.out, "status:   running")) << inspected.out;
-  expect_refusal({"recover", "out/endless.h5"}, {"open for writing by process " + std::to_string(pid), "still going"});
+  expect_refusal({"recover", "out/endless.h5"},
+                 {"is being written by process " + std::to_string(pid) + " on host", "still going"});
   const std::int64_t before = wait_for_rows(run_file, 1);
   EXPECT_GT(wait_for_rows(run_file, before + 1), before) << "the run stopped growing after the refused recover";
   kill_run(pid);

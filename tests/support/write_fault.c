@@ -8,7 +8,8 @@
 //   PROPLAB_FAULT_ERRNO        the errno they fail with (default 28, ENOSPC)
 //   PROPLAB_FAULT_ARM_RENAME   armed only after this many rename()s onto a path ending with
 //   PROPLAB_FAULT_ARM_SUFFIX   (default ".ckpt.h5": a committed checkpoint); default 0: armed from the start
-//   PROPLAB_FAULT_WRITES       how many writes fail once armed (default: all of them, a disk that stays full)
+//   PROPLAB_FAULT_SKIP         once armed, this many writes to the file still succeed before the first fails
+//   PROPLAB_FAULT_WRITES       how many writes fail then (default: all of them, a disk that stays full)
 // Each failing write prints nothing; the program sees -1 and errno, as from the kernel.
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -25,6 +26,7 @@ typedef ssize_t (*pwrite_fn)(int, const void*, size_t, off_t);
 typedef int (*rename_fn)(const char*, const char*);
 
 static long renames_seen = 0;
+static long writes_skipped = 0;
 static long writes_failed = 0;
 
 static long env_long(const char* name, long fallback) {
@@ -50,6 +52,10 @@ static bool should_fail(int fd) {
   if (length <= 0) return false;
   path[length] = '\0';
   if (!ends_with(path, target)) return false;
+  if (writes_skipped < env_long("PROPLAB_FAULT_SKIP", 0)) {
+    ++writes_skipped;
+    return false;
+  }
   ++writes_failed;
   errno = (int)env_long("PROPLAB_FAULT_ERRNO", ENOSPC);
   return true;
