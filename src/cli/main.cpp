@@ -80,6 +80,7 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
         proplab::dist::Layout{study.parallel.dp, study.parallel.tp, study.parallel.pp}));
     proplab::use_process_groups(options, *groups);
     if (groups->world->rank() != 0) options.log = nullptr;
+    options.command = "mpirun -np " + std::to_string(groups->world->size()) + " " + options.command;
   }
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);

@@ -243,7 +243,10 @@ PointAction decide_action(const IndexRow* previous, const RunFileState& file, bo
                       (file.readable && file.row.status == PointStatus::failed);
   if (failed) {
     if (!retry_failed) return PointAction::skip_failed;
-    if (file.readable && file.detail.rfind(io_failure_detail_prefix, 0) == 0 && checkpoint_exists)
+    // Stopped by an I/O failure (its file says so, or could not even be told so and still says running): its
+    // checkpoint continues it exactly.
+    if (file.readable && checkpoint_exists &&
+        (file.detail.rfind(io_failure_detail_prefix, 0) == 0 || file.status == run_status_name(RunStatus::running)))
       return PointAction::resume;
     return file.exists || checkpoint_exists ? PointAction::restart : PointAction::start;
   }

@@ -73,8 +73,8 @@ enum class PointAction {
 };
 const char* point_action_name(PointAction action);
 // What to do with a point, from its previous index row (if any), its run file and whether its checkpoint exists.
-// (A failed point retried with retry_failed restarts, except one that an I/O failure stopped: it resumes from its
-// checkpoint, bit for bit the run it would have been.)
+// (A failed point retried with retry_failed restarts, except one that an I/O failure stopped, or whose file still
+// says running: it resumes from its checkpoint, bit for bit the run it would have been.)
 PointAction decide_action(const IndexRow* previous, const RunFileState& file, bool checkpoint_exists,
                           bool retry_failed);
 

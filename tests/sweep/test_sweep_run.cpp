@@ -9,6 +9,8 @@
 #include <map>
 
 #include "cli/cli_test_support.h"
+#include "io/run_file.h"
+#include "io/run_lock.h"
 #include "io/run_reader.h"
 #include "study/study.h"
 #include "sweep/index.h"
@@ -277,6 +279,79 @@ TEST_F(SweepRunTest, CtrlCStopsCleanlyLeavesTheIndexTrueAndTheRerunResumes) {
             std::string::npos)
       << stale.err;
   EXPECT_EQ(read_text(dir / "index.csv"), index_before);
+}
+
+TEST_F(SweepRunTest, APointAnotherProcessIsWritingIsLeftToIt) {
+  write_file("ci.toml", std::string(kStudy) +
+                            "[sweep]\nzip = { \"model.layers\" = [1, 2], \"train.steps\" = [30, 100000000] }\n");
+  const fs::path dir = work_ / "out";
+  const std::vector<std::string> args{"sweep", "ci.toml", "--out", "out", "--jobs", "2"};
+  const std::string first = "layers=1,steps=30", endless = "layers=2,steps=100000000";
+  const pid_t sweep = spawn_group(args);
+  ASSERT_TRUE(wait_until_completed(dir / "index.csv", first, sweep));
+  ASSERT_TRUE(wait_until_steps(dir / (endless + ".h5"), 5));
+  ASSERT_EQ(kill(-sweep, SIGINT), 0);
+  ASSERT_EQ(finish(sweep).exit_code, 4);
+
+  // The endless point continued by hand, into the sweep's folder, from the point file the sweep wrote.
+  const pid_t by_hand = spawn({"run", "out/points/" + endless + ".toml", "--out", "out", "--resume"});
+  const fs::path run_file = dir / (endless + ".h5");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!(lock_holder(run_file) && lock_holder(run_file)->pid == by_hand) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(lock_holder(run_file).has_value()) << "the run started by hand did not take its lock";
+
+  const CliResult rerun = run(args);
+  EXPECT_EQ(rerun.exit_code, 4) << describe(rerun);
+  const std::string holder = "being written by process " + std::to_string(by_hand) + " on host " + this_host_name();
+  EXPECT_NE(rerun.out.find("sweep: skip " + endless + " (" + holder), std::string::npos) << rerun.out;
+  EXPECT_NE(rerun.out.find("1 being written by another process"), std::string::npos) << rerun.out;
+  const auto rows = read_rows(dir / "index.csv");
+  EXPECT_EQ(rows.at(first)["status"], "completed");
+  EXPECT_EQ(rows.at(endless)["status"], "running");
+  EXPECT_NE(rows.at(endless)["detail"].find(holder), std::string::npos) << rows.at(endless)["detail"];
+  // The run by hand went on undisturbed.
+  ASSERT_EQ(kill(by_hand, SIGINT), 0);
+  const CliResult stopped = finish(by_hand);
+  EXPECT_EQ(stopped.exit_code, 4) << describe(stopped);
+  EXPECT_EQ(RunReader::open(run_file).attribute_string("status_detail").rfind("interrupted", 0), 0u);
+}
+
+TEST_F(SweepRunTest, AnIoFailureIsRecordedWithItsMessageAndRetryResumesThePoint) {
+  write_file("ci.toml", std::string(kStudy) + "[sweep]\nzip = { \"model.layers\" = [1, 2] }\n");
+  std::string study = read_text(work_ / "ci.toml");
+  study.replace(study.find("batch = 4"), 9, "batch = 4\ncheckpoint_every = 10");
+  write_file("ci.toml", study);
+  const fs::path dir = work_ / "out";
+  const std::vector<std::string> args{"sweep", "ci.toml", "--out", "out"};
+  CliResult failed;
+  {
+    // The second point's disk fills after its first checkpoint.
+    const cli_test::ScopedEnv fault(cli_test::write_fault("/out/layers=2.h5", 1));
+    failed = run(args);
+  }
+  EXPECT_EQ(failed.exit_code, 5) << describe(failed);
+  auto rows = read_rows(dir / "index.csv");
+  EXPECT_EQ(rows.at("layers=1")["status"], "completed");
+  EXPECT_EQ(rows.at("layers=2")["status"], "failed");
+  const std::string detail = rows.at("layers=2")["detail"];
+  EXPECT_NE(detail.find("proplab: error: layers=2: I/O failure after 10 steps: No space left on device while "
+                        "writing the run file"),
+            std::string::npos)
+      << detail;
+  EXPECT_NE(detail.find("Last good checkpoint: step 10"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("(exit 6)"), std::string::npos) << detail;
+
+  std::vector<std::string> retry = args;
+  retry.push_back("--retry-failed");
+  const CliResult retried = run(retry);
+  EXPECT_EQ(retried.exit_code, 0) << describe(retried);
+  EXPECT_NE(retried.out.find("resume layers=2"), std::string::npos) << retried.out;
+  rows = read_rows(dir / "index.csv");
+  EXPECT_EQ(rows.at("layers=2")["status"], "completed");
+  EXPECT_EQ(rows.at("layers=2")["steps"], "30");
+  expect_index_matches_files(dir);
 }
 
 TEST_F(SweepRunTest, DryRunValidatesEveryPointAndWritesNothing) {
