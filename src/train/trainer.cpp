@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <ostream>
@@ -159,8 +160,12 @@ std::string after_steps(std::int64_t steps) {
 // Ends a run that rank 0 could not write: marks the run file failed as far as the file system lets it and says in
 // one line what failed, what the run file holds, the last good checkpoint and the command that continues.
 void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std::string& name,
-                          std::optional<std::int64_t> checkpoint_step, const RunOptions& options, RunSummary& summary) {
+                          const std::optional<std::int64_t>& last_checkpoint, const RunOptions& options,
+                          RunSummary& summary) {
   const std::string run_file = writer.path().string();
+  const bool run_file_exists = std::filesystem::exists(writer.path());
+  // (gone with its folder, when that was removed or moved)
+  const std::int64_t checkpoint_step = std::filesystem::exists(summary.checkpoint) ? last_checkpoint.value_or(-1) : -1;
   bool run_file_writable = failure.checkpoint && !writer.finished();
   if (run_file_writable) {  // the checkpoint failed: the run file may still take its last rows
     try {
@@ -172,7 +177,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   std::string detail = std::string(io_failure_detail_prefix) + " " + after_steps(failure.step) + ": " + failure.reason +
                        " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
                        failure.path + "'; the run file holds at least " + run_file_contents(writer) + "; ";
-  detail += checkpoint_step ? "last good checkpoint: step " + std::to_string(*checkpoint_step) +
+  detail += checkpoint_step >= 0 ? "last good checkpoint: step " + std::to_string(checkpoint_step) +
                                   ", continue with --resume"
                             : "no checkpoint of this run, start again with --force";
   bool marked = false;
@@ -188,12 +193,16 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   const std::string command = options.command.empty() ? std::string("proplab run ...") : options.command;
   std::string message = name + ": " + io_failure_detail_prefix + " " + after_steps(failure.step) + ": " + failure.reason +
                         " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
-                        failure.path + "'. The run file '" + run_file + "' holds at least " + run_file_contents(writer);
-  message += marked ? " and says failed. "
-                    : "; its status could not be written, so it says running until `proplab recover " + run_file +
-                          "` or a resumed run rewrites it. ";
-  if (checkpoint_step)
-    message += "Last good checkpoint: step " + std::to_string(*checkpoint_step) + " ('" + summary.checkpoint.string() +
+                        failure.path + "'. ";
+  if (!run_file_exists)
+    message += "The run file '" + run_file + "' is gone (its folder was removed or moved). ";
+  else
+    message += "The run file '" + run_file + "' holds at least " + run_file_contents(writer) +
+               (marked ? " and says failed. "
+                       : "; its status could not be written, so it says running until `proplab recover " + run_file +
+                             "` or a resumed run rewrites it. ");
+  if (checkpoint_step >= 0)
+    message += "Last good checkpoint: step " + std::to_string(checkpoint_step) + " ('" + summary.checkpoint.string() +
                "'). Free space (or make the folder writable again), then continue with: " + command + " --resume";
   else
     message += "No checkpoint of this run was written. Free space (or make the folder writable again), then start "
@@ -419,7 +428,11 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     if (!root) return;
     // A checkpoint is taken only once the run file holds everything before it, so that --resume from it leaves no
     // gap in the run file whatever happens to the rows written after it.
-    guarded(false, [&] { writer->flush(); });
+    guarded(false, [&] {
+      // (a run file whose folder was removed or moved still takes writes, which no one will read)
+      if (!std::filesystem::exists(summary.run_file)) throw IoError(summary.run_file.string(), ENOENT);
+      writer->flush();
+    });
     if (io_failure) return;
     Checkpoint checkpoint;
     checkpoint.tensors = std::move(tensors);

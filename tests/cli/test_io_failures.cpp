@@ -11,6 +11,8 @@
 #include <sys/mount.h>
 
 #include <bit>
+#include <chrono>
+#include <thread>
 #include <map>
 
 #include "cli/cli_test_support.h"
@@ -205,6 +207,38 @@ TEST_F(IoFailureTest, CheckpointThatCannotBeWrittenLeavesThePreviousOne) {
   EXPECT_EQ(status_of(work_ / "out" / "tiny.h5"), RunStatus::failed);
   expect_prefix_of_reference(work_ / "out" / "tiny.h5", 20, 20);
   expect_resume_completes_the_run();
+}
+
+TEST_F(IoFailureTest, ReadOnlyFolderDuringACheckpoint) {
+  const CliResult failed = run_failing(write_fault(".ckpt.h5.tmp", 2, -1, EROFS));
+  expect_says(failed.err, "I/O failure after 30 steps: Read-only file system while writing the checkpoint");
+  expect_says(failed.err, "Last good checkpoint: step 20");
+  EXPECT_EQ(read_checkpoint(work_ / "out" / "tiny.ckpt.h5").int_value("step"), 20);
+  expect_prefix_of_reference(work_ / "out" / "tiny.h5", 30, 30);
+}
+
+TEST_F(IoFailureTest, RunFolderMovedAwayStopsTheRunAtItsNextCheckpoint) {
+  std::string study = kStudy;
+  study.replace(study.find("steps = 40"), 10, "steps = 100000000");
+  study.replace(study.find("every = 1\n"), 10, "every = 1000\n");
+  write_file("tiny.toml", study);
+  const pid_t pid = spawn({"run", "tiny.toml", "--out", "out"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(work_ / "out" / "tiny.ckpt.h5") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(fs::exists(work_ / "out" / "tiny.ckpt.h5")) << "no first checkpoint within 60 s";
+  fs::rename(work_ / "out", work_ / "moved");
+  const CliResult failed = finish(pid);
+  EXPECT_EQ(failed.exit_code, 6) << describe(failed);
+  EXPECT_EQ(std::count(failed.err.begin(), failed.err.end(), '\n'), 1) << failed.err;
+  // (found at the next checkpoint: before it, the run file is checked; or by the checkpoint itself, when the folder
+  // went while it was being written)
+  expect_says(failed.err, ": No such file or directory while writing the ");
+  expect_says(failed.err, "The run file 'out/tiny.h5' is gone (its folder was removed or moved). No checkpoint of "
+                          "this run was written.");
+  EXPECT_FALSE(fs::exists(work_ / "out" / "tiny.h5"));
+  // What was written before reads back where the folder went.
+  EXPECT_GT(RunReader::open(work_ / "moved" / "tiny.h5").read_train().size(), 0u);
 }
 
 TEST_F(IoFailureTest, FailureWhileFinishingTheRunFileKeepsEveryRecord) {
