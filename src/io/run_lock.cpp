@@ -51,7 +51,8 @@ RunLockHolder read_holder(int descriptor) {
 }
 
 bool same_file(int descriptor, const fs::path& path) {
-  struct stat opened {}, named {};
+  struct stat opened {};
+  struct stat named {};
   if (::fstat(descriptor, &opened) != 0 || ::stat(path.c_str(), &named) != 0) return false;
   return opened.st_dev == named.st_dev && opened.st_ino == named.st_ino;
 }
@@ -91,8 +92,8 @@ RunLock RunLock::acquire(const fs::path& run_file) {
     }
     fs::create_directories(lock_file.parent_path(), error);
     if (error)
-      throw UserError(detail::concat("cannot create directory '", lock_file.parent_path().string(),
-                                     "' for run file '", run_file.string(), "': ", error.message()));
+      throw UserError(detail::concat("cannot create directory '", lock_file.parent_path().string(), "' for run file '",
+                                     run_file.string(), "': ", error.message()));
   }
   // A releasing holder removes its lock file after we opened it: then lock the new one.
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -116,8 +117,8 @@ RunLock RunLock::acquire(const fs::path& run_file) {
       ::close(descriptor);
       continue;
     }
-    const std::string text = detail::concat("pid ", ::getpid(), "\nhost ", this_host_name(), "\nsince ",
-                                            iso8601_utc_now(), "\n");
+    const std::string text =
+        detail::concat("pid ", ::getpid(), "\nhost ", this_host_name(), "\nsince ", iso8601_utc_now(), "\n");
     if (::ftruncate(descriptor, 0) != 0 ||
         ::pwrite(descriptor, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
       const int error_number = errno;
@@ -127,8 +128,8 @@ RunLock RunLock::acquire(const fs::path& run_file) {
     }
     return RunLock(lock_file, descriptor, std::move(created));
   }
-  throw InternalError(detail::concat("the lock file '", lock_file.string(),
-                                     "' was replaced 100 times while it was being locked"));
+  throw InternalError(
+      detail::concat("the lock file '", lock_file.string(), "' was replaced 100 times while it was being locked"));
 }
 
 RunLock::RunLock(RunLock&& other) noexcept

@@ -29,9 +29,9 @@ std::filesystem::path run_lock_path(const std::filesystem::path& run_file);
 
 // Who holds a run's lock, as its lock file says.
 struct RunLockHolder {
-  long pid = 0;            // 0 when the holder has not written it yet
-  std::string host;        // "" likewise
-  std::string since;       // ISO 8601 UTC
+  long pid = 0;                  // 0 when the holder has not written it yet
+  std::string host;              // "" likewise
+  std::string since;             // ISO 8601 UTC
   std::string describe() const;  // "process 1234 on host node7 (since 2026-12-02T10:00:00Z)"
 };
 

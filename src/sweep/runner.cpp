@@ -372,8 +372,8 @@ SweepResult Runner::run() {
         std::to_string(queue_.size()) + " to run, " + std::to_string(skipped_finished) + " finished, " +
         std::to_string(skipped_failed) + " failed before" +
         (busy_.empty() ? std::string() : ", " + std::to_string(busy_.size()) + " being written by another process") +
-        "; " + std::to_string(options_.jobs) + " at a time, " +
-        std::to_string(cpus_per_job_) + " CPU" + (cpus_per_job_ == 1 ? "" : "s") + " each");
+        "; " + std::to_string(options_.jobs) + " at a time, " + std::to_string(cpus_per_job_) + " CPU" +
+        (cpus_per_job_ == 1 ? "" : "s") + " each");
   for (const PointPlan& decided_point : decided) {
     const std::string& name = plan_.points[decided_point.point].name;
     if (decided_point.action == PointAction::skip_finished)

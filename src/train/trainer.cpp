@@ -132,12 +132,15 @@ std::optional<RunLock> lock_run(const RunOptions& options, bool root, const std:
   return lock;
 }
 
+// What the ranks other than 0 say after rank 0's I/O failure.
+constexpr const char* kRootCouldNotWrite = "rank 0 could not write the run file or the checkpoint";
+
 // A write the operating system refused (IoError): to which file, at which step.
 struct IoFailure {
   bool checkpoint = false;  // the checkpoint (else the run file)
   std::string path;
-  std::string reason;      // e.g. "No space left on device"
-  std::int64_t step = 0;   // the step being written (a checkpoint: the step it would resume at)
+  std::string reason;     // e.g. "No space left on device"
+  std::int64_t step = 0;  // the step being written (a checkpoint: the step it would resume at)
 };
 
 // "88 training rows (steps 0-87) and 9 records (the last at step 80)": what a reader is sure to find in the run
@@ -174,12 +177,14 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
       run_file_writable = false;
     }
   }
-  std::string detail = std::string(io_failure_detail_prefix) + " " + after_steps(failure.step) + ": " + failure.reason +
-                       " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
-                       failure.path + "'; the run file holds at least " + run_file_contents(writer) + "; ";
-  detail += checkpoint_step >= 0 ? "last good checkpoint: step " + std::to_string(checkpoint_step) +
-                                  ", continue with --resume"
-                            : "no checkpoint of this run, start again with --force";
+  // "I/O failure after 10 steps: No space left on device while writing the run file 'out/q.h5'"
+  const std::string what = std::string(io_failure_detail_prefix) + " " + after_steps(failure.step) + ": " +
+                           failure.reason + " while writing " +
+                           (failure.checkpoint ? "the checkpoint" : "the run file") + " '" + failure.path + "'";
+  std::string detail = what + "; the run file holds at least " + run_file_contents(writer) + "; ";
+  detail += checkpoint_step >= 0
+                ? "last good checkpoint: step " + std::to_string(checkpoint_step) + ", continue with --resume"
+                : "no checkpoint of this run, start again with --force";
   bool marked = false;
   if (run_file_writable) {
     try {
@@ -191,9 +196,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   if (!marked) marked = writer.abandon(RunStatus::failed, detail);
 
   const std::string command = options.command.empty() ? std::string("proplab run ...") : options.command;
-  std::string message = name + ": " + io_failure_detail_prefix + " " + after_steps(failure.step) + ": " + failure.reason +
-                        " while writing " + (failure.checkpoint ? "the checkpoint" : "the run file") + " '" +
-                        failure.path + "'. ";
+  std::string message = name + ": " + what + ". ";
   if (!run_file_exists)
     message += "The run file '" + run_file + "' is gone (its folder was removed or moved). ";
   else
@@ -201,12 +204,12 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
                (marked ? " and says failed. "
                        : "; its status could not be written, so it says running until `proplab recover " + run_file +
                              "` or a resumed run rewrites it. ");
+  const std::string remedy = "Free space (or make the folder writable again), then ";
   if (checkpoint_step >= 0)
     message += "Last good checkpoint: step " + std::to_string(checkpoint_step) + " ('" + summary.checkpoint.string() +
-               "'). Free space (or make the folder writable again), then continue with: " + command + " --resume";
+               "'). " + remedy + "continue with: " + command + " --resume";
   else
-    message += "No checkpoint of this run was written. Free space (or make the folder writable again), then start "
-               "again with: " + command + " --force";
+    message += "No checkpoint of this run was written. " + remedy + "start again with: " + command + " --force";
   summary.status = RunStatus::failed;
   summary.detail = detail;
   summary.io_failure = true;
@@ -468,7 +471,7 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
       if (options.world) options.world->all_reduce(&stop, 1, dist::ReduceOp::max);
       if (stop == 2.0) {
         status = RunStatus::failed;
-        if (!io_failure) detail = "rank 0 could not write the run file or the checkpoint at step " + std::to_string(step);
+        if (!io_failure) detail = std::string(kRootCouldNotWrite) + " at step " + std::to_string(step);
         break;
       }
       if (stop == 1.0) {
@@ -602,10 +605,10 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     options.world->all_reduce(&failed, 1, dist::ReduceOp::max);
     if (failed != 0.0 && !root) {
       summary.io_failure = true;
-      summary.message = spec.name + ": rank 0 could not write the run file or the checkpoint (it says what and why)";
+      summary.message = spec.name + ": " + kRootCouldNotWrite + " (it says what and why)";
       if (status != RunStatus::diverged) {  // (a diverged run takes no final checkpoint on any rank)
         status = RunStatus::failed;
-        detail = "rank 0 could not write the run file or the checkpoint";
+        detail = kRootCouldNotWrite;
       }
     }
   }

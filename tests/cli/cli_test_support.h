@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -57,6 +58,13 @@ eval_every = 10
 type = "cpu"
 threads = 1
 )";
+
+// `text` with its first `from` replaced by `to` (std::logic_error when `from` is not there).
+inline std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  if (at == std::string::npos) throw std::logic_error("`" + from + "` is not in:\n" + text);
+  return text.replace(at, from.size(), to);
+}
 
 inline constexpr auto kChildTimeout = 120s;
 

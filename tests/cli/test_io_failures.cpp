@@ -28,34 +28,9 @@ using cli_test::CliResult;
 using cli_test::ScopedEnv;
 using cli_test::write_fault;
 
-// 40 steps, every step recorded, evaluation and a checkpoint every 10 steps.
-constexpr const char* kStudy = R"(name = "tiny"
-seed = 3
-
-[model]
-type = "transformer"
-layers = 1
-width = 16
-heads = 2
-vocab = 16
-seq_len = 8
-
-[data]
-kind = "markov"
-
-[train]
-steps = 40
-batch = 4
-eval_every = 10
-checkpoint_every = 10
-
-[record]
-every = 1
-
-[device]
-type = "cpu"
-threads = 1
-)";
+// The tiny study for 40 steps, every step recorded, evaluation and a checkpoint every 10 steps.
+const std::string kStudy = cli_test::replaced(cli_test::kTinyStudy, "steps = 20", "steps = 40\ncheckpoint_every = 10") +
+                           "\n[record]\nevery = 1\n";
 
 // A series of a run file as bit patterns, row-major.
 struct Series {
@@ -72,8 +47,8 @@ std::map<std::string, Series> read_series(const fs::path& path) {
     series.rows = rows;
     for (const double value : values) series.bits.push_back(std::bit_cast<std::uint64_t>(value));
   };
-  for (const std::string name : {"/steps", "/train/step", "/train/loss", "/train/lr", "/train/grad_norm",
-                                 "/eval/step", "/eval/loss"}) {
+  for (const std::string name :
+       {"/steps", "/train/step", "/train/loss", "/train/lr", "/train/grad_norm", "/eval/step", "/eval/loss"}) {
     const std::vector<double> values = reader.read_doubles(name);
     add(name, static_cast<std::int64_t>(values.size()), values);
   }
@@ -159,8 +134,9 @@ class IoFailureTest : public cli_test::CliTest {
 TEST_F(IoFailureTest, DiskFullDuringARecordStopsWithOneLineAndResumes) {
   // The disk fills right after the checkpoint of step 10 and stays full: step 10's record is refused.
   const CliResult failed = run_failing(write_fault("/out/tiny.h5", 1));
-  expect_says(failed.err, "proplab: error: tiny: I/O failure after 10 steps: No space left on device while writing "
-                          "the run file 'out/tiny.h5'. ");
+  expect_says(failed.err,
+              "proplab: error: tiny: I/O failure after 10 steps: No space left on device while writing "
+              "the run file 'out/tiny.h5'. ");
   expect_says(failed.err, "holds at least 10 training rows (steps 0-9) and 10 records (the last at step 9)");
   expect_says(failed.err, "its status could not be written, so it says running until `proplab recover out/tiny.h5`");
   expect_says(failed.err, "Last good checkpoint: step 10 ('out/tiny.ckpt.h5')");
@@ -183,8 +159,9 @@ TEST_F(IoFailureTest, WriteRefusedOnceMarksTheRunFileFailed) {
   // One write of step 20's record is refused (a quota that frees up at once): the status can still be written.
   const CliResult failed = run_failing(write_fault("/out/tiny.h5", 2, 1, EDQUOT));
   expect_says(failed.err, "I/O failure after 20 steps: Disk quota exceeded while writing the run file 'out/tiny.h5'");
-  expect_says(failed.err, "holds at least 20 training rows (steps 0-19) and 20 records (the last at step 19) and says "
-                          "failed. Last good checkpoint: step 20");
+  expect_says(failed.err,
+              "holds at least 20 training rows (steps 0-19) and 20 records (the last at step 19) and says "
+              "failed. Last good checkpoint: step 20");
   const RunReader reader = RunReader::open(work_ / "out" / "tiny.h5", RunOpenMode::normal);
   EXPECT_EQ(reader.status(), RunStatus::failed);
   const std::string detail = reader.attribute_string("status_detail");
@@ -198,10 +175,12 @@ TEST_F(IoFailureTest, WriteRefusedOnceMarksTheRunFileFailed) {
 TEST_F(IoFailureTest, CheckpointThatCannotBeWrittenLeavesThePreviousOne) {
   // The second checkpoint (step 20) cannot be written; the run file still takes its rows and its status.
   const CliResult failed = run_failing(write_fault(".ckpt.h5.tmp", 1));
-  expect_says(failed.err, "I/O failure after 20 steps: No space left on device while writing the checkpoint "
-                          "'out/tiny.ckpt.h5'");
-  expect_says(failed.err, "holds at least 20 training rows (steps 0-19) and 20 records (the last at step 19) and says "
-                          "failed. Last good checkpoint: step 10");
+  expect_says(failed.err,
+              "I/O failure after 20 steps: No space left on device while writing the checkpoint "
+              "'out/tiny.ckpt.h5'");
+  expect_says(failed.err,
+              "holds at least 20 training rows (steps 0-19) and 20 records (the last at step 19) and says "
+              "failed. Last good checkpoint: step 10");
   EXPECT_FALSE(fs::exists(work_ / "out" / "tiny.ckpt.h5.tmp")) << "the half-written checkpoint was left behind";
   EXPECT_EQ(read_checkpoint(work_ / "out" / "tiny.ckpt.h5").int_value("step"), 10);
   EXPECT_EQ(status_of(work_ / "out" / "tiny.h5"), RunStatus::failed);
@@ -234,8 +213,9 @@ TEST_F(IoFailureTest, RunFolderMovedAwayStopsTheRunAtItsNextCheckpoint) {
   // (found at the next checkpoint: before it, the run file is checked; or by the checkpoint itself, when the folder
   // went while it was being written)
   expect_says(failed.err, ": No such file or directory while writing the ");
-  expect_says(failed.err, "The run file 'out/tiny.h5' is gone (its folder was removed or moved). No checkpoint of "
-                          "this run was written.");
+  expect_says(failed.err,
+              "The run file 'out/tiny.h5' is gone (its folder was removed or moved). No checkpoint of "
+              "this run was written.");
   EXPECT_FALSE(fs::exists(work_ / "out" / "tiny.h5"));
   // What was written before reads back where the folder went.
   EXPECT_GT(RunReader::open(work_ / "moved" / "tiny.h5").read_train().size(), 0u);
@@ -261,11 +241,11 @@ TEST_F(IoFailureTest, NoCheckpointYetSaysStartAgain) {
   study.replace(study.find("checkpoint_every = 10"), 21, "checkpoint_every = 0");
   write_file("tiny.toml", study);
   // (the first 400 writes to the run file go through: its creation and the first few steps)
-  const CliResult failed =
-      run_failing(write_fault("/out/tiny.h5", 0, -1, ENOSPC, 400), {"--set", "train.steps=40"});
+  const CliResult failed = run_failing(write_fault("/out/tiny.h5", 0, -1, ENOSPC, 400), {"--set", "train.steps=40"});
   expect_says(failed.err, "tiny: I/O failure after ");
-  expect_says(failed.err, "No checkpoint of this run was written. Free space (or make the folder writable again), "
-                          "then start again with: proplab run tiny.toml --set train.steps=40 --out out --force\n");
+  expect_says(failed.err,
+              "No checkpoint of this run was written. Free space (or make the folder writable again), "
+              "then start again with: proplab run tiny.toml --set train.steps=40 --out out --force\n");
 }
 
 TEST_F(IoFailureTest, ResumeThatCannotWriteKeepsThePreviousRunFile) {

@@ -17,31 +17,11 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using cli_test::CliResult;
 
-// Runs until it is stopped (a step takes well under a millisecond), with a checkpoint every 50 steps.
-constexpr const char* kEndless = R"(name = "endless"
-seed = 5
-
-[model]
-type = "transformer"
-layers = 1
-width = 16
-heads = 2
-vocab = 16
-seq_len = 8
-
-[train]
-steps = 100000000
-batch = 4
-eval_every = 100
-checkpoint_every = 50
-
-[record]
-every = 1000
-
-[device]
-type = "cpu"
-threads = 1
-)";
+// The tiny study, run until it is stopped (a step takes well under a millisecond), with a checkpoint every 50 steps.
+const std::string kEndless =
+    cli_test::replaced(cli_test::replaced(cli_test::kTinyStudy, "name = \"tiny\"", "name = \"endless\""), "steps = 20",
+                       "steps = 100000000\ncheckpoint_every = 50") +
+    "\n[record]\nevery = 1000\n";
 
 class OneWriterTest : public cli_test::CliTest {
  protected:

@@ -282,8 +282,8 @@ TEST_F(SweepRunTest, CtrlCStopsCleanlyLeavesTheIndexTrueAndTheRerunResumes) {
 }
 
 TEST_F(SweepRunTest, APointAnotherProcessIsWritingIsLeftToIt) {
-  write_file("ci.toml", std::string(kStudy) +
-                            "[sweep]\nzip = { \"model.layers\" = [1, 2], \"train.steps\" = [30, 100000000] }\n");
+  write_file("ci.toml",
+             std::string(kStudy) + "[sweep]\nzip = { \"model.layers\" = [1, 2], \"train.steps\" = [30, 100000000] }\n");
   const fs::path dir = work_ / "out";
   const std::vector<std::string> args{"sweep", "ci.toml", "--out", "out", "--jobs", "2"};
   const std::string first = "layers=1,steps=30", endless = "layers=2,steps=100000000";
