@@ -128,10 +128,10 @@ int main(int argc, char** argv) {
     Tensor d_gamma = Tensor::zeros({n.channels}), d_beta = Tensor::zeros({n.channels});
     const Timing forward = median_ms(reps, [&] {
       ops::batchnorm_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, y, mean, rstd);
-      ops::activation_forward(ops::Activation::relu, y, act);
+      ops::activation_forward(Activation::relu, y, act);
     });
     const Timing backward = median_ms(reps, [&] {
-      ops::activation_backward(ops::Activation::relu, y, d, d_x);
+      ops::activation_backward(Activation::relu, y, d, d_x);
       ops::batchnorm_backward(x, &gamma, mean, rstd, d_x, true, d_x, &d_gamma, &d_beta);
     });
     std::printf(

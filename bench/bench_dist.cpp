@@ -67,7 +67,7 @@ struct Expected {
 Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
   const ParallelConfig& p = study.parallel;
   const RunSpec spec = to_run_spec(study);
-  const TransformerConfig& m = spec.model.transformer;
+  const TransformerConfig& m = spec.model.transformer();
   const double batch = static_cast<double>(spec.train.batch), t = m.seq_len, d = m.width, v = m.vocab;
   Expected out;
   if (p.tp == 1 && p.pp == 1) {  // data parallel: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag

@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
 
   set_threads(threads_arg);
   ModelConfig config;
-  config.type = "transformer";
-  TransformerConfig& m = config.transformer;
+  config.set_kind(ModelKind::transformer);
+  TransformerConfig& m = config.transformer();
   m.layers = 4;
   m.width = 256;
   m.heads = 4;

@@ -16,7 +16,7 @@
 #include "gui/data/block_axis.h"
 #include "gui/data/run_groups.h"
 #include "gui/data/run_library.h"
-#include "sweep/index.h"
+#include "io/csv.h"
 
 namespace proplab::gui {
 

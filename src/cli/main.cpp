@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "cli/inspect.h"
+#include "core/error.h"
 #include "cli/report.h"
 #include "dist/communicator.h"
 #include "cli/sweep.h"

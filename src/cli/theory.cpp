@@ -62,19 +62,19 @@ double relative_error(double measured, double predicted) {
 std::string error_text(double error) { return std::isnan(error) ? "-" : format_number("%.3g", error); }
 
 std::string model_text(const Study& study) {
-  if (study.model.type == "transformer") {
-    const TransformerConfig& m = study.model.transformer;
+  if (study.model.kind() == ModelKind::transformer) {
+    const TransformerConfig& m = study.model.transformer();
     return detail::concat("transformer, layers ", m.layers, ", width ", m.width, ", heads ", m.heads, ", seq_len ",
                           m.seq_len, ", vocab ", m.vocab);
   }
-  if (study.model.type == "resnet") {
-    const ResnetConfig& m = study.model.resnet;
+  if (study.model.kind() == ModelKind::resnet) {
+    const ResnetConfig& m = study.model.resnet();
     return detail::concat("resnet, depth ", m.depth, ", width ", m.width, ", ",
                           m.block == ResnetBlock::basic ? "basic" : "bottleneck", " blocks, ",
                           m.preact ? "pre" : "post", "-activation, norm ",
                           m.norm == ResnetNorm::batchnorm ? "batchnorm" : "none");
   }
-  const MlpConfig& m = study.model.mlp;
+  const MlpConfig& m = study.model.mlp();
   return detail::concat("mlp, layers ", m.layers, ", width ", m.width, ", input_dim ", m.input_dim);
 }
 
@@ -220,7 +220,7 @@ void theory_command(const TheoryOptions& options, std::ostream& out) {
   line(report, "study", options.study_path + " (" + study.name + ")");
   line(report, "model", model_text(study));
   line(report, "scaling", study.scaling.rule);
-  if (study.model.type == "transformer")
+  if (study.model.kind() == ModelKind::transformer)
     line(report, "input corr",
          study.theory.input_corr ? format_number("%.6g", *study.theory.input_corr) + " (theory.input_corr)"
                                  : "measured on the first training batch");

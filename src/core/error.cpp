@@ -4,10 +4,16 @@
 
 namespace proplab {
 
+namespace {
+std::string io_error_message(const std::string& path, int error_number) {
+  std::string message = std::strerror(error_number);
+  message.append(" while writing '").append(path).append("'");
+  return message;
+}
+}  // namespace
+
 IoError::IoError(std::string path, int error_number)
-    : std::runtime_error(detail::concat(std::strerror(error_number), " while writing '", path, "'")),
-      path_(std::move(path)),
-      error_number_(error_number) {}
+    : std::runtime_error(io_error_message(path, error_number)), path_(std::move(path)), error_number_(error_number) {}
 
 std::string IoError::reason() const { return std::strerror(error_number_); }
 

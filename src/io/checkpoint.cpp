@@ -231,14 +231,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
   for (const auto& entry : checkpoint.floats) check_entry_name(entry.first, "float64");
   for (const auto& entry : checkpoint.strings) check_entry_name(entry.first, "string");
 
+  // (the folder is not made again when it is missing: a run whose folder vanished must notice)
   std::error_code error;
-  if (path.has_parent_path()) {
-    std::filesystem::create_directories(path.parent_path(), error);
-    if (error) {
-      throw UserError(detail::concat("cannot create directory '", path.parent_path().string(),
-                                     "' for checkpoint: ", error.message()));
-    }
-  }
   const std::string temporary = file_name + ".tmp";
   H5Quiet quiet;
   try {

@@ -41,7 +41,8 @@ struct Checkpoint {
   const std::string& string_value(const std::string& name) const;
 };
 
-// Writes `checkpoint` atomically to `path` (parent directories are created). IoError when a write is refused.
+// Writes `checkpoint` atomically to `path`, whose folder must exist. IoError when a write is refused (a missing
+// folder included).
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
 
 // Reads everything in the checkpoint as is (for inspection); tensors come back as fresh CPU tensors.

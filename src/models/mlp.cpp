@@ -2,18 +2,17 @@
 
 namespace proplab {
 
-Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed) : config_(config) {
-  ModelShape shape;
-  shape.type = "mlp";
-  shape.mlp = config;
-  std::unique_ptr<ScalingRule> rule = make_rule(scaling, shape);
+Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed)
+    : Mlp(config, *make_rule(scaling, ModelConfig(config)), seed) {}
+
+Mlp::Mlp(const MlpConfig& config, const ScalingRule& rule, std::uint64_t seed) : config_(config) {
   for (int l = 0; l < config.layers; ++l) {
     const std::int64_t in = l == 0 ? config.input_dim : config.width;
     layers_.push_back(nn::Linear::create(params_, "layers." + std::to_string(l), in, config.width,
                                          l == 0 ? ParamRole::mlp_input : ParamRole::mlp_hidden, true, l));
     if (config.residual && l > 0)
       residuals_.push_back(
-          ResidualSite::create(params_, "layers." + std::to_string(l), rule->residual(l, Branch::mlp), l));
+          ResidualSite::create(params_, "layers." + std::to_string(l), rule.residual(l, Branch::mlp), l));
   }
   readout_ = nn::Linear::create(params_, "readout", config.width, config.outputs, ParamRole::readout, true, -1);
   auto add_probe = [&](const std::string& name, int block, ProbeKind kind) {
@@ -27,9 +26,9 @@ Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t se
     probe_out_.push_back(config.residual && l > 0 ? add_probe(prefix + ".out", l, ProbeKind::residual) : -1);
   }
   probe_readout_ = add_probe("readout.out", -1, ProbeKind::logits);
-  params_.init(*rule, seed);
+  params_.init(rule, seed);
   for (const ResidualSite& site : residuals_) site.init_values();
-  output_multiplier_ = static_cast<float>(rule->output_multiplier());
+  output_multiplier_ = static_cast<float>(rule.output_multiplier());
 }
 
 void Mlp::ensure_buffers(std::int64_t rows) {

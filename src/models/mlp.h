@@ -16,6 +16,8 @@ namespace proplab {
 class Mlp final : public Model {
  public:
   Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed);
+  // With the rule already built (make_model_rule), as a run builds it once for the model and the theory.
+  Mlp(const MlpConfig& config, const ScalingRule& rule, std::uint64_t seed);
 
   ParameterStore& params() override { return params_; }
   const std::vector<ProbeInfo>& probes() const override { return probes_; }

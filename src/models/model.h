@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "models/config.h"
+#include "spec/model.h"
 #include "nn/parameter.h"
 #include "probe/probe.h"
 #include "scaling/config.h"
@@ -75,8 +75,9 @@ class Model {
 // tensor-parallel group of more than one rank (transformer only: check_tensor_parallel), this rank's piece.
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
                                   dist::Communicator* tensor_parallel = nullptr);
-
-// The shape a scaling rule sees for this model config.
-ModelShape model_shape(const ModelConfig& config);
+// The same with the rule already built for `config` (make_model_rule, models/profile.h): a run builds its rule
+// once and hands it to the model and to the theory.
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingRule& rule, std::uint64_t seed,
+                                  dist::Communicator* tensor_parallel = nullptr);
 
 }  // namespace proplab

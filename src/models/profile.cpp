@@ -85,11 +85,11 @@ RuleProfile profile_transformer(const TransformerConfig& config, const ScalingRu
 
 std::unique_ptr<ScalingRule> make_model_rule(const ModelConfig& config, const ScalingConfig& scaling,
                                              std::uint64_t seed) {
-  std::unique_ptr<ScalingRule> rule = make_rule(scaling, model_shape(config));
+  std::unique_ptr<ScalingRule> rule = make_rule(scaling, config);
   if (const std::optional<ProfileRequest> request = rule->profile_request()) {
-    PROPLAB_CHECK(config.type == "transformer", "scaling rule \"", rule->name(),
+    PROPLAB_CHECK(config.kind() == ModelKind::transformer, "scaling rule \"", rule->name(),
                   "\" asks for a profiling pass, which exists for transformers only");
-    rule->set_profile(profile_transformer(config.transformer, *rule, seed, request->sequences));
+    rule->set_profile(profile_transformer(config.transformer(), *rule, seed, request->sequences));
     PROPLAB_CHECK(!rule->profile_request(), "scaling rule \"", rule->name(), "\" still asks for a profile");
   }
   return rule;

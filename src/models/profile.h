@@ -17,7 +17,7 @@
 #include <limits>
 #include <memory>
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "scaling/config.h"
 #include "scaling/rule.h"
 

@@ -11,10 +11,8 @@ namespace {
 // A view of the first numel(shape) elements of a flat scratch tensor, with the given shape.
 Tensor view_of(const Tensor& flat, const Shape& shape) { return flat.slice(0, 0, shape_numel(shape)).reshape(shape); }
 
-ModelShape resnet_shape(const ResnetConfig& config) {
-  ModelShape shape;
-  shape.type = "resnet";
-  shape.resnet = config;
+ModelConfig resnet_shape(const ResnetConfig& config) {
+  const ModelConfig shape(config);
   return shape;
 }
 
@@ -327,7 +325,7 @@ void Resnet::record(ProbeSink* sink, int probe, const Tensor& x, bool backward) 
 
 void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* sink) {
   const bool preact = config_.preact;
-  const ops::Activation act = config_.activation;
+  const Activation act = config_.activation;
   const int m = static_cast<int>(k.convs.size());
   record(sink, k.probe_in, x, false);
   if (k.input_scale != 1.0f) {
@@ -376,7 +374,7 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
 
 void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_x, bool training, ProbeSink* sink) {
   const bool preact = config_.preact;
-  const ops::Activation act = config_.activation;
+  const Activation act = config_.activation;
   const int m = static_cast<int>(k.convs.size());
   record(sink, k.probe_out, d_out, true);
   if (!preact) ops::activation_backward(act, k.sum, d_out, d_out);  // now dL/d sum
@@ -434,7 +432,7 @@ double Resnet::forward_backward(const Batch& batch, float grad_scale, const Step
   ensure_buffers(x.dim(0));
   const bool preact = config_.preact;
   const bool training = context.training;
-  const ops::Activation act = config_.activation;
+  const Activation act = config_.activation;
   ProbeSink* sink = context.sink;
 
   conv_forward(stem_, x, stem_out_);

@@ -8,10 +8,10 @@ namespace proplab {
 void check_tensor_parallel(const ModelConfig& config, int tp) {
   if (tp == 1) return;
   const std::string at = "parallel.tp = " + std::to_string(tp);
-  if (config.type != "transformer")
-    throw UserError(at + ": tensor parallelism splits the transformer only; allowed for model.type = \"" + config.type +
-                    "\": tp = 1");
-  const TransformerConfig& m = config.transformer;
+  if (config.kind() != ModelKind::transformer)
+    throw UserError(at + ": tensor parallelism splits the transformer only; allowed for model.type = \"" +
+                    std::string(model_kind_name(config.kind())) + "\": tp = 1");
+  const TransformerConfig& m = config.transformer();
   auto require = [&](std::int64_t value, const char* key) {
     if (value % tp != 0)
       throw UserError(at + " must divide " + key + " = " + std::to_string(value) + "; allowed: a tp that divides " +

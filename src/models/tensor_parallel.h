@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "models/config.h"
+#include "spec/model.h"
 #include "nn/layers.h"
 #include "nn/parameter.h"
 

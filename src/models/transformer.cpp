@@ -16,9 +16,7 @@ Tensor view_of(const Tensor& flat, const Shape& shape) { return flat.slice(0, 0,
 // The study's rule, profiled when it asks for it (models/profile.h).
 std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const ScalingConfig& scaling,
                                       std::uint64_t seed) {
-  ModelConfig model;
-  model.type = "transformer";
-  model.transformer = config;
+  const ModelConfig model(config);
   return make_model_rule(model, scaling, seed);
 }
 

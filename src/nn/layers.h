@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "nn/parameter.h"
 #include "ops/ops.h"
 

@@ -138,7 +138,7 @@ void init_tensor(Tensor& value, const InitSpec& spec, std::uint64_t seed, const 
     v[i] = static_cast<float>(std * rng.normal(static_cast<std::uint64_t>(index(i))));
 }
 
-void ParameterStore::init(const ScalingRule& rule, std::uint64_t seed) {
+void ParameterStore::init(const ParamInitializer& rule, std::uint64_t seed) {
   for (auto& p : params_) {
     init_tensor(p->value, rule.init(p->info), seed, p->name, &p->shard);
     p->lr_multiplier = rule.lr_multiplier(p->info);

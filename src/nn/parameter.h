@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "scaling/rule.h"
+#include "spec/param.h"
 
 namespace proplab {
 
@@ -60,7 +60,7 @@ class ParameterStore {
                  int block = -1);
   // Initialises every parameter from the rule (InitSpec) and the seed, split ones by their full-tensor indices;
   // sets lr multipliers.
-  void init(const ScalingRule& rule, std::uint64_t seed);
+  void init(const ParamInitializer& rule, std::uint64_t seed);
   void zero_grads();
   Parameter* find(const std::string& name);
   std::vector<std::unique_ptr<Parameter>>& all() { return params_; }

@@ -17,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "probe/moments.h"
+#include "spec/model.h"
 
 namespace proplab::ops {
 
@@ -56,7 +57,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, 
                       Tensor* d_gamma);
 
 // ---- pointwise activations ------------------------------------------------------------------------------------
-enum class Activation { identity, relu, tanh, gelu_tanh, gelu_erf };
+using ::proplab::Activation;  // (spec/model.h)
 void activation_forward(Activation kind, const Tensor& x, Tensor& y);
 // d_x = d_y * φ'(x) (overwrite). d_x may alias d_y.
 void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x);

@@ -70,14 +70,14 @@ const RuleInfo kAdmin{
          "sequences of model.seq_len uniform random tokens in the profiling forward pass"},
         {"learnable", 0, 0, 1, "0: ω fixed; 1: ω a trained scalar per residual add, initialised to the profiled value"},
     },
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_transformer(shape, "admin", "Post-LN transformers");
       rule_util::require_norm(shape, "admin", NormPlacement::post,
                               "Admin rescales the skip path of x ← LN(ω·x + f(x)), a Post-LN residual");
       // The registry has checked the range [1, 4096]; whole_param rejects fractions.
       const int sequences = rule_util::whole_param(config, "profile_sequences", 4096);
       const bool learnable = rule_util::whole_param(config, "learnable", 1) == 1;
-      return std::make_unique<AdminRule>(shape.transformer.layers, sequences, learnable);
+      return std::make_unique<AdminRule>(shape.transformer().layers, sequences, learnable);
     }};
 PROPLAB_REGISTER_RULE(kAdmin);
 

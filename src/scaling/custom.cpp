@@ -11,7 +11,7 @@ namespace {
 
 class CustomRule final : public ScalingRule {
  public:
-  CustomRule(const ScalingConfig& config, const ModelShape& shape) : p_(config.params), shape_(shape) {}
+  CustomRule(const ScalingConfig& config, const ModelConfig& shape) : p_(config.params), shape_(shape) {}
   std::string name() const override { return "custom"; }
   InitSpec init(const ParamInfo& param) const override {
     switch (param.role) {
@@ -53,7 +53,7 @@ class CustomRule final : public ScalingRule {
 
  private:
   std::map<std::string, double> p_;
-  ModelShape shape_;
+  ModelConfig shape_;
 };
 
 const RuleInfo kCustom{"custom",
@@ -70,7 +70,7 @@ const RuleInfo kCustom{"custom",
                            {"bias_std", 0.0, 0.0, 100.0, "std of biases (0: zeros)"},
                            {"logit_scale", 0.0, 0.0, 100.0, "attention logit scale (0: 1/√d_head)"},
                        },
-                       [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+                       [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
                          return std::make_unique<CustomRule>(config, shape);
                        }};
 PROPLAB_REGISTER_RULE(kCustom);

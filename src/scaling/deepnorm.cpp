@@ -50,14 +50,14 @@ const RuleInfo kDeepNorm{
         {"form", 1, 0, 1, "0: encoder-only constants (N layers), 1: decoder-only (M layers); N = M = model.layers"},
         {"base_std", 0.0, 0.0, 10.0, "base std of every matrix and embedding before β_init (0: Xavier)"},
     },
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_transformer(shape, "deepnorm", "Post-LN transformers");
       rule_util::require_norm(shape, "deepnorm", NormPlacement::post,
                               "DeepNorm is x ← LN(α·x + G(x)), a Post-LN residual");
       // Encoder-only and decoder-only constants have the same form in the number of layers of the stack; the
       // key records which variant a study means.
       rule_util::whole_param(config, "form", 1);
-      const double layers = shape.transformer.layers;
+      const double layers = shape.transformer().layers;
       return std::make_unique<DeepNormRule>(std::pow(2.0 * layers, 0.25), std::pow(8.0 * layers, -0.25),
                                             config.params.at("base_std"));
     }};

@@ -38,31 +38,15 @@ namespace proplab {
 
 namespace {
 
-theory::Activation to_theory(ops::Activation kind) {
-  switch (kind) {
-    case ops::Activation::identity:
-      return theory::Activation::identity;
-    case ops::Activation::relu:
-      return theory::Activation::relu;
-    case ops::Activation::tanh:
-      return theory::Activation::tanh;
-    case ops::Activation::gelu_tanh:
-      return theory::Activation::gelu_tanh;
-    case ops::Activation::gelu_erf:
-      return theory::Activation::gelu_erf;
-  }
-  return theory::Activation::identity;
-}
-
 // The common Var s of both FFN matrices that gives a unit-variance FFN branch from a unit-variance, zero-mean
 // input: f·s·E[φ(z)²] = 1 − p, z ~ N(0, d·s).
 double ffn_weight_var(const TransformerConfig& config) {
   const double d = config.width, f = static_cast<double>(config.ffn_mult) * config.width;
   const double keep = 1.0 - config.dropout;
-  if (config.activation == ops::Activation::relu) return std::sqrt(2.0 * keep / (d * f));
-  if (config.activation == ops::Activation::identity) return std::sqrt(keep / (d * f));
+  if (config.activation == Activation::relu) return std::sqrt(2.0 * keep / (d * f));
+  if (config.activation == Activation::identity) return std::sqrt(keep / (d * f));
   const theory::GaussHermite rule(64);
-  const theory::Activation phi = to_theory(config.activation);
+  const Activation phi = config.activation;
   auto branch_var = [&](double s) {
     const theory::Signal y = theory::activation_forward(phi, theory::Signal{0.0, d * s, 0.0}, rule);
     return f * s * (y.var + y.mean * y.mean);
@@ -78,14 +62,14 @@ double ffn_weight_var(const TransformerConfig& config) {
 
 class DeepScaleLmRule final : public ScalingRule {
  public:
-  DeepScaleLmRule(const ModelShape& shape, double beta_sq) : shape_(shape), beta_sq_(beta_sq) {}
+  DeepScaleLmRule(const ModelConfig& shape, double beta_sq) : shape_(shape), beta_sq_(beta_sq) {}
 
   std::string name() const override { return "deepscalelm"; }
 
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(1.0);
-    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
-    const double d = shape_.transformer.width;
+    if (shape_.kind() == ModelKind::mlp) return mlp_mean_field_init(param, shape_.mlp());
+    const double d = shape_.transformer().width;
     switch (param.role) {
       case ParamRole::bias:
       case ParamRole::norm_bias:
@@ -94,7 +78,7 @@ class DeepScaleLmRule final : public ScalingRule {
         return InitSpec::constant(1.0);
       case ParamRole::token_embedding:
       case ParamRole::position_embedding:
-        return InitSpec::normal_std(std::sqrt(0.5 * (1.0 - shape_.transformer.dropout)));
+        return InitSpec::normal_std(std::sqrt(0.5 * (1.0 - shape_.transformer().dropout)));
       case ParamRole::attn_qkv: {
         const double qk = 1.0 / std::sqrt(d);
         return InitSpec::normal_row_blocks({qk, qk, value_std(param.block)});
@@ -115,7 +99,7 @@ class DeepScaleLmRule final : public ScalingRule {
 
   // Transformer: finds r_l for every block (see the file comment).
   void solve_attention(std::optional<double> input_corr) {
-    const TransformerConfig& c = shape_.transformer;
+    const TransformerConfig& c = shape_.transformer();
     ffn_var_ = ffn_weight_var(c);
     const double d = c.width;
     value_var_.assign(c.layers, 1.0 / d);
@@ -141,7 +125,7 @@ class DeepScaleLmRule final : public ScalingRule {
     return std::sqrt(value_var_[block]);
   }
 
-  ModelShape shape_;
+  ModelConfig shape_;
   double beta_sq_;
   double ffn_var_ = 0.0;
   // Per block: Var of the V rows and of the attention output projection, √((1−p)/r_l)/d.
@@ -157,9 +141,9 @@ const RuleInfo kDeepScaleLm{
          "token correlation r_0 of the embeddings the rule assumes (it cannot see the data); negative: the "
          "independent-uniform-tokens estimate 1/(2·vocab)"},
     },
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_residual_mlp(shape, "deepscalelm");
-      const int adds = shape.residual_adds();
+      const int adds = residual_adds(shape);
       const double k = config.params.at("k");
       if (!(k > 0.0) || k > adds) {
         std::ostringstream message;
@@ -168,7 +152,7 @@ const RuleInfo kDeepScaleLm{
         throw UserError(message.str());
       }
       auto rule = std::make_unique<DeepScaleLmRule>(shape, k / adds);
-      if (shape.type == "transformer") {
+      if (shape.kind() == ModelKind::transformer) {
         const double r0 = config.params.at("input_corr");
         rule->solve_attention(r0 < 0 ? std::nullopt : std::optional<double>(r0));
       }

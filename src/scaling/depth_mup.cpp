@@ -16,12 +16,12 @@ namespace {
 
 class DepthMupRule final : public ScalingRule {
  public:
-  DepthMupRule(double branch_scale, double embed_std, const ModelShape& shape)
+  DepthMupRule(double branch_scale, double embed_std, const ModelConfig& shape)
       : branch_scale_(branch_scale), embed_std_(embed_std), shape_(shape) {}
   std::string name() const override { return "depth_mup"; }
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(1.0);
-    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
+    if (shape_.kind() == ModelKind::mlp) return mlp_mean_field_init(param, shape_.mlp());
     return rule_util::fan_in_init(param, embed_std_);
   }
   ResidualSpec residual(int, Branch) const override { return {1.0, branch_scale_, false, false}; }
@@ -29,7 +29,7 @@ class DepthMupRule final : public ScalingRule {
  private:
   double branch_scale_;
   double embed_std_;
-  ModelShape shape_;
+  ModelConfig shape_;
 };
 
 const RuleInfo kDepthMup{
@@ -39,9 +39,10 @@ const RuleInfo kDepthMup{
         {"a", 1.0, 0.0, 100.0, "branch multiplier constant: β = a/√N"},
         {"embed_std", 1.0, 0.0, 100.0, "std of token and position embeddings (transformer)"},
     },
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_residual_mlp(shape, "depth_mup");
-      const int blocks = shape.type == "mlp" ? std::max(shape.mlp.layers - 1, 1) : shape.transformer.layers;
+      const int blocks =
+          shape.kind() == ModelKind::mlp ? std::max(shape.mlp().layers - 1, 1) : shape.transformer().layers;
       return std::make_unique<DepthMupRule>(config.params.at("a") / std::sqrt(static_cast<double>(blocks)),
                                             config.params.at("embed_std"), shape);
     }};

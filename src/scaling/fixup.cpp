@@ -16,8 +16,8 @@ namespace {
 
 class FixupRule final : public ScalingRule {
  public:
-  explicit FixupRule(const ModelShape& shape) {
-    const resnet_util::Layout layout = resnet_util::layout(shape.resnet);
+  explicit FixupRule(const ModelConfig& shape) {
+    const resnet_util::Layout layout = resnet_util::layout(shape.resnet());
     branch_scale_ = std::pow(static_cast<double>(layout.blocks()), -1.0 / (2.0 * layout.convs_per_branch - 2.0));
   }
   std::string name() const override { return "fixup"; }
@@ -43,9 +43,9 @@ const RuleInfo kFixup{"fixup",
                       "Fixup: zero last branch conv and classifier, inner convs He·L^(−1/(2m−2)), scalar "
                       "multipliers and biases; no normalisation",
                       {},
-                      [](const ScalingConfig&, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
-                        if (shape.type != "resnet")
-                          throw UserError("model.type = \"" + shape.type +
+                      [](const ScalingConfig&, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
+                        if (shape.kind() != ModelKind::resnet)
+                          throw UserError("model.type = \"" + std::string(model_kind_name(shape.kind())) +
                                           "\": scaling rule \"fixup\" is defined for ResNets only (tfixup is its "
                                           "transformer form); allowed: model.type = \"resnet\"");
                         resnet_util::require_resnet_norm(shape, "fixup", ResnetNorm::none,

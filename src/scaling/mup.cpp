@@ -19,13 +19,13 @@ namespace {
 
 class MupRule final : public ScalingRule {
  public:
-  MupRule(double width_mult, bool zero_readout, double embed_std, const ModelShape& shape)
+  MupRule(double width_mult, bool zero_readout, double embed_std, const ModelConfig& shape)
       : width_mult_(width_mult), zero_readout_(zero_readout), embed_std_(embed_std), shape_(shape) {}
   std::string name() const override { return "mup"; }
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(1.0);
     if (param.role == ParamRole::readout && zero_readout_) return InitSpec::constant(0.0);
-    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
+    if (shape_.kind() == ModelKind::mlp) return mlp_mean_field_init(param, shape_.mlp());
     return rule_util::fan_in_init(param, embed_std_);
   }
   ResidualSpec residual(int, Branch) const override { return {}; }
@@ -48,7 +48,7 @@ class MupRule final : public ScalingRule {
   double width_mult_;
   bool zero_readout_;
   double embed_std_;
-  ModelShape shape_;
+  ModelConfig shape_;
 };
 
 const RuleInfo kMup{
@@ -59,14 +59,14 @@ const RuleInfo kMup{
         {"zero_readout", 0, 0, 1, "1 (true): the readout starts at zero (needs an untied head)"},
         {"embed_std", 1.0, 0.0, 100.0, "std of token and position embeddings (transformer)"},
     },
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       const bool zero_readout = rule_util::whole_param(config, "zero_readout", 1) != 0;
-      if (zero_readout && shape.type == "transformer" && shape.transformer.tie_embeddings)
+      if (zero_readout && shape.kind() == ModelKind::transformer && shape.transformer().tie_embeddings)
         throw UserError(
             "model.tie_embeddings = true conflicts with scaling.zero_readout = true: the tied readout "
             "is the token embedding, which cannot start at zero; allowed: model.tie_embeddings = false "
             "or scaling.zero_readout = false");
-      const int width = shape.type == "mlp" ? shape.mlp.width : shape.transformer.width;
+      const int width = shape.kind() == ModelKind::mlp ? shape.mlp().width : shape.transformer().width;
       return std::make_unique<MupRule>(width / config.params.at("base_width"), zero_readout,
                                        config.params.at("embed_std"), shape);
     }};

@@ -17,10 +17,10 @@ namespace {
 
 class NfRule final : public ScalingRule {
  public:
-  NfRule(double alpha, const ModelShape& shape)
+  NfRule(double alpha, const ModelConfig& shape)
       : alpha_(alpha),
-        gain_(resnet_util::activation_gain(shape.resnet.activation)),
-        variances_(resnet_util::nf_expected_variances(resnet_util::layout(shape.resnet), alpha)) {}
+        gain_(resnet_util::activation_gain(shape.resnet().activation)),
+        variances_(resnet_util::nf_expected_variances(resnet_util::layout(shape.resnet()), alpha)) {}
   std::string name() const override { return "nf"; }
   InitSpec init(const ParamInfo& param) const override { return resnet_util::he_init(param); }
   ResidualSpec residual(int, Branch) const override { return {1.0, alpha_, false, false}; }
@@ -39,13 +39,13 @@ const RuleInfo kNf{
     "nf",
     "NF-ResNets: x ← x + α·f(x/β), β from the expected-variance bookkeeping, scaled weight standardisation",
     {{"alpha", 0.2, 0.0, 10.0, "branch multiplier α: each block adds α² to the expected stream variance"}},
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
-      if (shape.type != "resnet")
-        throw UserError("model.type = \"" + shape.type +
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
+      if (shape.kind() != ModelKind::resnet)
+        throw UserError("model.type = \"" + std::string(model_kind_name(shape.kind())) +
                         "\": scaling rule \"nf\" is defined for ResNets only; allowed: model.type = \"resnet\"");
       resnet_util::require_resnet_norm(shape, "nf", ResnetNorm::none,
                                        "NF-ResNets replace normalisation by the variance bookkeeping");
-      if (!shape.resnet.preact)
+      if (!shape.resnet().preact)
         throw UserError(
             "model.preact = false conflicts with scaling rule \"nf\", which requires pre-activation blocks (its "
             "branches read x/β); allowed: model.preact = true");

@@ -10,7 +10,7 @@ namespace {
 
 class OdeStepRule final : public ScalingRule {
  public:
-  explicit OdeStepRule(const ModelShape& shape) : step_(1.0 / resnet_util::layout(shape.resnet).blocks()) {}
+  explicit OdeStepRule(const ModelConfig& shape) : step_(1.0 / resnet_util::layout(shape.resnet()).blocks()) {}
   std::string name() const override { return "odestep"; }
   InitSpec init(const ParamInfo& param) const override { return resnet_util::he_init(param); }
   ResidualSpec residual(int, Branch) const override { return {1.0, step_, false, false}; }
@@ -22,9 +22,9 @@ class OdeStepRule final : public ScalingRule {
 const RuleInfo kOdeStep{"odestep",
                         "ODE step: x ← x + f(x)/N over N residual blocks, He init",
                         {},
-                        [](const ScalingConfig&, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
-                          if (shape.type != "resnet")
-                            throw UserError("model.type = \"" + shape.type +
+                        [](const ScalingConfig&, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
+                          if (shape.kind() != ModelKind::resnet)
+                            throw UserError("model.type = \"" + std::string(model_kind_name(shape.kind())) +
                                             "\": scaling rule \"odestep\" is defined for ResNets only; allowed: "
                                             "model.type = \"resnet\"");
                           return std::make_unique<OdeStepRule>(shape);

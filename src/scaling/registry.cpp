@@ -8,57 +8,7 @@
 
 namespace proplab {
 
-const char* param_role_name(ParamRole role) {
-  switch (role) {
-    case ParamRole::token_embedding:
-      return "token_embedding";
-    case ParamRole::position_embedding:
-      return "position_embedding";
-    case ParamRole::attn_qkv:
-      return "attn_qkv";
-    case ParamRole::attn_out:
-      return "attn_out";
-    case ParamRole::ffn_in:
-      return "ffn_in";
-    case ParamRole::ffn_out:
-      return "ffn_out";
-    case ParamRole::readout:
-      return "readout";
-    case ParamRole::mlp_input:
-      return "mlp_input";
-    case ParamRole::mlp_hidden:
-      return "mlp_hidden";
-    case ParamRole::bias:
-      return "bias";
-    case ParamRole::norm_gain:
-      return "norm_gain";
-    case ParamRole::norm_bias:
-      return "norm_bias";
-    case ParamRole::residual_scale:
-      return "residual_scale";
-    case ParamRole::conv_stem:
-      return "conv_stem";
-    case ParamRole::conv_branch:
-      return "conv_branch";
-    case ParamRole::conv_branch_out:
-      return "conv_branch_out";
-    case ParamRole::conv_shortcut:
-      return "conv_shortcut";
-  }
-  return "?";
-}
-
-int ModelShape::residual_adds() const {
-  if (type == "transformer") return 2 * transformer.layers;
-  if (type == "resnet") {
-    const int per_block = resnet.block == ResnetBlock::basic ? 6 : 9;
-    return 3 * std::max((resnet.depth - 2) / per_block, 0);
-  }
-  return mlp.residual ? std::max(mlp.layers - 1, 0) : 0;
-}
-
 double ScalingRule::logit_scale(int d_head) const { return 1.0 / std::sqrt(static_cast<double>(d_head)); }
-double ScalingRule::lr_multiplier(const ParamInfo&) const { return 1.0; }
 double ScalingRule::output_multiplier() const { return 1.0; }
 std::optional<ProfileRequest> ScalingRule::profile_request() const { return std::nullopt; }
 ResnetRuleSpec ScalingRule::resnet() const { return {}; }
@@ -102,7 +52,7 @@ const RuleInfo* find_rule(const std::string& name) {
   return it == registry().end() ? nullptr : it->second;
 }
 
-std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelShape& shape) {
+std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelConfig& shape) {
   const RuleInfo* info = find_rule(config.rule);
   if (!info) {
     std::ostringstream names;

@@ -10,7 +10,7 @@ namespace proplab {
 namespace {
 
 // E[φ], E[φ²] as StreamMoments{mean = E[φ], var = E[φ²]} (the second moment, not the variance).
-StreamMoments gaussian_integrals(ops::Activation kind, double mean, double var) {
+StreamMoments gaussian_integrals(Activation kind, double mean, double var) {
   if (var <= 0) {
     const double value = resnet_util::activation_value(kind, mean);
     return {value, value * value};
@@ -49,7 +49,7 @@ struct ConvModel {
 
 }  // namespace
 
-StreamMoments activation_moments(ops::Activation kind, double mean, double var) {
+StreamMoments activation_moments(Activation kind, double mean, double var) {
   return gaussian_integrals(kind, mean, var);
 }
 
@@ -58,7 +58,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   const ResnetRuleSpec spec = rule.resnet();
   const ConvModel conv{rule, spec};
   const bool preact = config.preact, normed = config.norm == ResnetNorm::batchnorm;
-  const ops::Activation act = config.activation;
+  const Activation act = config.activation;
   const std::int64_t base = 16 * static_cast<std::int64_t>(config.width);
   const std::int64_t expansion = layout.bottleneck ? 4 : 1;
   auto norm = [&](const StreamMoments& x) -> StreamMoments {
@@ -115,7 +115,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                       residual.lambda * residual.lambda * shortcut.var + residual.beta * residual.beta * cur.var};
     // A zero branch leaves a post-activation ReLU stream as it is (ReLU is idempotent on its non-negative output);
     // the Gaussian closure would not see that.
-    const bool rectified_identity = !preact && !layout.projection(b) && act == ops::Activation::relu &&
+    const bool rectified_identity = !preact && !layout.projection(b) && act == Activation::relu &&
                                     residual.beta * residual.beta * cur.var == 0.0 && cur.mean == 0.0 &&
                                     residual.lambda >= 0.0;
     x = preact || rectified_identity ? sum : activate(sum);

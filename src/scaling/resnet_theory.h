@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "scaling/rule.h"
 
 namespace proplab {
@@ -39,6 +39,6 @@ struct ResnetBookkeeping {
 ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRule& rule, double input_var = 1.0);
 
 // E[φ(x)] and E[φ(x)²] for x ~ N(mean, var).
-StreamMoments activation_moments(ops::Activation kind, double mean, double var);
+StreamMoments activation_moments(Activation kind, double mean, double var);
 
 }  // namespace proplab

@@ -67,17 +67,17 @@ inline InitSpec he_init(const ParamInfo& param) {
 }
 
 // φ(x) for the activations a ResNet uses.
-inline double activation_value(ops::Activation kind, double x) {
+inline double activation_value(Activation kind, double x) {
   switch (kind) {
-    case ops::Activation::identity:
+    case Activation::identity:
       return x;
-    case ops::Activation::relu:
+    case Activation::relu:
       return x > 0 ? x : 0.0;
-    case ops::Activation::tanh:
+    case Activation::tanh:
       return std::tanh(x);
-    case ops::Activation::gelu_tanh:
+    case Activation::gelu_tanh:
       return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case ops::Activation::gelu_erf:
+    case Activation::gelu_erf:
       return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
   }
   return x;
@@ -85,7 +85,7 @@ inline double activation_value(ops::Activation kind, double x) {
 
 // γ = 1 / sqrt(Var φ(z)), z ~ N(0, 1) (NF-Nets' activation gain: ReLU √(2/(1 − 1/π)) ≈ 1.7139), by the
 // trapezoid rule on [−12, 12] (the Gaussian tail beyond is below double precision).
-inline double activation_gain(ops::Activation kind) {
+inline double activation_gain(Activation kind) {
   constexpr int kSteps = 24000;
   const double step = 24.0 / kSteps;
   double mean = 0.0, second = 0.0;
@@ -112,11 +112,11 @@ inline std::vector<double> nf_expected_variances(const Layout& layout, double al
 }
 
 // Throws unless the model is a ResNet with the required normalisation (`why` says why the rule fixes it).
-inline void require_resnet_norm(const ModelShape& shape, const std::string& rule, ResnetNorm required,
+inline void require_resnet_norm(const ModelConfig& shape, const std::string& rule, ResnetNorm required,
                                 const std::string& why) {
-  if (shape.type != "resnet" || shape.resnet.norm == required) return;
+  if (shape.kind() != ModelKind::resnet || shape.resnet().norm == required) return;
   const std::string wanted = required == ResnetNorm::none ? "none" : "batchnorm";
-  const std::string have = shape.resnet.norm == ResnetNorm::none ? "none" : "batchnorm";
+  const std::string have = shape.resnet().norm == ResnetNorm::none ? "none" : "batchnorm";
   throw UserError("model.norm = \"" + have + "\" conflicts with scaling rule \"" + rule +
                   "\", which requires model.norm = \"" + wanted + "\" (" + why + "); allowed: model.norm = \"" +
                   wanted + "\"");

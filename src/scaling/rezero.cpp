@@ -12,7 +12,7 @@ const RuleInfo kReZero{
     "rezero",
     "ReZero: x ← x + α·F(x), α learnable per residual add, initialised to alpha0 (0); no normalisation",
     {{"alpha0", 0.0, -10.0, 10.0, "initial value of every learnable residual weight α"}},
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_norm(shape, "rezero", NormPlacement::none,
                               "ReZero replaces normalisation by a learnable residual weight");
       rule_util::require_residual_mlp(shape, "rezero");

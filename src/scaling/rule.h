@@ -12,64 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "models/config.h"
 #include "scaling/config.h"
+#include "spec/model.h"
+#include "spec/param.h"
 
 namespace proplab {
-
-enum class ParamRole {
-  token_embedding,
-  position_embedding,
-  attn_qkv,
-  attn_out,  // attention output projection (a residual branch's last matrix)
-  ffn_in,
-  ffn_out,     // FFN output projection (a residual branch's last matrix)
-  readout,     // untied LM head or MLP readout
-  mlp_input,   // MLP first layer (input_dim -> width)
-  mlp_hidden,  // MLP hidden layers
-  bias,        // every bias vector
-  norm_gain,
-  norm_bias,
-  residual_scale,  // learnable lambda / beta scalars
-  // ResNets (fan_in = input channels per group · kernel area):
-  conv_stem,        // the first conv (image channels -> stage 0)
-  conv_branch,      // a residual branch's conv other than its last
-  conv_branch_out,  // a residual branch's last conv
-  conv_shortcut,    // a transition block's projection shortcut
-};
-const char* param_role_name(ParamRole role);
-
-enum class Branch { attention, ffn, mlp };
-
-struct ParamInfo {
-  ParamRole role;
-  std::int64_t fan_in = 0;
-  std::int64_t fan_out = 0;
-  int block = -1;  // -1 outside blocks
-  std::string name;
-};
-
-struct InitSpec {
-  enum class Kind { normal, constant } kind = Kind::normal;
-  double std = 0.0;    // normal: N(0, std^2)
-  double value = 0.0;  // constant
-  // normal, optional: when not empty, the tensor's dim 0 (rows) is split into row_block_stds.size() equal
-  // blocks (dim 0 must divide evenly) and block b is drawn N(0, row_block_stds[b]^2); `std` is then unused.
-  // Packed QKV [3D, D] uses three blocks: Q, K, V.
-  std::vector<double> row_block_stds;
-  static InitSpec normal_std(double s) { return {Kind::normal, s, 0.0, {}}; }
-  static InitSpec normal_row_blocks(std::vector<double> stds) { return {Kind::normal, 0.0, 0.0, std::move(stds)}; }
-  static InitSpec constant(double v) { return {Kind::constant, 0.0, v, {}}; }
-  // The std of row block `block` (the single std when there are no row blocks).
-  double block_std(std::size_t block) const { return row_block_stds.empty() ? std : row_block_stds.at(block); }
-};
-
-struct ResidualSpec {
-  double lambda = 1.0;  // weight of the skip path
-  double beta = 1.0;    // weight of the branch
-  bool learnable_lambda = false;
-  bool learnable_beta = false;
-};
 
 // ResNets (models/resnet.h): model-wide choices a rule makes.
 struct ResnetRuleSpec {
@@ -98,25 +45,13 @@ struct ProfileRequest {
   int sequences = 1;  // sequences of model.seq_len uniform random tokens in the profiling batch
 };
 
-// What a rule may look at: the model as configured.
-struct ModelShape {
-  std::string type;  // transformer | mlp | resnet
-  TransformerConfig transformer;
-  MlpConfig mlp;
-  ResnetConfig resnet;
-  int residual_adds() const;  // number of residual combines in the model
-};
-
-class ScalingRule {
+// init() and lr_multiplier() come from ParamInitializer (spec/param.h).
+class ScalingRule : public ParamInitializer {
  public:
-  virtual ~ScalingRule() = default;
   virtual std::string name() const = 0;
-  virtual InitSpec init(const ParamInfo& param) const = 0;
   virtual ResidualSpec residual(int block, Branch branch) const = 0;
   // Attention logit scale for head dimension d_head (1/sqrt(d_head) unless a rule says otherwise).
   virtual double logit_scale(int d_head) const;
-  // Multiplier on the learning rate of this parameter (1 unless a rule says otherwise).
-  virtual double lr_multiplier(const ParamInfo& param) const;
   // Multiplier on the model's output logits (1 unless a rule says otherwise).
   virtual double output_multiplier() const;
   // Set while the rule still needs a profiling pass over the initialised model (none unless a rule says
@@ -144,7 +79,7 @@ struct RuleInfo {
   std::vector<RuleParamDoc> params;
   // Builds the rule; parameters are already range-checked against `params`. May throw UserError for a
   // combination the rule rejects (e.g. a norm placement it fixes).
-  std::unique_ptr<ScalingRule> (*make)(const ScalingConfig& config, const ModelShape& shape);
+  std::unique_ptr<ScalingRule> (*make)(const ScalingConfig& config, const ModelConfig& shape);
 };
 
 // All registered rules, sorted by name.
@@ -153,7 +88,7 @@ std::vector<const RuleInfo*> all_rules();
 const RuleInfo* find_rule(const std::string& name);
 // Checks config.params against the rule's documented keys and ranges (UserError naming the key and what is
 // allowed), fills defaults, and builds the rule.
-std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelShape& shape);
+std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelConfig& shape);
 
 // The MLP's mean-field initialisation from [model]: weights N(0, sigma_w2/fan_in), biases N(0, sigma_b2).
 InitSpec mlp_mean_field_init(const ParamInfo& param, const MlpConfig& mlp);

@@ -44,39 +44,25 @@ inline InitSpec xavier_init(const ParamInfo& param) {
 }
 
 // Throws unless the model is a transformer (`what` says what the rule is defined for).
-inline void require_transformer(const ModelShape& shape, const std::string& rule, const std::string& what) {
-  if (shape.type != "transformer")
-    throw UserError("model.type = \"" + shape.type + "\": scaling rule \"" + rule + "\" is defined for " + what +
-                    " only; allowed: model.type = \"transformer\"");
-}
-
-// The study spelling of a norm placement. (models/config.cpp's norm_placement_name lives in the models library,
-// which links after scaling; scaling depends on core only.)
-inline const char* norm_key_value(NormPlacement placement) {
-  switch (placement) {
-    case NormPlacement::pre:
-      return "pre";
-    case NormPlacement::post:
-      return "post";
-    case NormPlacement::none:
-      return "none";
-  }
-  return "?";
+inline void require_transformer(const ModelConfig& shape, const std::string& rule, const std::string& what) {
+  if (shape.kind() != ModelKind::transformer)
+    throw UserError("model.type = \"" + std::string(model_kind_name(shape.kind())) + "\": scaling rule \"" + rule +
+                    "\" is defined for " + what + " only; allowed: model.type = \"transformer\"");
 }
 
 // Throws unless a transformer's norm placement is `required`; `why` says why the rule fixes it.
-inline void require_norm(const ModelShape& shape, const std::string& rule, NormPlacement required,
+inline void require_norm(const ModelConfig& shape, const std::string& rule, NormPlacement required,
                          const std::string& why) {
-  if (shape.type != "transformer" || shape.transformer.norm == required) return;
-  const std::string wanted = norm_key_value(required);
-  throw UserError("model.norm = \"" + std::string(norm_key_value(shape.transformer.norm)) +
+  if (shape.kind() != ModelKind::transformer || shape.transformer().norm == required) return;
+  const std::string wanted = norm_placement_name(required);
+  throw UserError("model.norm = \"" + std::string(norm_placement_name(shape.transformer().norm)) +
                   "\" conflicts with scaling rule \"" + rule + "\", which requires model.norm = \"" + wanted + "\" (" +
                   why + "); allowed: model.norm = \"" + wanted + "\"");
 }
 
 // Throws for an MLP without residual connections (a rule that weights residual branches has nothing to weight).
-inline void require_residual_mlp(const ModelShape& shape, const std::string& rule) {
-  if (shape.type == "mlp" && !shape.mlp.residual)
+inline void require_residual_mlp(const ModelConfig& shape, const std::string& rule) {
+  if (shape.kind() == ModelKind::mlp && !shape.mlp().residual)
     throw UserError("model.residual = false: scaling rule \"" + rule +
                     "\" sets the weights of residual branches and this MLP has none; allowed: model.residual = true");
 }
@@ -98,13 +84,13 @@ inline int whole_param(const ScalingConfig& config, const std::string& key, int 
 // ResNets He (scaling/resnet_util.h).
 class LearnableBranchRule final : public ScalingRule {
  public:
-  LearnableBranchRule(std::string name, double alpha0, const ModelShape& shape)
+  LearnableBranchRule(std::string name, double alpha0, const ModelConfig& shape)
       : name_(std::move(name)), alpha0_(alpha0), shape_(shape) {}
   std::string name() const override { return name_; }
   InitSpec init(const ParamInfo& param) const override {
     if (param.role == ParamRole::residual_scale) return InitSpec::constant(alpha0_);
-    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
-    if (shape_.type == "resnet") return resnet_util::he_init(param);
+    if (shape_.kind() == ModelKind::mlp) return mlp_mean_field_init(param, shape_.mlp());
+    if (shape_.kind() == ModelKind::resnet) return resnet_util::he_init(param);
     switch (param.role) {
       case ParamRole::bias:
       case ParamRole::norm_bias:
@@ -120,7 +106,7 @@ class LearnableBranchRule final : public ScalingRule {
  private:
   std::string name_;
   double alpha0_;
-  ModelShape shape_;
+  ModelConfig shape_;
 };
 
 // Transformer init with Var = 1/fan_in for every matrix (μP-style), embeddings N(0, embed_std²), biases 0 and

@@ -16,7 +16,7 @@ const RuleInfo kSkipInit{
     "skipinit",
     "SkipInit: learnable scalar at the end of each residual branch, initialised to alpha0 (0); no normalisation",
     {{"alpha0", 0.0, -10.0, 10.0, "initial value of every branch multiplier"}},
-    [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_norm(shape, "skipinit", NormPlacement::none,
                               "SkipInit removes normalisation and relies on its branch multipliers");
       rule_util::require_residual_mlp(shape, "skipinit");

@@ -14,16 +14,16 @@ namespace {
 
 class StandardRule final : public ScalingRule {
  public:
-  StandardRule(double std, const ModelShape& shape) : std_(std), shape_(shape) {}
+  StandardRule(double std, const ModelConfig& shape) : std_(std), shape_(shape) {}
   std::string name() const override { return "standard"; }
   InitSpec init(const ParamInfo& param) const override {
-    if (shape_.type == "mlp") return mlp_mean_field_init(param, shape_.mlp);
-    if (shape_.type == "resnet") return resnet_util::he_init(param);
+    if (shape_.kind() == ModelKind::mlp) return mlp_mean_field_init(param, shape_.mlp());
+    if (shape_.kind() == ModelKind::resnet) return resnet_util::he_init(param);
     if (const auto constant = rule_util::constant_init(param.role)) return *constant;
     switch (param.role) {
       case ParamRole::attn_out:
       case ParamRole::ffn_out:
-        return InitSpec::normal_std(std_ / std::sqrt(2.0 * shape_.transformer.layers));
+        return InitSpec::normal_std(std_ / std::sqrt(2.0 * shape_.transformer().layers));
       default:
         return InitSpec::normal_std(std_);
     }
@@ -32,13 +32,13 @@ class StandardRule final : public ScalingRule {
 
  private:
   double std_;
-  ModelShape shape_;
+  ModelConfig shape_;
 };
 
 const RuleInfo kStandard{"standard",
                          "GPT-2: N(0, 0.02²) weights, residual output projections 0.02/√(2N), λ = β = 1",
                          {{"std", 0.02, 1e-8, 10.0, "std of every weight matrix and embedding"}},
-                         [](const ScalingConfig& config, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+                         [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
                            return std::make_unique<StandardRule>(config.params.at("std"), shape);
                          }};
 PROPLAB_REGISTER_RULE(kStandard);

@@ -45,10 +45,10 @@ const RuleInfo kTFixup{
     "tfixup",
     "T-Fixup (no norms): V, output, FFN and embedding init × (9N)^{-1/4} from Xavier / N(0, d^{-1/2}); λ = β = 1",
     {},
-    [](const ScalingConfig&, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
+    [](const ScalingConfig&, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
       rule_util::require_transformer(shape, "tfixup", "transformers");
       rule_util::require_norm(shape, "tfixup", NormPlacement::none, "T-Fixup's initialisation replaces LayerNorm");
-      return std::make_unique<TFixupRule>(std::pow(9.0 * shape.transformer.layers, -0.25), shape.transformer.width);
+      return std::make_unique<TFixupRule>(std::pow(9.0 * shape.transformer().layers, -0.25), shape.transformer().width);
     }};
 PROPLAB_REGISTER_RULE(kTFixup);
 

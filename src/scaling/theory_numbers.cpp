@@ -86,16 +86,12 @@ theory::MlpNumbers mlp_numbers(const ScalingRule& rule, const MlpConfig& config)
 }
 
 theory::TransformerNumbers transformer_numbers(const ScalingConfig& scaling, const TransformerConfig& config) {
-  ModelShape shape;
-  shape.type = "transformer";
-  shape.transformer = config;
+  const ModelConfig shape(config);
   return transformer_numbers(*make_rule(scaling, shape), config);
 }
 
 theory::MlpNumbers mlp_numbers(const ScalingConfig& scaling, const MlpConfig& config) {
-  ModelShape shape;
-  shape.type = "mlp";
-  shape.mlp = config;
+  const ModelConfig shape(config);
   return mlp_numbers(*make_rule(scaling, shape), config);
 }
 

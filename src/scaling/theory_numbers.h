@@ -6,7 +6,7 @@
 // weight matrix has no Gaussian description and is a UserError naming the parameter.
 #pragma once
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "scaling/config.h"
 #include "scaling/rule.h"
 #include "theory/model_theory.h"

@@ -17,7 +17,7 @@ class XavierRule final : public ScalingRule {
 const RuleInfo kXavier{"xavier",
                        "Glorot: Var = 2/(fan_in + fan_out) for every matrix, λ = β = 1",
                        {},
-                       [](const ScalingConfig&, const ModelShape&) -> std::unique_ptr<ScalingRule> {
+                       [](const ScalingConfig&, const ModelConfig&) -> std::unique_ptr<ScalingRule> {
                          return std::make_unique<XavierRule>();
                        }};
 PROPLAB_REGISTER_RULE(kXavier);

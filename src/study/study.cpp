@@ -3,7 +3,7 @@
 // One schema drives everything: each table is a list of Fields, and a Field knows its key, what is allowed (as
 // text for messages), how to check a TOML node and store it into the Study, how to write the stored value back as
 // TOML, and when it applies (keys of another model type, data kind or optimizer are errors that name the setting
-// they belong to). The same schema writes resolved_toml, so the resolved text always parses back to the same
+// they belong to). The same schema writes config_toml, so the resolved text always parses back to the same
 // Study. [scaling] is checked against the rule registry (scaling/rule.h) instead of a fixed list.
 //
 // Problems are collected, never thrown one by one: each becomes one line
@@ -30,7 +30,11 @@
 #include <utility>
 
 #include "core/error.h"
+#include "data/config.h"
+#include "probe/moments.h"
 #include "scaling/rule.h"
+#include "spec/model.h"
+#include "train/recorder.h"
 
 namespace proplab {
 
@@ -208,7 +212,7 @@ struct Field {
   std::function<bool(const Study&)> applies;
   std::string selector;
   std::string applies_text;
-  // Whether resolved_toml writes the key (empty: always); false for an optional key that was not given.
+  // Whether config_toml writes the key (empty: always); false for an optional key that was not given.
   std::function<bool(const Study&)> present;
 };
 
@@ -263,7 +267,7 @@ Field real_field(std::string key, Ref ref, RealRange range) {
   return field;
 }
 
-// An optional number: absent stays absent (and is left out of resolved_toml).
+// An optional number: absent stays absent (and is left out of config_toml).
 template <class Ref>
 Field optional_real_field(std::string key, Ref ref, RealRange range) {
   Field field = named(std::move(key), range.text());
@@ -319,6 +323,31 @@ Field choice_field(std::string key, Ref ref, std::vector<std::pair<std::string, 
     PROPLAB_CHECK(false, "a study field holds a value its schema cannot name");
     return std::string();
   };
+  return field;
+}
+
+// model.type: which of the model configs the study fills (ModelConfig::set_kind), read before its keys.
+Field model_kind_field() {
+  std::vector<std::string> names, quoted;
+  for (const ModelKind kind : {ModelKind::transformer, ModelKind::mlp, ModelKind::resnet}) {
+    names.push_back(model_kind_name(kind));
+    quoted.push_back(toml_string(names.back()));
+  }
+  Field field = named("type", "one of " + join(quoted, ", "));
+  field.read = [names](const toml::node& node, Study& study) -> std::string {
+    if (!node.is_string()) return "expected a string, got " + describe(node);
+    const std::string& value = node.as_string()->get();
+    for (const ModelKind kind : {ModelKind::transformer, ModelKind::mlp, ModelKind::resnet}) {
+      if (value == model_kind_name(kind)) {
+        study.model.set_kind(kind);
+        return {};
+      }
+    }
+    const auto suggestion = closest(value, names);
+    return toml_string(value) + " is not a choice" +
+           (suggestion ? " (did you mean " + toml_string(*suggestion) + "?)" : std::string());
+  };
+  field.write = [](const Study& study) { return toml_string(model_kind_name(study.model.kind())); };
   return field;
 }
 
@@ -396,9 +425,9 @@ std::string check_name(const std::string& name) {
 
 std::string check_not_empty(const std::string& text) { return text.empty() ? "is empty" : ""; }
 
-const std::vector<std::string> kActivationStatistics = {"mean",      "var",  "rms",          "max_abs", "kurtosis",
-                                                        "nonfinite", "corr", "chan_mean_sq", "chan_var"};
-const std::vector<std::string> kParamStatistics = {"weight_rms", "grad_rms", "update_ratio"};
+// The statistic names, from the one list of each (probe/moments.h, train/recorder.h).
+const std::vector<std::string> kActivationStatistics(probe::stat_names().begin(), probe::stat_names().end());
+const std::vector<std::string>& kParamStatistics = param_stat_names();
 
 #define PROPLAB_MEMBER(member) \
   [](auto& study) -> auto& { return study.member; }
@@ -406,18 +435,17 @@ const std::vector<std::string> kParamStatistics = {"weight_rms", "grad_rms", "up
 // Every table but [scaling] (checked against the rule registry) and [sweep] (free-form), in reading order:
 // selectors (model.type, data.kind, train.optimizer) come before the keys that depend on them.
 std::vector<TableSpec> build_schema() {
-  using ops::Activation;
   const auto transformer = [](Field field) {
     return when(std::move(field), "model.type", "model.type = \"transformer\"",
-                [](const Study& s) { return s.model.type == "transformer"; });
+                [](const Study& s) { return s.model.kind() == ModelKind::transformer; });
   };
   const auto mlp = [](Field field) {
     return when(std::move(field), "model.type", "model.type = \"mlp\"",
-                [](const Study& s) { return s.model.type == "mlp"; });
+                [](const Study& s) { return s.model.kind() == ModelKind::mlp; });
   };
   const auto resnet = [](Field field) {
     return when(std::move(field), "model.type", "model.type = \"resnet\"",
-                [](const Study& s) { return s.model.type == "resnet"; });
+                [](const Study& s) { return s.model.kind() == ModelKind::resnet; });
   };
   const auto adamw = [](Field field) {
     return when(std::move(field), "train.optimizer", "train.optimizer = \"adamw\"",
@@ -446,58 +474,57 @@ std::vector<TableSpec> build_schema() {
        }},
       {"model",
        {
-           choice_field("type", PROPLAB_MEMBER(model.type),
-                        {{"transformer", "transformer"}, {"mlp", "mlp"}, {"resnet", "resnet"}}),
-           transformer(integer_field("layers", PROPLAB_MEMBER(model.transformer.layers), 1, 100000)),
-           transformer(integer_field("width", PROPLAB_MEMBER(model.transformer.width), 1, kMaxDim)),
-           transformer(integer_field("heads", PROPLAB_MEMBER(model.transformer.heads), 1, kMaxDim)),
-           transformer(integer_field("ffn_mult", PROPLAB_MEMBER(model.transformer.ffn_mult), 1, 64)),
+           model_kind_field(),
+           transformer(integer_field("layers", PROPLAB_MEMBER(model.transformer().layers), 1, 100000)),
+           transformer(integer_field("width", PROPLAB_MEMBER(model.transformer().width), 1, kMaxDim)),
+           transformer(integer_field("heads", PROPLAB_MEMBER(model.transformer().heads), 1, kMaxDim)),
+           transformer(integer_field("ffn_mult", PROPLAB_MEMBER(model.transformer().ffn_mult), 1, 64)),
            transformer(choice_field(
-               "norm", PROPLAB_MEMBER(model.transformer.norm),
+               "norm", PROPLAB_MEMBER(model.transformer().norm),
                {{"pre", NormPlacement::pre}, {"post", NormPlacement::post}, {"none", NormPlacement::none}})),
-           transformer(choice_field("norm_kind", PROPLAB_MEMBER(model.transformer.norm_kind),
+           transformer(choice_field("norm_kind", PROPLAB_MEMBER(model.transformer().norm_kind),
                                     {{"layernorm", NormKind::layernorm}, {"rmsnorm", NormKind::rmsnorm}})),
-           transformer(bool_field("norm_affine", PROPLAB_MEMBER(model.transformer.norm_affine))),
-           transformer(real_field("norm_eps", PROPLAB_MEMBER(model.transformer.norm_eps), RealRange{0, 1, true})),
-           transformer(bool_field("bias", PROPLAB_MEMBER(model.transformer.bias))),
+           transformer(bool_field("norm_affine", PROPLAB_MEMBER(model.transformer().norm_affine))),
+           transformer(real_field("norm_eps", PROPLAB_MEMBER(model.transformer().norm_eps), RealRange{0, 1, true})),
+           transformer(bool_field("bias", PROPLAB_MEMBER(model.transformer().bias))),
            transformer(choice_field(
-               "activation", PROPLAB_MEMBER(model.transformer.activation),
+               "activation", PROPLAB_MEMBER(model.transformer().activation),
                {{"gelu", Activation::gelu_tanh}, {"gelu_erf", Activation::gelu_erf}, {"relu", Activation::relu}})),
-           transformer(real_field("dropout", PROPLAB_MEMBER(model.transformer.dropout), unit_open)),
-           transformer(integer_field("vocab", PROPLAB_MEMBER(model.transformer.vocab), 2, kMaxDim)),
-           transformer(integer_field("seq_len", PROPLAB_MEMBER(model.transformer.seq_len), 1, kMaxDim)),
-           transformer(bool_field("tie_embeddings", PROPLAB_MEMBER(model.transformer.tie_embeddings))),
-           mlp(integer_field("layers", PROPLAB_MEMBER(model.mlp.layers), 1, 100000)),
-           mlp(integer_field("width", PROPLAB_MEMBER(model.mlp.width), 1, kMaxDim)),
-           mlp(integer_field("input_dim", PROPLAB_MEMBER(model.mlp.input_dim), 1, kMaxDim)),
-           mlp(integer_field("outputs", PROPLAB_MEMBER(model.mlp.outputs), 1, kMaxDim)),
-           mlp(choice_field("activation", PROPLAB_MEMBER(model.mlp.activation),
+           transformer(real_field("dropout", PROPLAB_MEMBER(model.transformer().dropout), unit_open)),
+           transformer(integer_field("vocab", PROPLAB_MEMBER(model.transformer().vocab), 2, kMaxDim)),
+           transformer(integer_field("seq_len", PROPLAB_MEMBER(model.transformer().seq_len), 1, kMaxDim)),
+           transformer(bool_field("tie_embeddings", PROPLAB_MEMBER(model.transformer().tie_embeddings))),
+           mlp(integer_field("layers", PROPLAB_MEMBER(model.mlp().layers), 1, 100000)),
+           mlp(integer_field("width", PROPLAB_MEMBER(model.mlp().width), 1, kMaxDim)),
+           mlp(integer_field("input_dim", PROPLAB_MEMBER(model.mlp().input_dim), 1, kMaxDim)),
+           mlp(integer_field("outputs", PROPLAB_MEMBER(model.mlp().outputs), 1, kMaxDim)),
+           mlp(choice_field("activation", PROPLAB_MEMBER(model.mlp().activation),
                             {{"relu", Activation::relu},
                              {"tanh", Activation::tanh},
                              {"gelu", Activation::gelu_tanh},
                              {"linear", Activation::identity}})),
-           mlp(real_field("sigma_w2", PROPLAB_MEMBER(model.mlp.sigma_w2), RealRange{0, 1000})),
-           mlp(real_field("sigma_b2", PROPLAB_MEMBER(model.mlp.sigma_b2), RealRange{0, 1000})),
-           mlp(bool_field("residual", PROPLAB_MEMBER(model.mlp.residual))),
-           mlp(choice_field("head", PROPLAB_MEMBER(model.mlp.head),
+           mlp(real_field("sigma_w2", PROPLAB_MEMBER(model.mlp().sigma_w2), RealRange{0, 1000})),
+           mlp(real_field("sigma_b2", PROPLAB_MEMBER(model.mlp().sigma_b2), RealRange{0, 1000})),
+           mlp(bool_field("residual", PROPLAB_MEMBER(model.mlp().residual))),
+           mlp(choice_field("head", PROPLAB_MEMBER(model.mlp().head),
                             {{"regression", MlpHead::regression}, {"classification", MlpHead::classification}})),
-           resnet(integer_field("depth", PROPLAB_MEMBER(model.resnet.depth), 8, 100000)),
-           resnet(integer_field("width", PROPLAB_MEMBER(model.resnet.width), 1, 64)),
-           resnet(choice_field("block", PROPLAB_MEMBER(model.resnet.block),
+           resnet(integer_field("depth", PROPLAB_MEMBER(model.resnet().depth), 8, 100000)),
+           resnet(integer_field("width", PROPLAB_MEMBER(model.resnet().width), 1, 64)),
+           resnet(choice_field("block", PROPLAB_MEMBER(model.resnet().block),
                                {{"basic", ResnetBlock::basic}, {"bottleneck", ResnetBlock::bottleneck}})),
-           resnet(choice_field("norm", PROPLAB_MEMBER(model.resnet.norm),
+           resnet(choice_field("norm", PROPLAB_MEMBER(model.resnet().norm),
                                {{"batchnorm", ResnetNorm::batchnorm}, {"none", ResnetNorm::none}})),
-           resnet(bool_field("preact", PROPLAB_MEMBER(model.resnet.preact))),
-           resnet(choice_field("activation", PROPLAB_MEMBER(model.resnet.activation),
+           resnet(bool_field("preact", PROPLAB_MEMBER(model.resnet().preact))),
+           resnet(choice_field("activation", PROPLAB_MEMBER(model.resnet().activation),
                                {{"relu", Activation::relu},
                                 {"gelu", Activation::gelu_tanh},
                                 {"gelu_erf", Activation::gelu_erf},
                                 {"tanh", Activation::tanh}})),
-           resnet(integer_field("in_channels", PROPLAB_MEMBER(model.resnet.in_channels), 1, 64)),
-           resnet(integer_field("image_size", PROPLAB_MEMBER(model.resnet.image_size), 4, 1024)),
-           resnet(integer_field("classes", PROPLAB_MEMBER(model.resnet.classes), 2, kMaxDim)),
-           resnet(real_field("norm_eps", PROPLAB_MEMBER(model.resnet.norm_eps), RealRange{0, 1, true})),
-           resnet(real_field("bn_momentum", PROPLAB_MEMBER(model.resnet.bn_momentum), RealRange{0, 1})),
+           resnet(integer_field("in_channels", PROPLAB_MEMBER(model.resnet().in_channels), 1, 64)),
+           resnet(integer_field("image_size", PROPLAB_MEMBER(model.resnet().image_size), 4, 1024)),
+           resnet(integer_field("classes", PROPLAB_MEMBER(model.resnet().classes), 2, kMaxDim)),
+           resnet(real_field("norm_eps", PROPLAB_MEMBER(model.resnet().norm_eps), RealRange{0, 1, true})),
+           resnet(real_field("bn_momentum", PROPLAB_MEMBER(model.resnet().bn_momentum), RealRange{0, 1})),
        }},
       {"train",
        {
@@ -587,7 +614,7 @@ std::vector<TableSpec> build_schema() {
 
 #undef PROPLAB_MEMBER
 
-// The top-level keys, in the order resolved_toml writes them.
+// The top-level keys, in the order config_toml writes them.
 const std::vector<std::string> kTopLevelKeys = {"name",   "seed",     "model",  "scaling", "train", "data",
                                                 "record", "parallel", "device", "theory",  "sweep"};
 
@@ -602,7 +629,7 @@ class Validator {
   void apply_override(toml::table& root, const std::string& text);
   // Checks the whole tree and fills `study`; returns false when a problem was found.
   bool validate(const toml::table& root, Study& study);
-  std::string resolved_toml(const Study& study) const;
+  std::string config_toml(const Study& study) const;
   // Every problem, one per line.
   std::string report() const;
 
@@ -935,11 +962,11 @@ void Validator::check_data_file(Study& study) {
     return add("data.path", node, quoted + " has " + std::to_string(size) + " bytes, not a multiple of 2", allowed);
   // The data module's split (data/dataset.h): train = floor((1 - val_fraction) * n), validation = the rest, each
   // needing seq_len + 1 tokens. For tokens, size / 2 bounds the count from above (an llm.c header holds fewer).
-  if (study.model.type != "transformer" || !ok({"model.type", "model.seq_len", "data.val_fraction"})) return;
+  if (study.model.kind() != ModelKind::transformer || !ok({"model.type", "model.seq_len", "data.val_fraction"})) return;
   const auto count = static_cast<std::int64_t>(kind == "text" ? size : size / 2);
   const auto train =
       static_cast<std::int64_t>(std::floor((1.0 - study.data.val_fraction) * static_cast<double>(count)));
-  const std::int64_t window = study.model.transformer.seq_len + 1;
+  const std::int64_t window = study.model.transformer().seq_len + 1;
   if (train < window || count - train < window)
     add("data.path", node,
         quoted + " is too short: its " + std::to_string(count) + " tokens split into train " + std::to_string(train) +
@@ -950,15 +977,17 @@ void Validator::check_data_file(Study& study) {
 }
 
 void Validator::check_combinations(Study& study) {
-  const auto& t = study.model.transformer;
   const auto& d = study.data;
-  const bool is_transformer = study.model.type == "transformer";
-  if (is_transformer && ok({"model.width", "model.heads"}) && t.width % t.heads != 0)
+  const bool is_transformer = study.model.kind() == ModelKind::transformer;
+  if (is_transformer && ok({"model.width", "model.heads"}) &&
+      study.model.transformer().width % study.model.transformer().heads != 0) {
+    const auto& t = study.model.transformer();
     add("model.heads", lookup("model.heads"),
         "model.width = " + std::to_string(t.width) + " is not divisible by " + std::to_string(t.heads) + " heads",
         "a divisor of model.width", {"model.width"});
-  if (!is_transformer && ok({"model.outputs", "model.head"}) && study.model.mlp.head == MlpHead::classification &&
-      study.model.mlp.outputs < 2)
+  }
+  if (study.model.kind() == ModelKind::mlp && ok({"model.outputs", "model.head"}) &&
+      study.model.mlp().head == MlpHead::classification && study.model.mlp().outputs < 2)
     add("model.outputs", lookup("model.outputs"), "a classification head needs at least 2 classes",
         "an integer >= 2 when model.head = \"classification\"", {"model.head"});
   if (ok({"train.batch", "train.grad_accum"}) && study.train.batch % study.train.grad_accum != 0)
@@ -975,11 +1004,11 @@ void Validator::check_combinations(Study& study) {
   if ((d.kind == "text" || d.kind == "tokens") && ok({"data.path"})) check_data_file(study);
   if (!ok({"model.type"})) return;
   // ResNets read images (data/images.h), every other model reads no image data.
-  const bool is_resnet = study.model.type == "resnet";
+  const bool is_resnet = study.model.kind() == ModelKind::resnet;
   const bool image_kind = d.kind == "images" || d.kind == "idx" || d.kind == "cifar10";
   if (is_resnet && ok({"model.depth", "model.block"})) {
-    const int per_block = study.model.resnet.block == ResnetBlock::basic ? 6 : 9;
-    const int depth = study.model.resnet.depth;
+    const int per_block = study.model.resnet().block == ResnetBlock::basic ? 6 : 9;
+    const int depth = study.model.resnet().depth;
     if (depth < per_block + 2 || (depth - 2) % per_block != 0)
       add("model.depth", lookup("model.depth"),
           std::to_string(depth) + " is not " + std::to_string(per_block) + "n + 2 for " +
@@ -994,7 +1023,7 @@ void Validator::check_combinations(Study& study) {
           toml_string(d.kind) +
               (image_kind ? " makes images, which only a resnet reads" : " does not make images, which a resnet reads"),
           is_resnet ? "\"images\", \"idx\" or \"cifar10\" for model.type = \"resnet\""
-                    : "a data kind of model.type = " + toml_string(study.model.type),
+                    : "a data kind of model.type = " + toml_string(model_kind_name(study.model.kind())),
           {"model.type"});
       return;
     }
@@ -1024,13 +1053,16 @@ void Validator::check_combinations(Study& study) {
         {"model.type"});
     return;
   }
-  if (d.kind == "text" && ok({"model.vocab"}) && t.vocab < 256)
+  if (d.kind == "text" && ok({"model.vocab"}) && study.model.transformer().vocab < 256)
     add("model.vocab", lookup("model.vocab"),
-        std::to_string(t.vocab) + " is too small for data.kind = \"text\" (byte-level tokens 0..255)",
+        std::to_string(study.model.transformer().vocab) +
+            " is too small for data.kind = \"text\" (byte-level tokens 0..255)",
         "an integer >= 256 with text data", {"data.kind"});
-  if (d.kind == "markov" && ok({"model.vocab", "data.markov_successors"}) && d.markov_successors > t.vocab)
+  if (d.kind == "markov" && ok({"model.vocab", "data.markov_successors"}) &&
+      d.markov_successors > study.model.transformer().vocab)
     add("data.markov_successors", lookup("data.markov_successors"),
-        std::to_string(d.markov_successors) + " exceeds model.vocab = " + std::to_string(t.vocab),
+        std::to_string(d.markov_successors) +
+            " exceeds model.vocab = " + std::to_string(study.model.transformer().vocab),
         "an integer in 1..model.vocab", {"model.vocab"});
 }
 
@@ -1039,7 +1071,9 @@ bool Validator::validate(const toml::table& root, Study& study) {
   for (const TableSpec& spec : schema_) {
     // The data kind's default follows the model: token data for transformers, vectors for MLPs.
     if (spec.name == "data")
-      study.data.kind = study.model.type == "mlp" ? "gaussian" : study.model.type == "resnet" ? "images" : "markov";
+      study.data.kind = study.model.kind() == ModelKind::mlp      ? "gaussian"
+                        : study.model.kind() == ModelKind::resnet ? "images"
+                                                                  : "markov";
     read_table(spec, spec.name.empty() ? &root : root.get(spec.name), study);
     if (spec.name == "model") read_scaling(root.get("scaling"), study);
   }
@@ -1052,8 +1086,7 @@ bool Validator::validate(const toml::table& root, Study& study) {
   if (problems_.empty()) {
     // The rule may reject a model it cannot scale (e.g. a norm placement it fixes).
     try {
-      make_rule(study.scaling,
-                ModelShape{study.model.type, study.model.transformer, study.model.mlp, study.model.resnet});
+      make_rule(study.scaling, study.model);
     } catch (const UserError& error) {
       const std::string message = error.what();
       const std::string body =
@@ -1065,7 +1098,7 @@ bool Validator::validate(const toml::table& root, Study& study) {
   return problems_.empty();
 }
 
-std::string Validator::resolved_toml(const Study& study) const {
+std::string Validator::config_toml(const Study& study) const {
   std::ostringstream out;
   out << "# proplab study, resolved: every default filled in\n";
   const auto write_fields = [&](const TableSpec& spec) {
@@ -1113,7 +1146,7 @@ Study run_validation(const std::string& toml_text, const std::string& source_nam
   Study study;
   study.source_path = source_name;
   if (!validator.validate(root, study)) throw UserError(validator.report());
-  study.resolved_toml = validator.resolved_toml(study);
+  study.config_toml = validator.config_toml(study);
   return study;
 }
 

@@ -10,27 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "data/config.h"
-#include "models/config.h"
-#include "scaling/config.h"
-#include "train/config.h"
+#include "train/trainer.h"
 
 namespace proplab {
 
-struct Study {
-  std::string name;
-  std::uint64_t seed = 0;
-  ModelConfig model;
-  ScalingConfig scaling;
-  TrainConfig train;
-  DataConfig data;
-  RecordConfig record;
-  ParallelConfig parallel;
-  DeviceConfig device;
-  TheoryConfig theory;
-  bool has_sweep = false;     // a [sweep] table is present (proplab run refuses it)
-  std::string source_path;    // the study file as given
-  std::string resolved_toml;  // the whole study, defaults filled in, as TOML text (stored in run files)
+// A study is the RunSpec it describes (config_toml: the whole study, defaults filled in, as TOML text, stored in
+// run files) and where it came from.
+struct Study : RunSpec {
+  bool has_sweep = false;   // a [sweep] table is present (proplab run refuses it)
+  std::string source_path;  // the study file as given
 };
 
 // Loads, applies overrides ("model.layers=8", "train.lr=1e-3", "scaling.rule=\"xavier\""), validates.

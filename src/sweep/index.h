@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "io/csv.h"
 #include "sweep/sweep.h"
 
 namespace proplab {
@@ -51,10 +52,6 @@ RunFileState read_run_state(const std::filesystem::path& run_file);
 
 // The shortest text that reads back as exactly `value` ("nan", "inf" for non-finite values).
 std::string exact_text(double value);
-
-// RFC 4180: one record's fields, and a whole file's records (the first is the header).
-std::string csv_line(const std::vector<std::string>& fields);
-std::vector<std::vector<std::string>> parse_csv(const std::string& text);
 
 // The index as text for `plan`, rows looked up by run name (a point without a row is pending).
 std::string index_csv(const SweepPlan& plan, const std::map<std::string, IndexRow>& rows);

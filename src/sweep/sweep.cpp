@@ -273,7 +273,7 @@ void SweepReader::read_axes(const toml::table& sweep) {
 
 std::string SweepReader::validate(const std::string& text, const std::vector<std::string>& overrides) {
   try {
-    return parse_study(text, source_, base_dir_, overrides).resolved_toml;
+    return parse_study(text, source_, base_dir_, overrides).config_toml;
   } catch (const UserError& error) {
     std::istringstream lines(error.what());
     for (std::string line; std::getline(lines, line);) {
@@ -413,7 +413,7 @@ SweepPlan SweepReader::read(const std::string& text) {
       // The point without [sweep] (written last in the resolved text), checked again as `proplab run` will.
       const auto sweep_at = resolved.find("\n[sweep");
       PROPLAB_CHECK(sweep_at != std::string::npos, "the resolved study of a sweep point holds its [sweep] table");
-      point.study_toml = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_).resolved_toml;
+      point.study_toml = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_).config_toml;
     }
     plan.points.push_back(std::move(point));
   }

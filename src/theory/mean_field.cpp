@@ -186,7 +186,7 @@ double MeanField::chi1_at_fixed_point(double q_init) const {
     case Activation::tanh:
       break;
   }
-  PROPLAB_CHECK(false, "MeanField: q diverged for bounded activation ", activation_name(phi_));
+  PROPLAB_CHECK(false, "MeanField: q diverged for bounded activation ", activation_identifier(phi_));
   return 0.0;
 }
 
@@ -233,7 +233,7 @@ CriticalPoint critical_point(Activation phi, double bias_var, int quadrature_poi
       lo = hi;
       hi *= 2.0;
       PROPLAB_CHECK(hi < kQMax, "critical_point: no critical fixed point below q = ", kQMax, " for ",
-                    activation_name(phi), ", σ_b² = ", bias_var);
+                    activation_identifier(phi), ", σ_b² = ", bias_var);
     }
     for (int iter = 0; iter < 200 && hi - lo > kFixedPointTolerance * hi; ++iter) {
       const double mid = 0.5 * (lo + hi);

@@ -17,11 +17,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double clamp_unit(double r) { return std::clamp(r, -1.0, 1.0); }
 
-Activation to_theory(ops::Activation activation) {
-  // theory::Activation lists the same functions in the same order as ops::Activation.
-  return static_cast<Activation>(static_cast<int>(activation));
-}
-
 class Builder {
  public:
   int add(const std::string& name, const char* kind, int block) {
@@ -223,7 +218,7 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
   } else {
     s.hidden = linear_forward(branch_in, d, bn.ffn_in_std * bn.ffn_in_std, bn.ffn_in_bias_std * bn.ffn_in_bias_std);
     add(p.hidden, prefix + ".preact", "preact", &s.hidden);
-    const TokenField mixed = activation_forward(to_theory(c.activation), s.hidden, rule);
+    const TokenField mixed = activation_forward(c.activation, s.hidden, rule);
     add(p.mixed, prefix + ".postact", "postact", &mixed);
     branch = linear_forward(mixed, f, bn.ffn_out_std * bn.ffn_out_std, bn.ffn_out_bias_std * bn.ffn_out_bias_std);
   }
@@ -273,7 +268,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   } else {
     const TokenGrad d_mixed = linear_backward(d_branch, d, bn.ffn_out_std * bn.ffn_out_std);
     b.set_backward(p.mixed, d_mixed.signal());
-    const TokenGrad d_hidden = activation_backward(to_theory(c.activation), s.hidden, d_mixed, rule);
+    const TokenGrad d_hidden = activation_backward(c.activation, s.hidden, d_mixed, rule);
     b.set_backward(p.hidden, d_hidden.signal());
     d_branch_in = linear_backward(d_hidden, f, bn.ffn_in_std * bn.ffn_in_std);
   }
@@ -442,7 +437,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
               "r_0 "
            << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
            << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
-           << "_forward per token pair; activation_forward(" << activation_name(to_theory(c.activation))
+           << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
            << ") per token pair; causal attention (log-normal softmax weights per query, E[Σw²] = e^D/(e^D+n-1), "
               "shared-key products for query pairs); dropout_forward; residual_forward; tied head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
@@ -457,7 +452,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
   const MlpConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.layers.size()) == c.layers, "predict_mlp: ", numbers.layers.size(),
                 " layer descriptions for ", c.layers, " layers");
-  const Activation phi = to_theory(c.activation);
+  const Activation phi = c.activation;
   const GaussHermite rule(64);
   Builder b;
   const char* no_corr = "corr: one token per sample (the token correlation is not defined)";
@@ -556,7 +551,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
     b.prediction.mean_field = summary;
   }
   b.prediction.formulae =
-      "forward: linear_forward (q map), activation_forward(" + std::string(activation_name(phi)) + ")" +
+      "forward: linear_forward (q map), activation_forward(" + std::string(activation_identifier(phi)) + ")" +
       (c.residual ? ", residual_forward" : "") +
       "; backward: " + (c.head == MlpHead::classification ? "softmax cross-entropy" : "mean squared error") +
       " gradient, linear/activation" + (c.residual ? "/residual" : "") +

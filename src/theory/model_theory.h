@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "theory/mean_field.h"
 #include "theory/moments.h"
 

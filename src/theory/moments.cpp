@@ -93,7 +93,7 @@ double gelu_tanh_grad(double x) {
 
 }  // namespace
 
-const char* activation_name(Activation kind) {
+const char* activation_identifier(Activation kind) {
   switch (kind) {
     case Activation::identity:
       return "identity";

@@ -25,6 +25,8 @@
 #include <functional>
 #include <vector>
 
+#include "spec/model.h"
+
 namespace proplab::theory {
 
 // Forward statistics of a representation: per-element mean μ, variance σ², token correlation r.
@@ -40,10 +42,11 @@ struct GradSignal {
   double corr = 0.0;
 };
 
-// The pointwise nonlinearities (the same set and order as ops::Activation). gelu_tanh is GPT-2's tanh
-// approximation; its moment maps use the exact (erf) GELU formulas (see docs/theory.md for the error).
-enum class Activation { identity, relu, tanh, gelu_tanh, gelu_erf };
-const char* activation_name(Activation kind);
+// The pointwise nonlinearities (spec/model.h). gelu_tanh is GPT-2's tanh approximation; its moment maps use the
+// exact (erf) GELU formulas (see docs/theory.md for the error).
+using ::proplab::Activation;
+// The enumerator's own name ("identity", "gelu_tanh", ...), as derivations print it.
+const char* activation_identifier(Activation kind);
 // φ(x) and φ'(x) in double precision (gelu_tanh evaluates the tanh approximation itself).
 double activation_value(Activation kind, double x);
 double activation_derivative(Activation kind, double x);

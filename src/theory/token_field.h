@@ -33,7 +33,7 @@
 #include <memory>
 #include <vector>
 
-#include "models/config.h"
+#include "spec/model.h"
 #include "theory/moments.h"
 
 namespace proplab::theory {

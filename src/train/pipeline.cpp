@@ -33,13 +33,13 @@ void check_pipeline_layout(const RunSpec& spec, const dist::Communicator* stages
     return;
   }
   const std::string pp = "parallel.pp = " + text(p.pp);
-  if (spec.model.type != "transformer")
+  if (spec.model.kind() != ModelKind::transformer)
     throw UserError(pp +
                     ": pipeline parallelism is built for the transformer only; allowed: pp = 1 for model.type = \"" +
-                    spec.model.type + "\"");
-  if (p.pp > spec.model.transformer.layers)
+                    std::string(model_kind_name(spec.model.kind())) + "\"");
+  if (p.pp > spec.model.transformer().layers)
     throw UserError(pp + " needs at least " + text(p.pp) + " transformer blocks, but model.layers = " +
-                    text(spec.model.transformer.layers) + "; allowed: pp <= model.layers");
+                    text(spec.model.transformer().layers) + "; allowed: pp <= model.layers");
   const int accum = spec.train.grad_accum;
   if (p.microbatches % accum != 0)
     throw UserError("parallel.microbatches = " + text(p.microbatches) +
@@ -82,14 +82,14 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
       grad_accum_(spec.train.grad_accum),
       chunks_per_micro_(spec.parallel.microbatches / spec.train.grad_accum),
       replicas_(data ? data->size() : 1),
-      tied_(spec.model.transformer.tie_embeddings) {
-  bounds_ = pipeline_stage_blocks(spec.model.transformer, stage_count_);
+      tied_(spec.model.transformer().tie_embeddings) {
+  bounds_ = pipeline_stage_blocks(spec.model.transformer(), stage_count_);
   first_block_ = bounds_[static_cast<std::size_t>(stage_)];
   last_block_ = bounds_[static_cast<std::size_t>(stage_) + 1];
   slots_ = dist::pipeline_slots(stage_count_, stage_, microbatches_);
   model_.set_stage(first_block_, last_block_, slots_);
   chunk_rows_ = spec.train.batch / grad_accum_ / replicas_ / chunks_per_micro_;
-  const std::int64_t t = spec.model.transformer.seq_len, d = spec.model.transformer.width;
+  const std::int64_t t = spec.model.transformer().seq_len, d = spec.model.transformer().width;
   for (int c = 0; c < microbatches_; ++c)
     chunks_.push_back({Tensor::empty({chunk_rows_, t}, DType::i32), Tensor::empty({chunk_rows_, t}, DType::i32)});
   for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}));

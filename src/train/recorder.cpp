@@ -58,9 +58,11 @@ Recorder::Recorder(const RecordConfig& config, const std::vector<ProbeInfo>& pro
   } else {
     for (const std::string& name : config.params) {
       auto it = std::find(names.begin(), names.end(), name);
-      if (it == names.end())
-        throw UserError("record.params: unknown statistic \"" + name +
-                        "\"; allowed: weight_rms, grad_rms, update_ratio");
+      if (it == names.end()) {
+        std::string allowed;
+        for (const std::string& known : names) allowed += (allowed.empty() ? "" : ", ") + known;
+        throw UserError("record.params: unknown statistic \"" + name + "\"; allowed: " + allowed);
+      }
       param_stats_.push_back(static_cast<ParamStat>(it - names.begin()));
     }
   }

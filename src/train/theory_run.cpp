@@ -18,7 +18,7 @@ namespace {
 // The token correlation of the embedding output (before dropout) on the first training batch: the same tables
 // the model initialises (counter-based RNG keyed by the parameter names) and the same `corr` as the recorder.
 double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
-  const TransformerConfig& m = spec.model.transformer;
+  const TransformerConfig& m = spec.model.transformer();
   const std::int64_t micro = spec.train.batch / spec.train.grad_accum;
   auto data = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
   Tensor inputs = Tensor::empty({micro, m.seq_len}, DType::i32),
@@ -39,11 +39,10 @@ double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
 
 // A ResNet's predictions: the rule's variance bookkeeping (scaling/resnet_theory.h) for the stem, every block's
 // stream in, branch and stream out; token correlations, the logits and all gradients have no prediction.
-theory::ProbePrediction predict_resnet(const RunSpec& spec) {
-  const ResnetConfig& config = spec.model.resnet;
-  std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
+theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& rule) {
+  const ResnetConfig& config = spec.model.resnet();
   // Every image kind gives pixels of variance 1 per channel (synthetic N(0, 1); files normalised per channel).
-  const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, *rule, 1.0);
+  const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, rule, 1.0);
   const double nan = std::nan("");
   theory::ProbePrediction prediction;
   prediction.formulae = bookkeeping.formulae;
@@ -76,23 +75,25 @@ theory::ProbePrediction predict_resnet(const RunSpec& spec) {
 }  // namespace
 
 theory::ProbePrediction predict_for_run(const RunSpec& spec) {
-  if (spec.model.type == "resnet") return predict_resnet(spec);
+  return predict_for_run(spec, *make_model_rule(spec.model, spec.scaling, spec.seed));
+}
+
+theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& rule) {
+  if (spec.model.kind() == ModelKind::resnet) return predict_resnet(spec, rule);
   theory::TheoryInputs inputs;
   inputs.sequences = spec.train.batch / spec.train.grad_accum;
   inputs.grad_scale = 1.0 / spec.train.grad_accum;
-  if (spec.model.type == "transformer") {
-    const TransformerConfig& m = spec.model.transformer;
-    std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
+  if (spec.model.kind() == ModelKind::transformer) {
+    const TransformerConfig& m = spec.model.transformer();
     inputs.tokens = m.seq_len;
-    inputs.input_corr = spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, *rule);
-    return theory::predict_transformer(transformer_numbers(*rule, m), inputs);
+    inputs.input_corr = spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, rule);
+    return theory::predict_transformer(transformer_numbers(rule, m), inputs);
   }
-  std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
   // Gaussian data: x ~ N(0, I); regression targets y = W x (+ noise) with W entries N(0, 1/input_dim).
   inputs.input_mean = 0.0;
   inputs.input_var = 1.0;
   inputs.target_second_moment = 1.0 + spec.data.gaussian_noise * spec.data.gaussian_noise;
-  return theory::predict_mlp(mlp_numbers(*rule, spec.model.mlp), inputs);
+  return theory::predict_mlp(mlp_numbers(rule, spec.model.mlp()), inputs);
 }
 
 void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction) {

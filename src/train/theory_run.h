@@ -4,6 +4,7 @@
 #pragma once
 
 #include "io/run_file.h"
+#include "scaling/rule.h"
 #include "theory/model_theory.h"
 #include "train/trainer.h"
 
@@ -14,6 +15,8 @@ namespace proplab {
 // whose rule is built by make_model_rule like the model's, one forward pass of the model included, so the
 // predictions use the model's own residual weights. UserError for data problems (as run_training).
 theory::ProbePrediction predict_for_run(const RunSpec& spec);
+// The same with the run's rule (make_model_rule), as run_training builds it once for the model and the theory.
+theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& rule);
 
 // Writes /theory/forward/{var,mean,corr} and /theory/backward/var [n_probes] with the attributes `formulae` and
 // `no_prediction` (call between RunWriter::create and start).

@@ -13,6 +13,7 @@
 #include "io/run_lock.h"
 #include "io/run_reader.h"
 #include "models/model.h"
+#include "models/profile.h"
 #include "models/tensor_parallel.h"
 #include "ops/ops.h"
 #include "train/data_parallel.h"
@@ -32,21 +33,21 @@ namespace {
 class RunData {
  public:
   RunData(const RunSpec& spec, std::int64_t micro_batch) {
-    if (spec.model.type == "transformer") {
-      const TransformerConfig& m = spec.model.transformer;
+    if (spec.model.kind() == ModelKind::transformer) {
+      const TransformerConfig& m = spec.model.transformer();
       tokens_ = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
       if (tokens_->vocab() > m.vocab)
         throw UserError("data: the data uses " + std::to_string(tokens_->vocab()) + " token ids but model.vocab is " +
                         std::to_string(m.vocab) + "; allowed: model.vocab >= " + std::to_string(tokens_->vocab()));
       batch_.inputs = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
       batch_.targets = Tensor::empty({micro_batch, m.seq_len}, DType::i32);
-    } else if (spec.model.type == "resnet") {
-      const ResnetConfig& m = spec.model.resnet;
+    } else if (spec.model.kind() == ModelKind::resnet) {
+      const ResnetConfig& m = spec.model.resnet();
       images_ = make_image_dataset(spec.data, m.in_channels, m.image_size, m.classes, spec.seed);
       batch_.inputs = Tensor::empty({micro_batch, m.in_channels, m.image_size, m.image_size});
       batch_.targets = Tensor::empty({micro_batch}, DType::i32);
     } else {
-      const MlpConfig& m = spec.model.mlp;
+      const MlpConfig& m = spec.model.mlp();
       const bool classification = m.head == MlpHead::classification;
       vectors_ = make_vector_dataset(spec.data, m.input_dim, m.outputs, classification, spec.seed);
       batch_.inputs = Tensor::empty({micro_batch, m.input_dim});
@@ -279,12 +280,13 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
     return Batch{batch.inputs.slice(0, first_row, local_rows), batch.targets.slice(0, first_row, local_rows)};
   };
   RunData data(spec, micro);
-  // What theory predicts for every probe at initialisation, stored beside the measurements by rank 0 (the only
-  // writer). Predicted before the model is built: a rule with a profiling pass (admin) builds a temporary model of
-  // its own for it.
+  // The run's scaling rule, built once for the model and for what theory predicts for every probe at
+  // initialisation (stored beside the measurements by rank 0, the only writer). A rule with a profiling pass
+  // (Admin) profiles a temporary model of its own, once.
+  const std::unique_ptr<ScalingRule> rule = make_model_rule(spec.model, spec.scaling, spec.seed);
   theory::ProbePrediction prediction;
-  if (root) prediction = predict_for_run(spec);
-  std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed, tensor);
+  if (root) prediction = predict_for_run(spec, *rule);
+  std::unique_ptr<Model> model = make_model(spec.model, *rule, spec.seed, tensor);
   std::optional<PipelineStage> stage;  // pipeline parallel: this rank's stage of the model
   if (spec.parallel.pp > 1) stage.emplace(spec, *model, *options.pipeline, group, tensor);
   PipelineStage* pipeline = stage ? &*stage : nullptr;

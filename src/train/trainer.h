@@ -16,7 +16,7 @@
 
 #include "data/config.h"
 #include "io/run_file.h"
-#include "models/config.h"
+#include "spec/model.h"
 #include "scaling/config.h"
 #include "dist/communicator.h"
 #include "train/config.h"

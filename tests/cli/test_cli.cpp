@@ -254,7 +254,7 @@ TEST_F(CliTest, TinyRunCompletesAndWritesTheRunFile) {
   for (double loss : eval.loss) EXPECT_TRUE(std::isfinite(loss));
 
   const std::string config = reader.attribute_string("config");
-  EXPECT_EQ(config, load_study(study.string()).resolved_toml);
+  EXPECT_EQ(config, load_study(study.string()).config_toml);
   EXPECT_NE(config.find("layers = 1"), std::string::npos) << config;
   EXPECT_NE(config.find("width = 16"), std::string::npos) << config;
 }

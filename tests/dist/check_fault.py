@@ -50,8 +50,9 @@ TIMEOUT_S = 3.0
 MARGIN_S = 20.0
 
 
-def rank_pids(launcher_pid):
-    """The proplab processes under the launcher, by their Open MPI world rank."""
+def rank_pids(study):
+    """The proplab processes running `study` (its full path: the stalled- and exited-rank checks may run at the same
+    time, each with its own folder), by their Open MPI world rank."""
     ranks = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -63,7 +64,7 @@ def rank_pids(launcher_pid):
                 cmdline = f.read()
         except OSError:
             continue
-        if b"OMPI_COMM_WORLD_RANK" in env and b"proplab" in cmdline and b"fault.toml" in cmdline:
+        if b"OMPI_COMM_WORLD_RANK" in env and b"proplab" in cmdline and study.encode() in cmdline:
             ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
     return ranks
 
@@ -84,7 +85,7 @@ def main():
     ranks = {}
     while time.time() < deadline and (len(ranks) < 2 or not os.path.exists(run_file)):
         time.sleep(0.2)
-        ranks = rank_pids(job.pid)
+        ranks = rank_pids(study)
     if len(ranks) < 2 or not os.path.exists(run_file):
         job.kill()
         sys.exit("the job did not start: ranks %s, run file %s\n%s" % (ranks, os.path.exists(run_file),

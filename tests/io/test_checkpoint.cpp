@@ -82,6 +82,10 @@ TEST(Checkpoint, RoundTripIsBitwise) {
   ScratchDirectory dir;
   const auto path = dir / "ckpt" / "step_1200.h5";
   const Checkpoint written = sample_checkpoint();
+  // The folder must exist: a missing one is an I/O failure (a run whose folder vanished must notice).
+  EXPECT_THROW(save_checkpoint(path, written), IoError);
+  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt"));
+  std::filesystem::create_directories(dir / "ckpt");
   save_checkpoint(path, written);
   EXPECT_TRUE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path.string() + ".tmp"));

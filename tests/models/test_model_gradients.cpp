@@ -62,7 +62,7 @@ TEST(TransformerGradientVariants, RmsNormGeluErfDropoutAndAccumulation) {
   config.vocab = 9;
   config.seq_len = 4;
   config.norm_kind = NormKind::rmsnorm;
-  config.activation = ops::Activation::gelu_erf;
+  config.activation = Activation::gelu_erf;
   config.dropout = 0.2f;
   ScalingConfig scaling;
   scaling.params = {{"std", 0.3}};
@@ -90,7 +90,7 @@ TEST(TransformerGradientVariants, RmsNormGeluErfDropoutAndAccumulation) {
   for (std::size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(twice[i], 2 * once[i], 1e-4 * std::fabs(once[i]) + 1e-9);
 }
 
-class MlpGradient : public ::testing::TestWithParam<std::tuple<bool, ops::Activation, bool>> {};
+class MlpGradient : public ::testing::TestWithParam<std::tuple<bool, Activation, bool>> {};
 
 TEST_P(MlpGradient, MatchesFiniteDifferences) {
   const auto [residual, activation, classification] = GetParam();
@@ -131,8 +131,8 @@ TEST_P(MlpGradient, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Forms, MlpGradient,
                          ::testing::Combine(::testing::Bool(),
-                                            ::testing::Values(ops::Activation::tanh, ops::Activation::relu,
-                                                              ops::Activation::gelu_tanh, ops::Activation::identity),
+                                            ::testing::Values(Activation::tanh, Activation::relu, Activation::gelu_tanh,
+                                                              Activation::identity),
                                             ::testing::Bool()));
 
 TEST(ModelInit, IndependentOfThreadsAndIdenticalForTheSameSeed) {

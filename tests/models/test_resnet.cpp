@@ -81,7 +81,7 @@ TEST_P(ResnetGradient, MatchesFiniteDifferences) {
   // A smooth activation: with ReLU, perturbing one weight moves hundreds of units across the kink (each too small
   // for the checker to flag, together well above its tolerance). ReLU's backward is checked op by op.
   ResnetConfig config = small_config(preact, norm, block);
-  config.activation = ops::Activation::gelu_erf;
+  config.activation = Activation::gelu_erf;
   Resnet model(config, scaling, 11);
   perturb_zero_parameters(model);
   const Batch batch = image_batch(3, 2, 6, 3, 5);
@@ -371,11 +371,11 @@ TEST(Resnet, ConfigAndRuleChecks) {
   ScalingConfig fixup;
   fixup.rule = "fixup";
   EXPECT_THROW(Resnet(config, fixup, 1), UserError);  // fixup needs norm = none
-  ModelShape transformer;
-  transformer.type = "transformer";
+  ModelConfig transformer;
+  transformer.set_kind(ModelKind::transformer);
   EXPECT_THROW(make_rule(fixup, transformer), UserError);
   EXPECT_THROW(make_rule(nf, transformer), UserError);
-  EXPECT_NEAR(resnet_util::activation_gain(ops::Activation::relu), std::sqrt(2.0 / (1.0 - 1.0 / M_PI)), 1e-6);
+  EXPECT_NEAR(resnet_util::activation_gain(Activation::relu), std::sqrt(2.0 / (1.0 - 1.0 / M_PI)), 1e-6);
 }
 
 }  // namespace

@@ -13,7 +13,6 @@
 namespace proplab {
 namespace {
 
-using ops::Activation;
 using testing::check_gradient;
 using testing::project;
 using testing::projection_weights;

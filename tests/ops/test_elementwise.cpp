@@ -99,7 +99,7 @@ TEST(Dispatch, MixedDevicesAreAnErrorNamingTheOp) {
   Tensor x = Tensor::zeros({4, 8}, DType::f32, Device::cuda);
   Tensor y = Tensor::zeros({4, 8});
   try {
-    ops::activation_forward(ops::Activation::gelu_erf, x, y);
+    ops::activation_forward(Activation::gelu_erf, x, y);
     FAIL() << "tensors on different devices must be rejected";
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("activation_forward"), std::string::npos) << e.what();

@@ -15,7 +15,7 @@
 #include "support/png_lines.h"
 #include "gui/plot/plot_math.h"
 #include "io/run_reader.h"
-#include "sweep/index.h"
+#include "io/csv.h"
 
 namespace proplab::cli_test {
 namespace {

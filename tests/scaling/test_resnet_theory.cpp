@@ -44,9 +44,7 @@ ResnetBookkeeping bookkeeping(const ResnetConfig& config, const std::string& rul
   ScalingConfig scaling;
   scaling.rule = rule_name;
   scaling.params = std::move(params);
-  ModelShape shape;
-  shape.type = "resnet";
-  shape.resnet = config;
+  const ModelConfig shape(config);
   return resnet_bookkeeping(config, *make_rule(scaling, shape));
 }
 

@@ -34,12 +34,12 @@ using Params = std::map<std::string, double>;
 
 ModelConfig post_ln(int layers, int width, int seq_len = 16) {
   ModelConfig config;
-  config.transformer.layers = layers;
-  config.transformer.width = width;
-  config.transformer.heads = 4;
-  config.transformer.vocab = 64;
-  config.transformer.seq_len = seq_len;
-  config.transformer.norm = NormPlacement::post;
+  config.transformer().layers = layers;
+  config.transformer().width = width;
+  config.transformer().heads = 4;
+  config.transformer().vocab = 64;
+  config.transformer().seq_len = seq_len;
+  config.transformer().norm = NormPlacement::post;
   return config;
 }
 
@@ -48,14 +48,6 @@ ScalingConfig admin(const Params& params = {}) {
   scaling.rule = "admin";
   scaling.params = params;
   return scaling;
-}
-
-ModelShape shape_of(const ModelConfig& config) {
-  ModelShape shape;
-  shape.type = config.type;
-  shape.transformer = config.transformer;
-  shape.mlp = config.mlp;
-  return shape;
 }
 
 std::string error_of(const std::function<void()>& action) {
@@ -95,26 +87,26 @@ Batch profile_batch(const TransformerConfig& config, std::uint64_t seed, int seq
 TEST(AdminRule, RejectsPreAndNoNormAndMlps) {
   ASSERT_NE(find_rule("admin"), nullptr);
   ModelConfig config = post_ln(2, 32);
-  config.transformer.norm = NormPlacement::pre;
-  const std::string pre = error_of([&] { make_rule(admin(), shape_of(config)); });
+  config.transformer().norm = NormPlacement::pre;
+  const std::string pre = error_of([&] { make_rule(admin(), config); });
   EXPECT_TRUE(contains(pre,
                        "model.norm = \"pre\" conflicts with scaling rule \"admin\", which requires "
                        "model.norm = \"post\""))
       << pre;
   EXPECT_TRUE(contains(pre, "; allowed: model.norm = \"post\"")) << pre;
-  config.transformer.norm = NormPlacement::none;
-  EXPECT_TRUE(contains(error_of([&] { make_rule(admin(), shape_of(config)); }), "model.norm = \"none\" conflicts"));
+  config.transformer().norm = NormPlacement::none;
+  EXPECT_TRUE(contains(error_of([&] { make_rule(admin(), config); }), "model.norm = \"none\" conflicts"));
   ModelConfig mlp;
-  mlp.type = "mlp";
-  mlp.mlp.residual = true;
-  EXPECT_TRUE(contains(error_of([&] { make_rule(admin(), shape_of(mlp)); }),
+  mlp.set_kind(ModelKind::mlp);
+  mlp.mlp().residual = true;
+  EXPECT_TRUE(contains(error_of([&] { make_rule(admin(), mlp); }),
                        "model.type = \"mlp\": scaling rule \"admin\" is defined for Post-LN transformers only"));
   EXPECT_TRUE(contains(error_of([&] {
-                         make_rule(admin({{"profile_sequences", 2.5}}), shape_of(post_ln(2, 32)));
+                         make_rule(admin({{"profile_sequences", 2.5}}), (post_ln(2, 32)));
                        }),
                        "scaling.profile_sequences: 2.5 is not a whole number"));
   EXPECT_TRUE(contains(error_of([&] {
-                         make_rule(admin({{"profile_sequences", 0}}), shape_of(post_ln(2, 32)));
+                         make_rule(admin({{"profile_sequences", 0}}), (post_ln(2, 32)));
                        }),
                        "scaling.profile_sequences: 0 is out of range"));
 }
@@ -123,7 +115,7 @@ TEST(AdminRule, XavierInitAndAProfileRequestForTwoDepthsAndWidths) {
   for (int layers : {2, 12}) {
     for (int d : {32, 128}) {
       SCOPED_TRACE("layers " + std::to_string(layers) + ", width " + std::to_string(d));
-      const auto rule = make_rule(admin({{"profile_sequences", 3}}), shape_of(post_ln(layers, d)));
+      const auto rule = make_rule(admin({{"profile_sequences", 3}}), (post_ln(layers, d)));
       auto std_of = [&](ParamRole role, std::int64_t fan_in, std::int64_t fan_out) {
         return rule->init(ParamInfo{role, fan_in, fan_out, 0, ""}).std;
       };
@@ -144,13 +136,13 @@ TEST(AdminRule, XavierInitAndAProfileRequestForTwoDepthsAndWidths) {
       EXPECT_THROW(rule->residual(0, Branch::attention), InternalError);
     }
   }
-  EXPECT_EQ(make_rule(admin(), shape_of(post_ln(2, 32)))->profile_request()->sequences, 8);  // the default
+  EXPECT_EQ(make_rule(admin(), (post_ln(2, 32)))->profile_request()->sequences, 8);  // the default
 }
 
 TEST(AdminRule, OmegaFollowsTheFormulaFromAGivenProfile) {
   for (int layers : {2, 5}) {
     for (double learnable : {0.0, 1.0}) {
-      const auto rule = make_rule(admin({{"learnable", learnable}}), shape_of(post_ln(layers, 32)));
+      const auto rule = make_rule(admin({{"learnable", learnable}}), (post_ln(layers, 32)));
       RuleProfile profile;
       profile.embed_var = 0.37;
       for (int i = 0; i < 2 * layers; ++i) profile.branch_vars.push_back(0.1 + 0.05 * i * i);
@@ -195,7 +187,7 @@ TEST(AdminProfile, OmegaIsTheRootOfTheSummedBranchVariancesOfTheUnitModel) {
       context.seed = seed;
       context.training = false;
       context.sink = &sink;
-      unit_model->forward_backward(profile_batch(config.transformer, seed, 3), 0.0f, context);
+      unit_model->forward_backward(profile_batch(config.transformer(), seed, 3), 0.0f, context);
       double sum = population_var(sink.values.at("embed.out"));
       ASSERT_GT(sum, 0.0);
       for (int i = 0; i < 2 * layers; ++i) {
@@ -227,7 +219,7 @@ TEST(AdminProfile, SameSeedGivesBitwiseTheSameOmegaForAnyThreadCount) {
   EXPECT_NE(one, other);  // the profile depends on the seed
   // Dropout: the profiling pass runs in training mode with its own masks, and repeats exactly.
   ModelConfig dropped = config;
-  dropped.transformer.dropout = 0.1f;
+  dropped.transformer().dropout = 0.1f;
   const std::vector<double> with_dropout = omegas(*make_model_rule(dropped, admin(), 5), 4);
   EXPECT_EQ(with_dropout, omegas(*make_model_rule(dropped, admin(), 5), 4));
   EXPECT_NE(with_dropout, one);
@@ -243,7 +235,7 @@ TEST(AdminModel, ModelAndTheoryNumbersUseTheSameProfiledOmega) {
     const ScalingConfig scaling = admin({{"learnable", 1}});
     auto model = make_model(config, scaling, seed);
     const theory::TransformerNumbers numbers =
-        transformer_numbers(*make_model_rule(config, scaling, seed), config.transformer);
+        transformer_numbers(*make_model_rule(config, scaling, seed), config.transformer());
     for (int l = 0; l < 3; ++l) {
       const std::string block = "blocks." + std::to_string(l);
       Parameter* attn = model->params().find(block + ".attn.lambda");
@@ -262,7 +254,7 @@ TEST(AdminModel, ModelAndTheoryNumbersUseTheSameProfiledOmega) {
     auto model = make_model(config, scaling, seed);
     EXPECT_EQ(model->params().find("blocks.0.attn.lambda"), nullptr);
     const theory::TransformerNumbers numbers =
-        transformer_numbers(*make_model_rule(config, scaling, seed), config.transformer);
+        transformer_numbers(*make_model_rule(config, scaling, seed), config.transformer());
     CapturingSink sink(model->probes());
     StepContext context;
     context.sink = &sink;
@@ -293,14 +285,14 @@ class AdminGradient : public ::testing::TestWithParam<bool> {};
 TEST_P(AdminGradient, MatchesFiniteDifferences) {
   const bool learnable = GetParam();
   ModelConfig config;
-  config.transformer.layers = 2;
-  config.transformer.width = 8;
-  config.transformer.heads = 2;
-  config.transformer.ffn_mult = 2;
-  config.transformer.vocab = 11;
-  config.transformer.seq_len = 5;
-  config.transformer.norm = NormPlacement::post;
-  config.transformer.tie_embeddings = learnable;  // one untied head
+  config.transformer().layers = 2;
+  config.transformer().width = 8;
+  config.transformer().heads = 2;
+  config.transformer().ffn_mult = 2;
+  config.transformer().vocab = 11;
+  config.transformer().seq_len = 5;
+  config.transformer().norm = NormPlacement::post;
+  config.transformer().tie_embeddings = learnable;  // one untied head
   auto model = make_model(config, admin({{"learnable", learnable ? 1.0 : 0.0}, {"profile_sequences", 2}}), 7);
   EXPECT_EQ(model->params().find("blocks.1.ffn.lambda") != nullptr, learnable);
   const Batch batch = testing::token_batch(2, 5, 11, 3);

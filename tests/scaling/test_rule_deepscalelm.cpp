@@ -37,9 +37,7 @@ TransformerConfig transformer(int layers, int width, NormPlacement norm = NormPl
 }
 
 std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const Params& params = {}) {
-  ModelShape shape;
-  shape.type = "transformer";
-  shape.transformer = config;
+  const ModelConfig shape(config);
   ScalingConfig scaling;
   scaling.rule = "deepscalelm";
   scaling.params = params;
@@ -47,10 +45,10 @@ std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const Par
 }
 
 std::unique_ptr<ScalingRule> mlp_rule(int layers, bool residual, const Params& params = {}) {
-  ModelShape shape;
-  shape.type = "mlp";
-  shape.mlp.layers = layers;
-  shape.mlp.residual = residual;
+  ModelConfig shape;
+  shape.set_kind(ModelKind::mlp);
+  shape.mlp().layers = layers;
+  shape.mlp().residual = residual;
   ScalingConfig scaling;
   scaling.rule = "deepscalelm";
   scaling.params = params;
@@ -129,7 +127,7 @@ TEST(DeepScaleLmRule, InitStdsFollowTheFormulas) {
       // No norm: with r_0 = 1 every block's attention input keeps correlation 1 (a LayerNorm would lower it by
       // 1/d), so r_l = 1 exactly when there is no dropout.
       TransformerConfig config = transformer(4, d, NormPlacement::none);
-      config.activation = ops::Activation::relu;
+      config.activation = Activation::relu;
       config.dropout = static_cast<float>(p);
       const double keep = 1.0 - config.dropout;  // the model's float dropout, as the rule reads it
       // r_0 = 1 (every token the same): attention keeps the whole variance, r_l = 1 in every block.
@@ -160,7 +158,7 @@ TEST(DeepScaleLmRule, InitStdsFollowTheFormulas) {
   }
   // GELU: f·s·E[gelu(z)²] = 1 with z ~ N(0, d·s), checked by an independent integral.
   TransformerConfig gelu = transformer(2, 128);
-  gelu.activation = ops::Activation::gelu_erf;
+  gelu.activation = Activation::gelu_erf;
   const auto rule = rule_for(gelu);
   const double s = std::pow(init_of(*rule, ParamRole::ffn_in, 128, 512, 0).std, 2);
   EXPECT_NEAR(512.0 * s * gelu_second_moment(128.0 * s), 1.0, 1e-6);
@@ -209,14 +207,14 @@ class DeepScaleLmGradient : public ::testing::TestWithParam<NormPlacement> {};
 
 TEST_P(DeepScaleLmGradient, MatchesFiniteDifferences) {
   ModelConfig config;
-  config.transformer.layers = 2;
-  config.transformer.width = 8;
-  config.transformer.heads = 2;
-  config.transformer.ffn_mult = 2;
-  config.transformer.vocab = 11;
-  config.transformer.seq_len = 5;
-  config.transformer.norm = GetParam();
-  config.transformer.tie_embeddings = GetParam() != NormPlacement::post;  // one untied head
+  config.transformer().layers = 2;
+  config.transformer().width = 8;
+  config.transformer().heads = 2;
+  config.transformer().ffn_mult = 2;
+  config.transformer().vocab = 11;
+  config.transformer().seq_len = 5;
+  config.transformer().norm = GetParam();
+  config.transformer().tie_embeddings = GetParam() != NormPlacement::post;  // one untied head
   ScalingConfig scaling;
   scaling.rule = "deepscalelm";
   scaling.params = {{"k", 1.0}};
@@ -240,18 +238,18 @@ INSTANTIATE_TEST_SUITE_P(EachNorm, DeepScaleLmGradient,
 // The law: at init the residual stream of a deep Pre-LN transformer stays at variance 1 (± 10%) at every block.
 TEST(DeepScaleLmRule, PreLnResidualStreamKeepsUnitVarianceAtDepth24) {
   ModelConfig config;
-  config.transformer = transformer(24, 256, NormPlacement::pre);
+  config.transformer() = transformer(24, 256, NormPlacement::pre);
   // The default 128 tokens per sequence. The rule normalises the attention branch with the position-resolved
   // theory (theory/token_field: causal attention gives short prefixes and nearby tokens more shared signal than
   // one exchangeable correlation would); with a single exchangeable r the measured stream drifted to 1.135 here.
-  config.transformer.seq_len = 128;
+  config.transformer().seq_len = 128;
   ScalingConfig scaling;
   scaling.rule = "deepscalelm";
   auto model = make_model(config, scaling, 11);
   CapturingSink sink(model->probes());
   StepContext context;
   context.sink = &sink;
-  model->forward_backward(token_batch(2, config.transformer.seq_len, config.transformer.vocab, 5), 1.0f, context);
+  model->forward_backward(token_batch(2, config.transformer().seq_len, config.transformer().vocab, 5), 1.0f, context);
   double worst = 0.0;
   for (int l = 0; l < 24; ++l) {
     for (const char* point : {".in", ".mid", ".out"}) {

@@ -2,15 +2,16 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "scaling/rule.h"
 
 namespace proplab {
 
 namespace {
-ModelShape transformer_shape(int layers) {
-  ModelShape shape;
-  shape.type = "transformer";
-  shape.transformer.layers = layers;
+ModelConfig transformer_shape(int layers) {
+  ModelConfig shape;
+  shape.set_kind(ModelKind::transformer);
+  shape.transformer().layers = layers;
   return shape;
 }
 }  // namespace
@@ -53,10 +54,10 @@ TEST(StandardRule, Gpt2Init) {
 }
 
 TEST(StandardRule, MlpMeanField) {
-  ModelShape shape;
-  shape.type = "mlp";
-  shape.mlp.sigma_w2 = 2.0;
-  shape.mlp.sigma_b2 = 0.05;
+  ModelConfig shape;
+  shape.set_kind(ModelKind::mlp);
+  shape.mlp().sigma_w2 = 2.0;
+  shape.mlp().sigma_b2 = 0.05;
   auto rule = make_rule(ScalingConfig{}, shape);
   EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::mlp_hidden, 128, 128, -1, ""}).std, std::sqrt(2.0 / 128));
   EXPECT_DOUBLE_EQ(rule->init(ParamInfo{ParamRole::bias, 0, 128, -1, ""}).std, std::sqrt(0.05));

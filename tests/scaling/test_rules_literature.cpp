@@ -29,25 +29,25 @@ using testing::CapturingSink;
 
 using Params = std::map<std::string, double>;
 
-ModelShape transformer_shape(int layers, int width, NormPlacement norm = NormPlacement::pre) {
-  ModelShape shape;
-  shape.type = "transformer";
-  shape.transformer.layers = layers;
-  shape.transformer.width = width;
-  shape.transformer.norm = norm;
+ModelConfig transformer_shape(int layers, int width, NormPlacement norm = NormPlacement::pre) {
+  ModelConfig shape;
+  shape.set_kind(ModelKind::transformer);
+  shape.transformer().layers = layers;
+  shape.transformer().width = width;
+  shape.transformer().norm = norm;
   return shape;
 }
 
-ModelShape mlp_shape(int layers, int width, bool residual) {
-  ModelShape shape;
-  shape.type = "mlp";
-  shape.mlp.layers = layers;
-  shape.mlp.width = width;
-  shape.mlp.residual = residual;
+ModelConfig mlp_shape(int layers, int width, bool residual) {
+  ModelConfig shape;
+  shape.set_kind(ModelKind::mlp);
+  shape.mlp().layers = layers;
+  shape.mlp().width = width;
+  shape.mlp().residual = residual;
   return shape;
 }
 
-std::unique_ptr<ScalingRule> rule_for(const std::string& name, const ModelShape& shape, const Params& params = {}) {
+std::unique_ptr<ScalingRule> rule_for(const std::string& name, const ModelConfig& shape, const Params& params = {}) {
   ScalingConfig config;
   config.rule = name;
   config.params = params;
@@ -183,8 +183,8 @@ TEST(ReZeroAndSkipInit, LearnableBranchWeightFromAlpha0AndXavierInit) {
       }
     }
     // A residual MLP keeps its mean-field init from [model].
-    ModelShape mlp = mlp_shape(6, 64, true);
-    mlp.mlp.sigma_w2 = 2.0;
+    ModelConfig mlp = mlp_shape(6, 64, true);
+    mlp.mlp().sigma_w2 = 2.0;
     auto rule = rule_for(name, mlp, {{"alpha0", 0.1}});
     EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::mlp_hidden, 64, 64), std::sqrt(2.0 / 64));
     EXPECT_EQ(rule->residual(3, Branch::mlp).beta, 0.1);
@@ -256,7 +256,7 @@ TEST(MupRule, WidthMultiplierSetsLrOutputAndLogitScale) {
     for (int layers : {2, 24}) {
       SCOPED_TRACE("layers " + std::to_string(layers) + ", width " + std::to_string(d));
       const double width_mult = d / 256.0;
-      ModelShape shape = transformer_shape(layers, d);
+      ModelConfig shape = transformer_shape(layers, d);
       auto rule = rule_for("mup", shape);
       const ResidualSpec r = rule->residual(layers - 1, Branch::attention);
       EXPECT_EQ(r.lambda, 1.0);
@@ -277,7 +277,7 @@ TEST(MupRule, WidthMultiplierSetsLrOutputAndLogitScale) {
       EXPECT_DOUBLE_EQ(rule->logit_scale(64), 1.0 / 64);
       EXPECT_DOUBLE_EQ(rule->logit_scale(128), 1.0 / 128);
 
-      shape.transformer.tie_embeddings = false;
+      shape.transformer().tie_embeddings = false;
       auto zero = rule_for("mup", shape, {{"zero_readout", 1}, {"base_width", 128}, {"embed_std", 0.5}});
       const InitSpec readout = zero->init(info(ParamRole::readout, d, 256));
       EXPECT_EQ(readout.kind, InitSpec::Kind::constant);
@@ -288,8 +288,8 @@ TEST(MupRule, WidthMultiplierSetsLrOutputAndLogitScale) {
     }
   }
   // MLP: hidden layers are matrix-like, the input layer is not.
-  ModelShape mlp = mlp_shape(4, 512, false);
-  mlp.mlp.sigma_w2 = 2.0;
+  ModelConfig mlp = mlp_shape(4, 512, false);
+  mlp.mlp().sigma_w2 = 2.0;
   auto rule = rule_for("mup", mlp, {{"base_width", 64}});
   EXPECT_DOUBLE_EQ(rule->lr_multiplier(info(ParamRole::mlp_hidden, 512, 512)), 1.0 / 8);
   EXPECT_EQ(rule->lr_multiplier(info(ParamRole::mlp_input, 64, 512)), 1.0);
@@ -342,7 +342,7 @@ TEST(LiteratureRules, LearnableScalarsExistInABuiltModel) {
   for (const char* name : {"rezero", "skipinit"}) {
     SCOPED_TRACE(name);
     ModelConfig config;
-    config.transformer = tiny_transformer(NormPlacement::none);
+    config.transformer() = tiny_transformer(NormPlacement::none);
     ScalingConfig scaling;
     scaling.rule = name;
     scaling.params = {{"alpha0", 0.25}};
@@ -360,11 +360,11 @@ TEST(LiteratureRules, LearnableScalarsExistInABuiltModel) {
     }
     // The residual MLP gets one per residual layer.
     ModelConfig mlp;
-    mlp.type = "mlp";
-    mlp.mlp.layers = 3;
-    mlp.mlp.width = 8;
-    mlp.mlp.input_dim = 4;
-    mlp.mlp.residual = true;
+    mlp.set_kind(ModelKind::mlp);
+    mlp.mlp().layers = 3;
+    mlp.mlp().width = 8;
+    mlp.mlp().input_dim = 4;
+    mlp.mlp().residual = true;
     auto mlp_model = make_model(mlp, scaling, 3);
     for (const char* site : {"layers.1.beta", "layers.2.beta"}) {
       Parameter* beta = mlp_model->params().find(site);
@@ -377,10 +377,10 @@ TEST(LiteratureRules, LearnableScalarsExistInABuiltModel) {
 
 TEST(LiteratureRules, BuiltModelsCarryRowBlockStdsAndLrMultipliers) {
   ModelConfig config;
-  config.transformer = tiny_transformer(NormPlacement::post);
-  config.transformer.width = 64;
-  config.transformer.heads = 4;
-  config.transformer.layers = 8;
+  config.transformer() = tiny_transformer(NormPlacement::post);
+  config.transformer().width = 64;
+  config.transformer().heads = 4;
+  config.transformer().layers = 8;
   ScalingConfig scaling;
   scaling.rule = "deepnorm";
   auto model = make_model(config, scaling, 5);
@@ -397,9 +397,9 @@ TEST(LiteratureRules, BuiltModelsCarryRowBlockStdsAndLrMultipliers) {
   }
 
   ModelConfig mlp;
-  mlp.type = "mlp";
-  mlp.mlp.width = 32;
-  mlp.mlp.layers = 3;
+  mlp.set_kind(ModelKind::mlp);
+  mlp.mlp().width = 32;
+  mlp.mlp().layers = 3;
   scaling.rule = "mup";
   scaling.params = {{"base_width", 8}};
   auto mup = make_model(mlp, scaling, 5);
@@ -434,8 +434,8 @@ class LiteratureRuleGradient : public ::testing::TestWithParam<GradientCase> {};
 TEST_P(LiteratureRuleGradient, MatchesFiniteDifferences) {
   const GradientCase& c = GetParam();
   ModelConfig config;
-  config.transformer = tiny_transformer(c.norm);
-  config.transformer.tie_embeddings = c.rule != "tfixup";  // exercise an untied head under one rule
+  config.transformer() = tiny_transformer(c.norm);
+  config.transformer().tie_embeddings = c.rule != "tfixup";  // exercise an untied head under one rule
   ScalingConfig scaling;
   scaling.rule = c.rule;
   scaling.params = c.params;
@@ -471,8 +471,8 @@ TEST(LiteratureRules, ReZeroAndSkipInitAtZeroStartAsTheIdentity) {
   for (const char* name : {"rezero", "skipinit"}) {
     SCOPED_TRACE(name);
     ModelConfig config;
-    config.transformer = tiny_transformer(NormPlacement::none);
-    config.transformer.layers = 3;
+    config.transformer() = tiny_transformer(NormPlacement::none);
+    config.transformer().layers = 3;
     ScalingConfig scaling;
     scaling.rule = name;  // alpha0 defaults to 0
     auto model = make_model(config, scaling, 9);

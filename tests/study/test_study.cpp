@@ -29,46 +29,51 @@ class PreOnlyRule final : public ScalingRule {
   InitSpec init(const ParamInfo&) const override { return InitSpec::constant(0.0); }
   ResidualSpec residual(int, Branch) const override { return {}; }
 };
-const RuleInfo kPreOnlyRule{"test_pre_only",
-                            "test rule: Pre-LN transformers only",
-                            {},
-                            [](const ScalingConfig&, const ModelShape& shape) -> std::unique_ptr<ScalingRule> {
-                              if (shape.type == "transformer" && shape.transformer.norm != NormPlacement::pre)
-                                throw UserError("this rule needs model.norm = \"pre\"");
-                              return std::make_unique<PreOnlyRule>();
-                            }};
+const RuleInfo kPreOnlyRule{
+    "test_pre_only",
+    "test rule: Pre-LN transformers only",
+    {},
+    [](const ScalingConfig&, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
+      if (shape.kind() == ModelKind::transformer && shape.transformer().norm != NormPlacement::pre)
+        throw UserError("this rule needs model.norm = \"pre\"");
+      return std::make_unique<PreOnlyRule>();
+    }};
 PROPLAB_REGISTER_RULE(kPreOnlyRule);
 
-// Every field of two studies (resolved_toml and source_path excepted) is equal.
+// Every field of two studies (config_toml and source_path excepted) is equal.
 void expect_same_study(const Study& a, const Study& b) {
   EXPECT_EQ(a.name, b.name);
   EXPECT_EQ(a.seed, b.seed);
-  EXPECT_EQ(a.model.type, b.model.type);
-  const auto &ta = a.model.transformer, &tb = b.model.transformer;
-  EXPECT_EQ(ta.layers, tb.layers);
-  EXPECT_EQ(ta.width, tb.width);
-  EXPECT_EQ(ta.heads, tb.heads);
-  EXPECT_EQ(ta.ffn_mult, tb.ffn_mult);
-  EXPECT_EQ(ta.norm, tb.norm);
-  EXPECT_EQ(ta.norm_kind, tb.norm_kind);
-  EXPECT_EQ(ta.norm_affine, tb.norm_affine);
-  EXPECT_EQ(ta.bias, tb.bias);
-  EXPECT_EQ(ta.activation, tb.activation);
-  EXPECT_EQ(ta.dropout, tb.dropout);
-  EXPECT_EQ(ta.vocab, tb.vocab);
-  EXPECT_EQ(ta.seq_len, tb.seq_len);
-  EXPECT_EQ(ta.tie_embeddings, tb.tie_embeddings);
-  EXPECT_EQ(ta.norm_eps, tb.norm_eps);
-  const auto &ma = a.model.mlp, &mb = b.model.mlp;
-  EXPECT_EQ(ma.layers, mb.layers);
-  EXPECT_EQ(ma.width, mb.width);
-  EXPECT_EQ(ma.input_dim, mb.input_dim);
-  EXPECT_EQ(ma.outputs, mb.outputs);
-  EXPECT_EQ(ma.activation, mb.activation);
-  EXPECT_EQ(ma.sigma_w2, mb.sigma_w2);
-  EXPECT_EQ(ma.sigma_b2, mb.sigma_b2);
-  EXPECT_EQ(ma.residual, mb.residual);
-  EXPECT_EQ(ma.head, mb.head);
+  ASSERT_EQ(a.model.kind(), b.model.kind());
+  if (a.model.kind() == ModelKind::transformer) {
+    const auto &ta = a.model.transformer(), &tb = b.model.transformer();
+    EXPECT_EQ(ta.layers, tb.layers);
+    EXPECT_EQ(ta.width, tb.width);
+    EXPECT_EQ(ta.heads, tb.heads);
+    EXPECT_EQ(ta.ffn_mult, tb.ffn_mult);
+    EXPECT_EQ(ta.norm, tb.norm);
+    EXPECT_EQ(ta.norm_kind, tb.norm_kind);
+    EXPECT_EQ(ta.norm_affine, tb.norm_affine);
+    EXPECT_EQ(ta.bias, tb.bias);
+    EXPECT_EQ(ta.activation, tb.activation);
+    EXPECT_EQ(ta.dropout, tb.dropout);
+    EXPECT_EQ(ta.vocab, tb.vocab);
+    EXPECT_EQ(ta.seq_len, tb.seq_len);
+    EXPECT_EQ(ta.tie_embeddings, tb.tie_embeddings);
+    EXPECT_EQ(ta.norm_eps, tb.norm_eps);
+  }
+  if (a.model.kind() == ModelKind::mlp) {
+    const auto &ma = a.model.mlp(), &mb = b.model.mlp();
+    EXPECT_EQ(ma.layers, mb.layers);
+    EXPECT_EQ(ma.width, mb.width);
+    EXPECT_EQ(ma.input_dim, mb.input_dim);
+    EXPECT_EQ(ma.outputs, mb.outputs);
+    EXPECT_EQ(ma.activation, mb.activation);
+    EXPECT_EQ(ma.sigma_w2, mb.sigma_w2);
+    EXPECT_EQ(ma.sigma_b2, mb.sigma_b2);
+    EXPECT_EQ(ma.residual, mb.residual);
+    EXPECT_EQ(ma.head, mb.head);
+  }
   EXPECT_EQ(a.scaling.rule, b.scaling.rule);
   EXPECT_EQ(a.scaling.params, b.scaling.params);
   const auto &ra = a.train, &rb = b.train;
@@ -244,8 +249,8 @@ threads = 2
   EXPECT_EQ(study.name, "deep-post_ln.v1");
   EXPECT_EQ(study.seed, 7u);
   EXPECT_EQ(study.source_path, path);
-  EXPECT_EQ(study.model.type, "transformer");
-  const auto& t = study.model.transformer;
+  EXPECT_EQ(study.model.kind(), ModelKind::transformer);
+  const auto& t = study.model.transformer();
   EXPECT_EQ(t.layers, 48);
   EXPECT_EQ(t.width, 384);
   EXPECT_EQ(t.heads, 6);
@@ -254,7 +259,7 @@ threads = 2
   EXPECT_EQ(t.norm_kind, NormKind::rmsnorm);
   EXPECT_FALSE(t.norm_affine);
   EXPECT_FALSE(t.bias);
-  EXPECT_EQ(t.activation, ops::Activation::gelu_erf);
+  EXPECT_EQ(t.activation, Activation::gelu_erf);
   EXPECT_FLOAT_EQ(t.dropout, 0.1f);
   EXPECT_EQ(t.vocab, 256);
   EXPECT_EQ(t.seq_len, 64);
@@ -325,16 +330,16 @@ lr = 1
 [data]
 gaussian_noise = 0.1
 )");
-  EXPECT_EQ(study.model.type, "mlp");
-  EXPECT_EQ(study.model.mlp.layers, 200);
-  EXPECT_EQ(study.model.mlp.width, 512);
-  EXPECT_EQ(study.model.mlp.input_dim, 32);
-  EXPECT_EQ(study.model.mlp.outputs, 3);
-  EXPECT_EQ(study.model.mlp.activation, ops::Activation::tanh);
-  EXPECT_EQ(study.model.mlp.sigma_w2, 1.76);
-  EXPECT_EQ(study.model.mlp.sigma_b2, 0.05);
-  EXPECT_TRUE(study.model.mlp.residual);
-  EXPECT_EQ(study.model.mlp.head, MlpHead::regression);
+  EXPECT_EQ(study.model.kind(), ModelKind::mlp);
+  EXPECT_EQ(study.model.mlp().layers, 200);
+  EXPECT_EQ(study.model.mlp().width, 512);
+  EXPECT_EQ(study.model.mlp().input_dim, 32);
+  EXPECT_EQ(study.model.mlp().outputs, 3);
+  EXPECT_EQ(study.model.mlp().activation, Activation::tanh);
+  EXPECT_EQ(study.model.mlp().sigma_w2, 1.76);
+  EXPECT_EQ(study.model.mlp().sigma_b2, 0.05);
+  EXPECT_TRUE(study.model.mlp().residual);
+  EXPECT_EQ(study.model.mlp().head, MlpHead::regression);
   EXPECT_EQ(study.train.optimizer, OptimizerKind::sgd);
   EXPECT_EQ(study.train.momentum, 0.0);
   EXPECT_TRUE(study.train.nesterov);
@@ -352,10 +357,10 @@ TEST(Study, MissingValuesTakeTheDocumentedDefaults) {
   expect_same_study(study, expected);
   EXPECT_EQ(study.scaling.rule, "standard");
   EXPECT_EQ(study.data.kind, "markov");
-  EXPECT_EQ(study.model.transformer.activation, ops::Activation::gelu_tanh);
+  EXPECT_EQ(study.model.transformer().activation, Activation::gelu_tanh);
   EXPECT_TRUE(study.record.forward.empty());
   EXPECT_EQ(study.source_path, "test.toml");
-  EXPECT_FALSE(study.resolved_toml.empty());
+  EXPECT_FALSE(study.config_toml.empty());
 }
 
 TEST_F(StudyFiles, UnknownKeySuggestsTheClosestKnownKey) {
@@ -588,25 +593,25 @@ TEST(Study, OverridesEditTheTree) {
                             {"model.layers=12", "scaling.rule=xavier", "train.lr = 1e-4", "data.kind=\"uniform\"",
                              "device.threads=3", "model.norm=post", "record.forward=[\"mean\", \"rms\"]",
                              "name=renamed", "model.bias=false", "sweep.axes.lr=[1e-3, 1e-2]"});
-  EXPECT_EQ(study.model.transformer.layers, 12);
+  EXPECT_EQ(study.model.transformer().layers, 12);
   EXPECT_EQ(study.scaling.rule, "xavier");  // a bare word is a string
   EXPECT_TRUE(study.scaling.params.empty());
   EXPECT_EQ(study.train.lr, 1e-4);
   EXPECT_EQ(study.data.kind, "uniform");
   EXPECT_EQ(study.device.threads, 3);  // [device] did not exist: created
-  EXPECT_EQ(study.model.transformer.norm, NormPlacement::post);
+  EXPECT_EQ(study.model.transformer().norm, NormPlacement::post);
   EXPECT_EQ(study.record.forward, (std::vector<std::string>{"mean", "rms"}));
   EXPECT_EQ(study.name, "renamed");
-  EXPECT_FALSE(study.model.transformer.bias);
+  EXPECT_FALSE(study.model.transformer().bias);
   EXPECT_TRUE(study.has_sweep);
   // The resolved text carries the overridden values.
-  EXPECT_TRUE(contains(study.resolved_toml, "layers = 12\n")) << study.resolved_toml;
-  EXPECT_TRUE(contains(study.resolved_toml, "rule = \"xavier\"\n")) << study.resolved_toml;
+  EXPECT_TRUE(contains(study.config_toml, "layers = 12\n")) << study.config_toml;
+  EXPECT_TRUE(contains(study.config_toml, "rule = \"xavier\"\n")) << study.config_toml;
 }
 
 TEST(Study, OverrideOfTheSameKeyTwiceKeepsTheLast) {
   const Study study = parse("name = \"x\"\n", {"model.layers=3", "model.layers=5"});
-  EXPECT_EQ(study.model.transformer.layers, 5);
+  EXPECT_EQ(study.model.transformer().layers, 5);
 }
 
 TEST(Study, BadOverridesAreReportedWithTheirText) {
@@ -790,19 +795,19 @@ gaussian_noise = 0.3333333333333333
     const std::string path = write("study.toml", text);
     const Study first = load_study(path, {"train.eval_every=7"});
     // Parsed from another directory: the data path is already absolute.
-    const Study second = parse_study(first.resolved_toml, "resolved.toml", "/");
+    const Study second = parse_study(first.config_toml, "resolved.toml", "/");
     expect_same_study(first, second);
-    EXPECT_EQ(first.resolved_toml, second.resolved_toml);
+    EXPECT_EQ(first.config_toml, second.config_toml);
     EXPECT_EQ(second.train.eval_every, 7);
     // Every table is written out, defaults included.
     for (const char* table : {"[model]", "[scaling]", "[train]", "[data]", "[record]", "[parallel]", "[device]"})
-      EXPECT_TRUE(contains(first.resolved_toml, std::string("\n") + table + "\n")) << first.resolved_toml;
+      EXPECT_TRUE(contains(first.config_toml, std::string("\n") + table + "\n")) << first.config_toml;
   }
 }
 
 TEST(Study, ResolvedTomlFillsEveryDefault) {
   const Study study = parse("name = \"d\"\n");
-  const std::string& text = study.resolved_toml;
+  const std::string& text = study.config_toml;
   for (const char* line :
        {"seed = 0\n", "type = \"transformer\"\n", "layers = 4\n", "norm = \"pre\"\n", "activation = \"gelu\"\n",
         "norm_eps = 1e-05\n", "rule = \"standard\"\n", "std = ", "optimizer = \"adamw\"\n", "beta2 = 0.95\n",
@@ -820,7 +825,7 @@ TEST(Study, CommittedStudiesAndSampleDataLoad) {
   const std::string quickstart_path = (source_dir() / "studies/quickstart.toml").string();
   const Study quickstart = load_study(quickstart_path);
   EXPECT_EQ(quickstart.name, "quickstart");
-  EXPECT_EQ(quickstart.model.transformer.vocab, 64);
+  EXPECT_EQ(quickstart.model.transformer().vocab, 64);
   EXPECT_EQ(quickstart.data.markov_successors, 3);
   // Switching the data kind leaves a markov-only key behind: refused, naming the key and the kind.
   const std::string message = error_of([&] { load_study(quickstart_path, {"data.kind=uniform"}); });

@@ -40,13 +40,13 @@ rule = "nf"
 alpha = 0.3
 )",
                                   "test.toml", ".");
-  EXPECT_EQ(study.model.type, "resnet");
-  EXPECT_EQ(study.model.resnet.depth, 56);
-  EXPECT_EQ(study.model.resnet.width, 2);
-  EXPECT_EQ(study.model.resnet.norm, ResnetNorm::none);
-  EXPECT_TRUE(study.model.resnet.preact);
-  EXPECT_EQ(study.model.resnet.activation, ops::Activation::gelu_tanh);
-  EXPECT_EQ(study.model.resnet.image_size, 28);
+  EXPECT_EQ(study.model.kind(), ModelKind::resnet);
+  EXPECT_EQ(study.model.resnet().depth, 56);
+  EXPECT_EQ(study.model.resnet().width, 2);
+  EXPECT_EQ(study.model.resnet().norm, ResnetNorm::none);
+  EXPECT_TRUE(study.model.resnet().preact);
+  EXPECT_EQ(study.model.resnet().activation, Activation::gelu_tanh);
+  EXPECT_EQ(study.model.resnet().image_size, 28);
   EXPECT_EQ(study.data.kind, "images");
   EXPECT_EQ(study.scaling.params.at("alpha"), 0.3);
 }

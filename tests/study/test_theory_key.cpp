@@ -33,8 +33,8 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 TEST(StudyTheory, InputCorrIsAbsentByDefaultAndLeftOutOfTheResolvedStudy) {
   const Study study = parse("name = \"t\"\n");
   EXPECT_FALSE(study.theory.input_corr.has_value());
-  EXPECT_FALSE(contains(study.resolved_toml, "[theory]")) << study.resolved_toml;
-  EXPECT_FALSE(contains(study.resolved_toml, "input_corr")) << study.resolved_toml;
+  EXPECT_FALSE(contains(study.config_toml, "[theory]")) << study.config_toml;
+  EXPECT_FALSE(contains(study.config_toml, "input_corr")) << study.config_toml;
   EXPECT_FALSE(to_run_spec(study).theory.input_corr.has_value());
 }
 
@@ -42,11 +42,11 @@ TEST(StudyTheory, InputCorrIsReadWrittenBackAndCopiedToTheRunSpec) {
   const Study study = parse("name = \"t\"\n[theory]\ninput_corr = 0.25\n");
   ASSERT_TRUE(study.theory.input_corr.has_value());
   EXPECT_EQ(*study.theory.input_corr, 0.25);
-  EXPECT_TRUE(contains(study.resolved_toml, "\n[theory]\ninput_corr = 0.25\n")) << study.resolved_toml;
-  const Study again = parse_study(study.resolved_toml, "resolved.toml", ".");
+  EXPECT_TRUE(contains(study.config_toml, "\n[theory]\ninput_corr = 0.25\n")) << study.config_toml;
+  const Study again = parse_study(study.config_toml, "resolved.toml", ".");
   ASSERT_TRUE(again.theory.input_corr.has_value());
   EXPECT_EQ(*again.theory.input_corr, 0.25);
-  EXPECT_EQ(again.resolved_toml, study.resolved_toml);
+  EXPECT_EQ(again.config_toml, study.config_toml);
   const RunSpec spec = to_run_spec(study);
   ASSERT_TRUE(spec.theory.input_corr.has_value());
   EXPECT_EQ(*spec.theory.input_corr, 0.25);

@@ -88,12 +88,12 @@ grid = { "model.layers" = [1, 3], "scaling.rule" = ["standard", "xavier", "mup"]
   const Study study = parse_study(point.study_toml, "point.toml", ".");
   EXPECT_FALSE(study.has_sweep);
   EXPECT_EQ(study.name, "layers=3,rule=xavier");
-  EXPECT_EQ(study.model.transformer.layers, 3);
+  EXPECT_EQ(study.model.transformer().layers, 3);
   EXPECT_EQ(study.scaling.rule, "xavier");
   EXPECT_EQ(study.seed, 5u);
   EXPECT_EQ(point.study_toml.find("[sweep"), std::string::npos);
   // Re-resolving the point's study gives the same text (what the run file's config will say).
-  EXPECT_EQ(study.resolved_toml, point.study_toml);
+  EXPECT_EQ(study.config_toml, point.study_toml);
 }
 
 TEST(SweepExpand, ZipAxesGoTogetherAndCrossTheGrid) {
@@ -113,7 +113,7 @@ zip = { "train.lr" = [1e-3, 3e-4, 1e-4], "train.warmup" = [0, 2, 4] }
     EXPECT_EQ(study.train.warmup, 2 * z) << point.name;
     const std::vector<float> lrs{1e-3f, 3e-4f, 1e-4f};
     EXPECT_FLOAT_EQ(study.train.lr, lrs[static_cast<std::size_t>(z)]) << point.name;
-    EXPECT_EQ(study.model.transformer.layers, 1 + static_cast<int>(point.index / 3)) << point.name;
+    EXPECT_EQ(study.model.transformer().layers, 1 + static_cast<int>(point.index / 3)) << point.name;
   }
 }
 

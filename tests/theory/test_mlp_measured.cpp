@@ -89,15 +89,15 @@ double pair_correlation(const CapturingSink::Capture& c) {
 
 ModelConfig relu_he_config(int layers, int width) {
   ModelConfig config;
-  config.type = "mlp";
-  config.mlp.layers = layers;
-  config.mlp.width = width;
-  config.mlp.input_dim = width;
-  config.mlp.outputs = 1;
-  config.mlp.activation = ops::Activation::relu;
-  config.mlp.sigma_w2 = 2.0;
-  config.mlp.sigma_b2 = 0.0;
-  config.mlp.head = MlpHead::regression;
+  config.set_kind(ModelKind::mlp);
+  config.mlp().layers = layers;
+  config.mlp().width = width;
+  config.mlp().input_dim = width;
+  config.mlp().outputs = 1;
+  config.mlp().activation = Activation::relu;
+  config.mlp().sigma_w2 = 2.0;
+  config.mlp().sigma_b2 = 0.0;
+  config.mlp().head = MlpHead::regression;
   return config;
 }
 
@@ -106,9 +106,9 @@ ModelConfig relu_he_config(int layers, int width) {
 std::vector<CapturingSink::Capture> measure_preacts(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
   std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, seed);
   const CounterRng rng(seed, 1);
-  std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp.input_dim));
+  std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp().input_dim));
   for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = rng.normal(i);
-  Batch batch{Tensor::from_vector({rows, config.mlp.input_dim}, inputs), Tensor::zeros({rows, 1})};
+  Batch batch{Tensor::from_vector({rows, config.mlp().input_dim}, inputs), Tensor::zeros({rows, 1})};
   CapturingSink sink;
   StepContext context;
   context.training = false;
@@ -120,7 +120,7 @@ std::vector<CapturingSink::Capture> measure_preacts(const ModelConfig& config, s
       EXPECT_TRUE(sink.forward_.count(info.depth)) << info.name << " was not handed to the sink";
       preacts.push_back(sink.forward_[info.depth]);
     }
-  EXPECT_EQ(static_cast<int>(preacts.size()), config.mlp.layers);
+  EXPECT_EQ(static_cast<int>(preacts.size()), config.mlp().layers);
   return preacts;
 }
 
@@ -130,7 +130,7 @@ theory::ProbePrediction predict(const ModelConfig& config, std::int64_t rows) {
   inputs.input_var = 1.0;
   inputs.input_corr = 0.0;
   inputs.sequences = rows;
-  return theory::predict_mlp(mlp_numbers(ScalingConfig{}, config.mlp), inputs);
+  return theory::predict_mlp(mlp_numbers(ScalingConfig{}, config.mlp()), inputs);
 }
 
 TEST(MlpMeasured, ReluHePreactivationVarianceThroughFiftyLayers) {

@@ -69,9 +69,7 @@ TransformerConfig small_config(int layers, int width, NormPlacement norm) {
 }
 
 Measured measure(const Case& run, std::uint64_t seed = 7) {
-  ModelConfig model;
-  model.type = "transformer";
-  model.transformer = run.config;
+  const ModelConfig model(run.config);
   std::unique_ptr<Model> m = make_model(model, run.scaling, seed);
   const std::int64_t t = run.config.seq_len;
   Batch batch{Tensor::empty({run.sequences, t}, DType::i32), Tensor::empty({run.sequences, t}, DType::i32)};
@@ -180,11 +178,11 @@ Case deepscale_like(int layers, int width) {
 TEST(ModelTheory, ProbeNamesMatchTheModels) {
   for (NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::none}) {
     ModelConfig model;
-    model.transformer = small_config(3, 32, norm);
+    model.transformer() = small_config(3, 32, norm);
     const std::unique_ptr<Model> m = make_model(model, ScalingConfig{}, 1);
-    const std::vector<std::string> names = theory::transformer_probe_names(model.transformer);
+    const std::vector<std::string> names = theory::transformer_probe_names(model.transformer());
     const theory::ProbePrediction p =
-        theory::predict_transformer(transformer_numbers(ScalingConfig{}, model.transformer), {});
+        theory::predict_transformer(transformer_numbers(ScalingConfig{}, model.transformer()), {});
     ASSERT_EQ(names.size(), m->probes().size());
     ASSERT_EQ(p.probes.size(), m->probes().size());
     for (std::size_t i = 0; i < names.size(); ++i) {
@@ -196,9 +194,7 @@ TEST(ModelTheory, ProbeNamesMatchTheModels) {
   MlpConfig mlp;
   mlp.layers = 4;
   mlp.residual = true;
-  ModelConfig model;
-  model.type = "mlp";
-  model.mlp = mlp;
+  const ModelConfig model(mlp);
   const std::unique_ptr<Model> m = make_model(model, ScalingConfig{}, 1);
   const theory::ProbePrediction p = theory::predict_mlp(mlp_numbers(ScalingConfig{}, mlp), {});
   ASSERT_EQ(p.probes.size(), m->probes().size());
@@ -383,7 +379,7 @@ TEST(ModelTheory, ThousandLayerPredictionIsFast) {
 TEST(ModelTheory, MlpMeanField) {
   MlpConfig mlp;
   mlp.layers = 6;
-  mlp.activation = ops::Activation::tanh;
+  mlp.activation = Activation::tanh;
   mlp.sigma_w2 = 1.0;
   mlp.sigma_b2 = 0.0;
   const theory::ProbePrediction p = theory::predict_mlp(mlp_numbers(ScalingConfig{}, mlp), {});

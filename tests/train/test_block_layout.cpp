@@ -19,9 +19,9 @@ RunSpec tiny_resnet_spec() {
   RunSpec spec;
   spec.name = "stages";
   spec.seed = 5;
-  spec.model.type = "resnet";
-  spec.model.resnet.depth = 14;  // 2 basic blocks per stage: transitions at blocks 2 and 4
-  spec.model.resnet.image_size = 8;
+  spec.model.set_kind(ModelKind::resnet);
+  spec.model.resnet().depth = 14;  // 2 basic blocks per stage: transitions at blocks 2 and 4
+  spec.model.resnet().image_size = 8;
   spec.data.kind = "images";
   spec.train.optimizer = OptimizerKind::sgd;
   spec.train.steps = 2;
@@ -38,7 +38,7 @@ TEST(BlockLayout, ResnetRunFileHoldsItsStagesAndTransitions) {
   options.out_dir = dir.path();
   ASSERT_EQ(run_training(spec, options).status, RunStatus::completed);
 
-  const Resnet model(spec.model.resnet, spec.scaling, spec.seed);
+  const Resnet model(spec.model.resnet(), spec.scaling, spec.seed);
   const std::vector<BlockInfo> layout = model.block_layout();
   ASSERT_EQ(static_cast<int>(layout.size()), model.blocks());
   const RunReader reader = RunReader::open(run_file_path(dir.path(), "stages"));
@@ -63,12 +63,12 @@ TEST(BlockLayout, ModelsWithoutStagesWriteNone) {
   options.out_dir = dir.path();
   RunSpec transformer;
   transformer.name = "lm";
-  transformer.model.type = "transformer";
-  transformer.model.transformer.layers = 2;
-  transformer.model.transformer.width = 16;
-  transformer.model.transformer.heads = 2;
-  transformer.model.transformer.vocab = 16;
-  transformer.model.transformer.seq_len = 8;
+  transformer.model.set_kind(ModelKind::transformer);
+  transformer.model.transformer().layers = 2;
+  transformer.model.transformer().width = 16;
+  transformer.model.transformer().heads = 2;
+  transformer.model.transformer().vocab = 16;
+  transformer.model.transformer().seq_len = 8;
   transformer.data.kind = "markov";
   transformer.train.steps = 2;
   transformer.train.batch = 2;
@@ -84,7 +84,7 @@ TEST(BlockLayout, ModelsWithoutStagesWriteNone) {
 TEST(BlockLayout, ALayoutThatMissesAProbesBlockIsRefused) {
   testing::TempDir dir;
   const RunSpec spec = tiny_resnet_spec();
-  Resnet model(spec.model.resnet, spec.scaling, spec.seed);
+  Resnet model(spec.model.resnet(), spec.scaling, spec.seed);
   Recorder recorder(spec.record, model.probes(), model.params(), 2);
   RunHeader header;
   header.proplab_version = "test";

@@ -13,8 +13,8 @@ namespace {
 
 RunSpec pipeline_spec(int pp, int microbatches) {
   RunSpec spec;
-  spec.model.type = "transformer";
-  spec.model.transformer.layers = 4;
+  spec.model.set_kind(ModelKind::transformer);
+  spec.model.transformer().layers = 4;
   spec.train.batch = 8;
   spec.train.grad_accum = 2;
   spec.parallel.pp = pp;
@@ -35,7 +35,7 @@ TEST(PipelineLayout, ErrorsNameTheKeyAndWhatIsAllowed) {
   EXPECT_NE(error_of(pipeline_spec(1, 2)).find("parallel.microbatches = 2 applies to pipeline parallelism only"),
             std::string::npos);
   RunSpec mlp = pipeline_spec(2, 2);
-  mlp.model.type = "mlp";
+  mlp.model.set_kind(ModelKind::mlp);
   EXPECT_NE(error_of(mlp).find("parallel.pp = 2: pipeline parallelism is built for the transformer only; allowed: "
                                "pp = 1 for model.type = \"mlp\""),
             std::string::npos);

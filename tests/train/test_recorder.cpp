@@ -121,8 +121,8 @@ RunSpec recorded_spec(NormPlacement norm) {
   RunSpec spec;
   spec.name = "rec";
   spec.seed = 9;
-  spec.model.type = "transformer";
-  TransformerConfig& m = spec.model.transformer;
+  spec.model.set_kind(ModelKind::transformer);
+  TransformerConfig& m = spec.model.transformer();
   m.layers = 2;
   m.width = 16;
   m.heads = 2;
@@ -187,7 +187,8 @@ TEST_P(RecordedRun, EveryStatisticMatchesADirectComputationAtInitialisation) {
   EXPECT_TRUE(reader.exists("/theory"));
 
   // Replay step 0 on a fresh model (same seed, same batch, same dropout keys) and capture every probed tensor.
-  auto data = make_token_dataset(spec.data, spec.model.transformer.vocab, spec.model.transformer.seq_len, spec.seed);
+  auto data =
+      make_token_dataset(spec.data, spec.model.transformer().vocab, spec.model.transformer().seq_len, spec.seed);
   Batch batch;
   batch.inputs = Tensor::empty({4, 8}, DType::i32);
   batch.targets = Tensor::empty({4, 8}, DType::i32);
@@ -248,8 +249,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, RecordedRun,
 TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
   TempDir dir;
   RunSpec spec = recorded_spec(NormPlacement::pre);
-  spec.model.transformer.width = 64;
-  spec.model.transformer.heads = 4;
+  spec.model.transformer().width = 64;
+  spec.model.transformer().heads = 4;
   RunOptions options;
   options.out_dir = dir.path();
   RunSummary summary = run_training(spec, options);

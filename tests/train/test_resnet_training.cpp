@@ -132,9 +132,9 @@ TEST(ResnetTraining, RunsThroughTheTrainerAndResumesWithItsRunningStatistics) {
   RunSpec spec;
   spec.name = "resnet";
   spec.seed = 3;
-  spec.model.type = "resnet";
-  spec.model.resnet.depth = 8;
-  spec.model.resnet.image_size = 8;
+  spec.model.set_kind(ModelKind::resnet);
+  spec.model.resnet().depth = 8;
+  spec.model.resnet().image_size = 8;
   spec.data.kind = "images";
   spec.train.optimizer = OptimizerKind::sgd;
   spec.train.steps = 6;

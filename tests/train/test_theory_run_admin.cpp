@@ -14,12 +14,12 @@ namespace proplab {
 TEST(TheoryRunAdmin, PredictionsUseTheModelsProfiledOmega) {
   RunSpec spec;
   spec.seed = 17;
-  spec.model.transformer.layers = 3;
-  spec.model.transformer.width = 32;
-  spec.model.transformer.heads = 4;
-  spec.model.transformer.vocab = 64;
-  spec.model.transformer.seq_len = 16;
-  spec.model.transformer.norm = NormPlacement::post;
+  spec.model.transformer().layers = 3;
+  spec.model.transformer().width = 32;
+  spec.model.transformer().heads = 4;
+  spec.model.transformer().vocab = 64;
+  spec.model.transformer().seq_len = 16;
+  spec.model.transformer().norm = NormPlacement::post;
   spec.scaling.rule = "admin";
   spec.scaling.params = {{"learnable", 1}};
   spec.train.batch = 4;
@@ -32,7 +32,7 @@ TEST(TheoryRunAdmin, PredictionsUseTheModelsProfiledOmega) {
   auto model = make_model(spec.model, spec.scaling, spec.seed);
   ScalingConfig xavier;
   xavier.rule = "xavier";
-  const theory::TransformerNumbers unit = transformer_numbers(xavier, spec.model.transformer);
+  const theory::TransformerNumbers unit = transformer_numbers(xavier, spec.model.transformer());
   theory::TransformerNumbers numbers = unit;
   for (int l = 0; l < 3; ++l) {
     const std::string block = "blocks." + std::to_string(l);

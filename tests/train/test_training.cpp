@@ -26,8 +26,8 @@ RunSpec tiny_spec(const std::string& name) {
   RunSpec spec;
   spec.name = name;
   spec.seed = 5;
-  spec.model.type = "transformer";
-  TransformerConfig& m = spec.model.transformer;
+  spec.model.set_kind(ModelKind::transformer);
+  TransformerConfig& m = spec.model.transformer();
   m.layers = 2;
   m.width = 16;
   m.heads = 2;
@@ -58,7 +58,7 @@ void expect_same_bits(const std::vector<double>& a, const std::vector<double>& b
 TEST(Training, LearnsAMarkovChainToWithinFivePercentOfItsEntropyRate) {
   TempDir dir;
   RunSpec spec = tiny_spec("markov");
-  TransformerConfig& m = spec.model.transformer;
+  TransformerConfig& m = spec.model.transformer();
   m.layers = 2;
   m.width = 64;
   m.heads = 4;
@@ -87,7 +87,7 @@ TEST(Training, LearnsAMarkovChainToWithinFivePercentOfItsEntropyRate) {
 TEST(Training, SameSeedGivesBitwiseIdenticalLossCurves) {
   TempDir a, b;
   RunSpec spec = tiny_spec("det");
-  spec.model.transformer.dropout = 0.1f;
+  spec.model.transformer().dropout = 0.1f;
   RunOptions options;
   options.out_dir = a.path();
   run_training(spec, options);
@@ -109,9 +109,9 @@ TEST(Training, OneAndTwoThreadsGiveBitwiseIdenticalLossCurves) {
   TempDir one, two;
   RunSpec spec = tiny_spec("threads");
   // Wide enough that the matrix products and reductions really split across threads.
-  spec.model.transformer.width = 64;
-  spec.model.transformer.heads = 4;
-  spec.model.transformer.seq_len = 32;
+  spec.model.transformer().width = 64;
+  spec.model.transformer().heads = 4;
+  spec.model.transformer().seq_len = 32;
   spec.train.batch = 8;
   spec.train.grad_accum = 2;
   RunOptions options;
@@ -137,7 +137,7 @@ TEST(Training, ResumeContinuesBitForBit) {
     spec.train.schedule = ScheduleKind::cosine;
     spec.train.warmup = 3;
     spec.train.grad_accum = 2;
-    spec.model.transformer.dropout = 0.1f;
+    spec.model.transformer().dropout = 0.1f;
     spec.record.every = 4;
     RunOptions options;
     options.out_dir = straight.path();
@@ -203,13 +203,13 @@ TEST(Training, MlpOnGaussianDataLearnsTheTeacher) {
   RunSpec spec;
   spec.name = "mlp";
   spec.seed = 3;
-  spec.model.type = "mlp";
-  spec.model.mlp.layers = 3;
-  spec.model.mlp.width = 64;
-  spec.model.mlp.input_dim = 16;
-  spec.model.mlp.outputs = 4;
-  spec.model.mlp.activation = ops::Activation::tanh;
-  spec.model.mlp.head = MlpHead::regression;
+  spec.model.set_kind(ModelKind::mlp);
+  spec.model.mlp().layers = 3;
+  spec.model.mlp().width = 64;
+  spec.model.mlp().input_dim = 16;
+  spec.model.mlp().outputs = 4;
+  spec.model.mlp().activation = Activation::tanh;
+  spec.model.mlp().head = MlpHead::regression;
   spec.data.kind = "gaussian";
   spec.train.steps = 200;
   spec.train.batch = 32;
