@@ -13,6 +13,7 @@
 #include "core/error.h"
 
 #include "gui/app/app_state.h"
+#include "gui/app/plot_specs.h"
 #include "gui/data/block_axis.h"
 
 namespace proplab::gui {
@@ -52,11 +53,6 @@ ImVec4 status_colour(const RunSnapshot& run) {
   return ImVec4(1, 1, 1, 1);
 }
 
-std::size_t colour_index(const AppState& state, const RunSnapshot& run) {
-  const auto found = state.selection_position.find(run.path.string());
-  return found == state.selection_position.end() ? 0 : found->second;
-}
-
 bool is_selected(const AppState& state, const fs::path& path) {
   return state.selection_position.count(path.string()) > 0;
 }
@@ -78,19 +74,6 @@ std::vector<std::string> stat_names(const RunList& runs, Direction direction) {
     for (const auto& [name, matrix] : run->stats(direction)) names.insert(name);
   }
   return {names.begin(), names.end()};
-}
-
-std::int64_t max_records(const RunList& runs) {
-  std::int64_t records = 0;
-  for (const auto& run : runs) records = std::max<std::int64_t>(records, static_cast<std::int64_t>(run->records()));
-  return records;
-}
-
-// The record of `run` shown for the state's record index (clamped to the run's last); -1 without records.
-std::int64_t record_of(const RunSnapshot& run, std::int64_t record) {
-  const auto records = static_cast<std::int64_t>(run.records());
-  if (records == 0) return -1;
-  return record < 0 ? records - 1 : std::min(record, records - 1);
 }
 
 // A combo over `options`; `none_label` (when given) stands for the empty value.
@@ -150,212 +133,6 @@ void record_controls(AppState& state, const RunList& runs) {
   if (ImGui::SliderInt("##record", &record, 0, static_cast<int>(records - 1), format)) state.record = record;
 }
 
-std::string stat_title(const AppState& state) {
-  return std::string(direction_name(state.direction)) + " " + state.stat;
-}
-
-// True when every run of `runs` (at least one) has a stage layout: their depth profiles are then drawn by block.
-bool by_block(const RunList& runs) {
-  return !runs.empty() && std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
-}
-
-// Where the stages of `runs` begin on the block axis: a dashed line at each transition and a "stage s" label for
-// every stage. One set in the marker colour when every run has the same layout; else one per run, in its colour,
-// on its own label row.
-std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs) {
-  const auto same_layout = [&](const RunSnapshot& run) {
-    const auto& first = runs.front()->blocks;
-    return std::equal(
-        run.blocks.begin(), run.blocks.end(), first.begin(), first.end(),
-        [](const RunBlock& a, const RunBlock& b) { return a.stage == b.stage && a.transition == b.transition; });
-  };
-  const bool shared = std::all_of(runs.begin(), runs.end(), [&](const auto& run) { return same_layout(*run); });
-  std::vector<AxisMarker> markers;
-  for (std::size_t i = 0; i < (shared ? std::min<std::size_t>(1, runs.size()) : runs.size()); ++i) {
-    for (const auto& start : stage_starts(runs[i]->blocks)) {
-      AxisMarker marker;
-      marker.value = start.position;
-      marker.label = stage_label(start.stage);
-      marker.line = start.transition;
-      if (!shared) {
-        marker.colour = series_colour(colour_index(state, *runs[i]));
-        marker.label_row = static_cast<int>(i);
-      }
-      markers.push_back(std::move(marker));
-    }
-  }
-  return markers;
-}
-
-// The depth profile of `runs` (a subset of the selection) at the state's record: against probe depth, or against
-// the block (with the stages marked) when every run has a stage layout.
-PlotSpec depth_spec(const AppState& state, const RunList& runs) {
-  PlotSpec spec;
-  const bool blocks = by_block(runs);
-  spec.x_label = blocks ? "block" : "probe depth";
-  if (blocks) spec.x_markers = stage_markers(state, runs);
-  spec.y_label = stat_title(state);
-  spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
-  for (const auto& run : runs) {
-    const Dataset2D* matrix = run->stat(state.direction, state.stat);
-    const std::int64_t record = record_of(*run, state.record);
-    if (matrix == nullptr || record < 0) continue;
-    const ImU32 colour = series_colour(colour_index(state, *run));
-    const float thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
-    PlotSeries measured;
-    measured.label = run->name;
-    measured.colour = colour;
-    measured.thickness = thickness;
-    const auto probes = probes_of_kind(run->probes, state.probe_kind);
-    std::vector<double> x_of(run->probes.size());
-    if (blocks) {
-      x_of = block_axis_positions(run->probes);
-    } else {
-      for (std::size_t p = 0; p < run->probes.size(); ++p) x_of[p] = static_cast<double>(run->probes[p].depth);
-    }
-    for (const std::size_t p : probes) {
-      measured.x.push_back(x_of[p]);
-      measured.y.push_back(matrix->at(record, static_cast<std::int64_t>(p)));
-    }
-    spec.series.push_back(std::move(measured));
-    const std::vector<double>* theory = run->theory(state.direction, state.stat);
-    if (state.show_theory && theory != nullptr) {
-      PlotSeries predicted;
-      predicted.label = run->name + " (theory, init)";
-      predicted.colour = colour;
-      predicted.dashed = true;
-      predicted.thickness = thickness;
-      for (const std::size_t p : probes) {
-        predicted.x.push_back(x_of[p]);
-        predicted.y.push_back((*theory)[p]);
-      }
-      if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
-        spec.series.push_back(std::move(predicted));
-      }
-    }
-  }
-  if (!runs.empty()) {
-    const std::int64_t record = record_of(*runs.front(), state.record);
-    if (record >= 0) spec.title = "step " + std::to_string(runs.front()->record_steps[record]);
-  }
-  return spec;
-}
-
-// The probes the dynamics view follows in `run`: the chosen names it has, else the defaults.
-std::vector<std::size_t> dynamics_probes_of(const AppState& state, const RunSnapshot& run) {
-  std::vector<std::size_t> chosen;
-  for (const auto& name : state.dynamics_probes) {
-    for (std::size_t p = 0; p < run.probes.size(); ++p) {
-      if (run.probes[p].name == name) chosen.push_back(p);
-    }
-  }
-  return chosen.empty() ? default_dynamics_probes(run.probes) : chosen;
-}
-
-PlotSpec dynamics_spec(const AppState& state, const RunList& runs) {
-  PlotSpec spec;
-  spec.x_label = "step";
-  spec.y_label = stat_title(state);
-  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
-  spec.y_scale = state.dynamics_log_y ? AxisScale::log : AxisScale::linear;
-  for (const auto& run : runs) {
-    const Dataset2D* matrix = run->stat(state.direction, state.stat);
-    if (matrix == nullptr || run->records() == 0) continue;
-    const std::size_t colour = colour_index(state, *run);
-    const auto probes = dynamics_probes_of(state, *run);
-    for (std::size_t k = 0; k < probes.size(); ++k) {
-      PlotSeries series;
-      series.label = run->name + " · " + run->probes[probes[k]].name;
-      // The first probe in the run's own colour, later ones fainter.
-      series.colour = series_colour(colour, std::max(0.35f, 1.0f - 0.3f * static_cast<float>(k)));
-      series.thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
-      for (std::size_t r = 0; r < run->records(); ++r) {
-        series.x.push_back(static_cast<double>(run->record_steps[r]));
-        series.y.push_back(matrix->at(static_cast<std::int64_t>(r), static_cast<std::int64_t>(probes[k])));
-      }
-      spec.series.push_back(std::move(series));
-    }
-  }
-  if (!runs.empty()) {
-    const std::int64_t record = record_of(*runs.front(), state.record);
-    if (record >= 0) spec.x_marker = static_cast<double>(runs.front()->record_steps[record]);
-  }
-  return spec;
-}
-
-// One training curve per run: loss, lr or grad_norm.
-PlotSpec train_spec(const AppState& state, const RunList& runs, const char* which) {
-  PlotSpec spec;
-  spec.title = which;
-  spec.x_label = "step";
-  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
-  spec.y_scale = std::string(which) == "lr" ? AxisScale::linear : AxisScale::log;
-  spec.legend = false;
-  for (const auto& run : runs) {
-    const std::vector<double>& values = std::string(which) == "loss" ? run->train.loss
-                                        : std::string(which) == "lr" ? run->train.lr
-                                                                     : run->train.grad_norm;
-    const ImU32 colour = series_colour(colour_index(state, *run));
-    PlotSeries series;
-    series.label = run->name;
-    series.colour = colour;
-    series.thickness = 1.5f;
-    series.x.assign(run->train.step.begin(), run->train.step.end());
-    series.y = values;
-    spec.series.push_back(std::move(series));
-    if (std::string(which) == "loss" && run->eval.size() > 0) {
-      PlotSeries eval;
-      eval.label = run->name + " (eval)";
-      eval.colour = colour;
-      eval.dashed = true;
-      eval.x.assign(run->eval.step.begin(), run->eval.step.end());
-      eval.y = run->eval.loss;
-      spec.series.push_back(std::move(eval));
-    }
-  }
-  return spec;
-}
-
-HeatmapSpec heatmap_spec(const AppState& state, const RunSnapshot& run) {
-  HeatmapSpec spec;
-  spec.title = run.name;
-  spec.x_label = "step";
-  spec.y_label = "probe depth";
-  spec.value_label = stat_title(state);
-  spec.colour_scale = state.heatmap_log ? AxisScale::log : AxisScale::linear;
-  const Dataset2D* matrix = run.stat(state.direction, state.stat);
-  if (matrix == nullptr || run.records() == 0) return spec;
-  const auto probes = probes_of_kind(run.probes, state.probe_kind);
-  spec.rows = static_cast<std::int64_t>(probes.size());
-  spec.columns = static_cast<std::int64_t>(run.records());
-  spec.values.resize(static_cast<std::size_t>(spec.rows * spec.columns));
-  for (std::size_t i = 0; i < probes.size(); ++i) {
-    spec.row_labels.push_back(run.probes[probes[i]].name);
-    for (std::int64_t r = 0; r < spec.columns; ++r) {
-      spec.values[i * static_cast<std::size_t>(spec.columns) + static_cast<std::size_t>(r)] =
-          matrix->at(r, static_cast<std::int64_t>(probes[i]));
-    }
-  }
-  for (const auto step : run.record_steps) spec.column_values.push_back(static_cast<double>(step));
-  if (has_block_axis(run)) {
-    // By block: block numbers at the middle of their rows, the stages' starts dashed and labelled.
-    spec.y_label = "block";
-    for (const auto& rows : block_rows(run.probes, probes)) {
-      spec.row_ticks.push_back(
-          Tick{0.5 * static_cast<double>(rows.first + rows.end), std::to_string(rows.block), true});
-    }
-    for (const auto& start : stage_starts_in_rows(run.probes, run.blocks, probes)) {
-      AxisMarker marker;
-      marker.value = start.position;
-      marker.label = stage_label(start.stage);
-      marker.line = start.transition;
-      spec.row_markers.push_back(std::move(marker));
-    }
-  }
-  return spec;
-}
-
-// Uploads the heatmap of `spec` into the panel's texture when what it shows changed; sets spec.texture.
 void attach_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec) {
   if (spec.rows <= 0 || spec.columns <= 0) return;
   const std::string key = detail::concat(
@@ -426,7 +203,7 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
     // One heatmap per group (its first run), on one shared colour scale.
     std::vector<HeatmapSpec> specs;
     std::vector<ValueSpan> values;
-    for (const auto& group : groups) specs.push_back(heatmap_spec(state, *runs[group.members.front()]));
+    for (const auto& group : groups) specs.push_back(heatmap_plot_spec(state, *runs[group.members.front()]));
     for (const auto& spec : specs) values.push_back({spec.values.data(), spec.values.size()});
     const AxisRange shared = fit_range(values, state.heatmap_log ? AxisScale::log : AxisScale::linear, 0.0);
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -446,7 +223,8 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
   for (const auto& group : groups) {
     RunList members;
     for (const auto index : group.members) members.push_back(runs[index]);
-    PlotSpec spec = state.compare_plot == View::dynamics ? dynamics_spec(state, members) : depth_spec(state, members);
+    PlotSpec spec =
+        state.compare_plot == View::dynamics ? dynamics_plot_spec(state, members) : depth_plot_spec(state, members);
     spec.title = state.compare_key + " = " + group.value + (spec.title.empty() ? "" : ", " + spec.title);
     specs.push_back(std::move(spec));
   }
@@ -468,14 +246,6 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
 }
 
 }  // namespace
-
-PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) { return depth_spec(state, runs); }
-
-PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which) {
-  return train_spec(state, runs, which);
-}
-
-HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) { return heatmap_spec(state, run); }
 
 void attach_heatmap_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec) {
   attach_texture(state, panel, run, spec);
@@ -690,7 +460,7 @@ void draw_depth_window(AppState& state) {
   ImGui::SameLine();
   ImGui::Checkbox("theory", &state.show_theory);
   empty_hint(runs);
-  draw_plot("depth", state.plots["depth"], depth_spec(state, runs), ImGui::GetContentRegionAvail());
+  draw_plot("depth", state.plots["depth"], depth_plot_spec(state, runs), ImGui::GetContentRegionAvail());
   ImGui::End();
 }
 
@@ -732,12 +502,13 @@ void draw_dynamics_window(AppState& state) {
   empty_hint(runs);
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float lower = std::max(140.0f, avail.y * 0.34f);
-  draw_plot("dynamics", state.plots["dynamics"], dynamics_spec(state, runs), ImVec2(avail.x, avail.y - lower - 6.0f));
+  draw_plot("dynamics", state.plots["dynamics"], dynamics_plot_spec(state, runs),
+            ImVec2(avail.x, avail.y - lower - 6.0f));
   const float panel = (avail.x - 12.0f) / 3.0f;
   const char* curves[] = {"loss", "lr", "grad_norm"};
   for (int i = 0; i < 3; ++i) {
     if (i > 0) ImGui::SameLine(0, 6.0f);
-    draw_plot(curves[i], state.plots[std::string("train/") + curves[i]], train_spec(state, runs, curves[i]),
+    draw_plot(curves[i], state.plots[std::string("train/") + curves[i]], train_plot_spec(state, runs, curves[i]),
               ImVec2(panel, lower));
   }
   ImGui::End();
@@ -771,7 +542,7 @@ void draw_heatmap_window(AppState& state) {
   ImGui::Checkbox("log colour", &state.heatmap_log);
   empty_hint(runs);
   if (run != nullptr) {
-    HeatmapSpec spec = heatmap_spec(state, *run);
+    HeatmapSpec spec = heatmap_plot_spec(state, *run);
     attach_texture(state, "heatmap", *run, spec);
     draw_heatmap("heatmap", state.heatmaps["heatmap"], spec, ImGui::GetContentRegionAvail());
   }

@@ -1,0 +1,256 @@
+// The GL-free plot specs of proplab-gui's views (what to draw: series, axes, markers, heatmap cells), shared by the
+// windows (gui/app/views.cpp) and `proplab report` (gui/report). Nothing here draws or touches OpenGL.
+#include "gui/app/plot_specs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gui/data/block_axis.h"
+
+namespace proplab::gui {
+
+namespace {
+
+// Above this many runs in one plot, lines are drawn 1 px wide, so that many overlaid profiles stay apart.
+constexpr std::size_t thin_line_runs = 16;
+
+}  // namespace
+
+std::size_t colour_index(const AppState& state, const RunSnapshot& run) {
+  const auto found = state.selection_position.find(run.path.string());
+  return found == state.selection_position.end() ? 0 : found->second;
+}
+
+std::int64_t max_records(const RunList& runs) {
+  std::int64_t records = 0;
+  for (const auto& run : runs) records = std::max<std::int64_t>(records, static_cast<std::int64_t>(run->records()));
+  return records;
+}
+
+// The record of `run` shown for the state's record index (clamped to the run's last); -1 without records.
+std::int64_t record_of(const RunSnapshot& run, std::int64_t record) {
+  const auto records = static_cast<std::int64_t>(run.records());
+  if (records == 0) return -1;
+  return record < 0 ? records - 1 : std::min(record, records - 1);
+}
+
+namespace {
+
+std::string stat_title(const AppState& state) {
+  return std::string(direction_name(state.direction)) + " " + state.stat;
+}
+
+// True when every run of `runs` (at least one) has a stage layout: their depth profiles are then drawn by block.
+bool by_block(const RunList& runs) {
+  return !runs.empty() && std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
+}
+
+// Where the stages of `runs` begin on the block axis: a dashed line at each transition and a "stage s" label for
+// every stage. One set in the marker colour when every run has the same layout; else one per run, in its colour,
+// on its own label row.
+std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs) {
+  const auto same_layout = [&](const RunSnapshot& run) {
+    const auto& first = runs.front()->blocks;
+    return std::equal(
+        run.blocks.begin(), run.blocks.end(), first.begin(), first.end(),
+        [](const RunBlock& a, const RunBlock& b) { return a.stage == b.stage && a.transition == b.transition; });
+  };
+  const bool shared = std::all_of(runs.begin(), runs.end(), [&](const auto& run) { return same_layout(*run); });
+  std::vector<AxisMarker> markers;
+  for (std::size_t i = 0; i < (shared ? std::min<std::size_t>(1, runs.size()) : runs.size()); ++i) {
+    for (const auto& start : stage_starts(runs[i]->blocks)) {
+      AxisMarker marker;
+      marker.value = start.position;
+      marker.label = stage_label(start.stage);
+      marker.line = start.transition;
+      if (!shared) {
+        marker.colour = series_colour(colour_index(state, *runs[i]));
+        marker.label_row = static_cast<int>(i);
+      }
+      markers.push_back(std::move(marker));
+    }
+  }
+  return markers;
+}
+
+}  // namespace
+
+// The depth profile of `runs` (a subset of the selection) at the state's record: against probe depth, or against
+// the block (with the stages marked) when every run has a stage layout.
+PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
+  PlotSpec spec;
+  const bool blocks = by_block(runs);
+  spec.x_label = blocks ? "block" : "probe depth";
+  if (blocks) spec.x_markers = stage_markers(state, runs);
+  spec.y_label = stat_title(state);
+  spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
+  for (const auto& run : runs) {
+    const Dataset2D* matrix = run->stat(state.direction, state.stat);
+    const std::int64_t record = record_of(*run, state.record);
+    if (matrix == nullptr || record < 0) continue;
+    const ImU32 colour = series_colour(colour_index(state, *run));
+    const float thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
+    PlotSeries measured;
+    measured.label = run->name;
+    measured.colour = colour;
+    measured.thickness = thickness;
+    const auto probes = probes_of_kind(run->probes, state.probe_kind);
+    std::vector<double> x_of(run->probes.size());
+    if (blocks) {
+      x_of = block_axis_positions(run->probes);
+    } else {
+      for (std::size_t p = 0; p < run->probes.size(); ++p) x_of[p] = static_cast<double>(run->probes[p].depth);
+    }
+    for (const std::size_t p : probes) {
+      measured.x.push_back(x_of[p]);
+      measured.y.push_back(matrix->at(record, static_cast<std::int64_t>(p)));
+    }
+    spec.series.push_back(std::move(measured));
+    const std::vector<double>* theory = run->theory(state.direction, state.stat);
+    if (state.show_theory && theory != nullptr) {
+      PlotSeries predicted;
+      predicted.label = run->name + " (theory, init)";
+      predicted.colour = colour;
+      predicted.dashed = true;
+      predicted.thickness = thickness;
+      for (const std::size_t p : probes) {
+        predicted.x.push_back(x_of[p]);
+        predicted.y.push_back((*theory)[p]);
+      }
+      if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
+        spec.series.push_back(std::move(predicted));
+      }
+    }
+  }
+  if (!runs.empty()) {
+    const std::int64_t record = record_of(*runs.front(), state.record);
+    if (record >= 0) spec.title = "step " + std::to_string(runs.front()->record_steps[record]);
+  }
+  return spec;
+}
+
+namespace {
+
+// The probes the dynamics view follows in `run`: the chosen names it has, else the defaults.
+std::vector<std::size_t> dynamics_probes_of(const AppState& state, const RunSnapshot& run) {
+  std::vector<std::size_t> chosen;
+  for (const auto& name : state.dynamics_probes) {
+    for (std::size_t p = 0; p < run.probes.size(); ++p) {
+      if (run.probes[p].name == name) chosen.push_back(p);
+    }
+  }
+  return chosen.empty() ? default_dynamics_probes(run.probes) : chosen;
+}
+
+}  // namespace
+
+PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs) {
+  PlotSpec spec;
+  spec.x_label = "step";
+  spec.y_label = stat_title(state);
+  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
+  spec.y_scale = state.dynamics_log_y ? AxisScale::log : AxisScale::linear;
+  for (const auto& run : runs) {
+    const Dataset2D* matrix = run->stat(state.direction, state.stat);
+    if (matrix == nullptr || run->records() == 0) continue;
+    const std::size_t colour = colour_index(state, *run);
+    const auto probes = dynamics_probes_of(state, *run);
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      PlotSeries series;
+      series.label = run->name + " · " + run->probes[probes[k]].name;
+      // The first probe in the run's own colour, later ones fainter.
+      series.colour = series_colour(colour, std::max(0.35f, 1.0f - 0.3f * static_cast<float>(k)));
+      series.thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
+      for (std::size_t r = 0; r < run->records(); ++r) {
+        series.x.push_back(static_cast<double>(run->record_steps[r]));
+        series.y.push_back(matrix->at(static_cast<std::int64_t>(r), static_cast<std::int64_t>(probes[k])));
+      }
+      spec.series.push_back(std::move(series));
+    }
+  }
+  if (!runs.empty()) {
+    const std::int64_t record = record_of(*runs.front(), state.record);
+    if (record >= 0) spec.x_marker = static_cast<double>(runs.front()->record_steps[record]);
+  }
+  return spec;
+}
+
+// One training curve per run: loss, lr or grad_norm.
+PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which) {
+  PlotSpec spec;
+  spec.title = which;
+  spec.x_label = "step";
+  spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
+  spec.y_scale = std::string(which) == "lr" ? AxisScale::linear : AxisScale::log;
+  spec.legend = false;
+  for (const auto& run : runs) {
+    const std::vector<double>& values = std::string(which) == "loss" ? run->train.loss
+                                        : std::string(which) == "lr" ? run->train.lr
+                                                                     : run->train.grad_norm;
+    const ImU32 colour = series_colour(colour_index(state, *run));
+    PlotSeries series;
+    series.label = run->name;
+    series.colour = colour;
+    series.thickness = 1.5f;
+    series.x.assign(run->train.step.begin(), run->train.step.end());
+    series.y = values;
+    spec.series.push_back(std::move(series));
+    if (std::string(which) == "loss" && run->eval.size() > 0) {
+      PlotSeries eval;
+      eval.label = run->name + " (eval)";
+      eval.colour = colour;
+      eval.dashed = true;
+      eval.x.assign(run->eval.step.begin(), run->eval.step.end());
+      eval.y = run->eval.loss;
+      spec.series.push_back(std::move(eval));
+    }
+  }
+  return spec;
+}
+
+HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) {
+  HeatmapSpec spec;
+  spec.title = run.name;
+  spec.x_label = "step";
+  spec.y_label = "probe depth";
+  spec.value_label = stat_title(state);
+  spec.colour_scale = state.heatmap_log ? AxisScale::log : AxisScale::linear;
+  const Dataset2D* matrix = run.stat(state.direction, state.stat);
+  if (matrix == nullptr || run.records() == 0) return spec;
+  const auto probes = probes_of_kind(run.probes, state.probe_kind);
+  spec.rows = static_cast<std::int64_t>(probes.size());
+  spec.columns = static_cast<std::int64_t>(run.records());
+  spec.values.resize(static_cast<std::size_t>(spec.rows * spec.columns));
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    spec.row_labels.push_back(run.probes[probes[i]].name);
+    for (std::int64_t r = 0; r < spec.columns; ++r) {
+      spec.values[i * static_cast<std::size_t>(spec.columns) + static_cast<std::size_t>(r)] =
+          matrix->at(r, static_cast<std::int64_t>(probes[i]));
+    }
+  }
+  for (const auto step : run.record_steps) spec.column_values.push_back(static_cast<double>(step));
+  if (has_block_axis(run)) {
+    // By block: block numbers at the middle of their rows, the stages' starts dashed and labelled.
+    spec.y_label = "block";
+    for (const auto& rows : block_rows(run.probes, probes)) {
+      spec.row_ticks.push_back(
+          Tick{0.5 * static_cast<double>(rows.first + rows.end), std::to_string(rows.block), true});
+    }
+    for (const auto& start : stage_starts_in_rows(run.probes, run.blocks, probes)) {
+      AxisMarker marker;
+      marker.value = start.position;
+      marker.label = stage_label(start.stage);
+      marker.line = start.transition;
+      spec.row_markers.push_back(std::move(marker));
+    }
+  }
+  return spec;
+}
+
+// Uploads the heatmap of `spec` into the panel's texture when what it shows changed; sets spec.texture.
+
+}  // namespace proplab::gui
