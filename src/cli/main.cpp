@@ -106,6 +106,160 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   }
 }
 
+// The command line: every subcommand's options and which subcommand was given.
+struct Commands {
+  CLI::App* run = nullptr;
+  std::string study_path, out_dir;
+  std::vector<std::string> overrides;
+  bool resume = false, force = false;
+  std::int64_t stop_after = -1;
+  CLI::App* inspect = nullptr;
+  proplab::InspectOptions inspect_options;
+  std::string inspect_path, inspect_step;
+  CLI::App* recover = nullptr;
+  std::string recover_path;
+  CLI::App* theory = nullptr;
+  proplab::TheoryOptions theory_options;
+  std::string compare_path;
+  CLI::App* sweep = nullptr;
+  proplab::SweepCommandOptions sweep_options;
+  CLI::App* report = nullptr;
+  proplab::ReportCommandOptions report_options;
+};
+
+void add_run_command(CLI::App& app, Commands& c) {
+  c.run = app.add_subcommand("run", "Train one study and write its run file (DIR/<name>.h5).");
+  c.run->add_option("study", c.study_path, "The study file (TOML; see docs/studies.md)")->required();
+  c.run->add_option("--set", c.overrides,
+                    "Override a study key, e.g. --set model.layers=48 --set scaling.rule=xavier (value in TOML "
+                    "syntax; bare words are strings). Repeatable.");
+  c.run->add_option("--out", c.out_dir, "Directory for the run file and checkpoint (default: runs/<name>/)");
+  c.run->add_flag("--resume", c.resume, "Continue from the checkpoint in the output directory, bit for bit");
+  c.run->add_flag("--force", c.force, "Overwrite an existing run file");
+  c.run
+      ->add_option("--stop-after", c.stop_after,
+                   "Stop cleanly after this many steps, with a checkpoint (continue later with --resume)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a step count (a whole number >= 0), got " + text;
+          },
+          "STEPS"));
+}
+
+void add_file_commands(CLI::App& app, Commands& c) {
+  c.inspect = app.add_subcommand(
+      "inspect", "Summarise a run file (finished, still going or killed) and print a depth table of a statistic.");
+  c.inspect->add_option("run_file", c.inspect_path, "The run file (DIR/<name>.h5)")->required();
+  c.inspect->add_option("--stat", c.inspect_options.stat,
+                        "Statistic for the depth table, e.g. mean, var, rms, max_abs, kurtosis (default: var)");
+  c.inspect->add_flag("--backward", c.inspect_options.backward,
+                      "Show the backward (gradient) statistic, not the forward");
+  c.inspect->add_option("--step", c.inspect_step, "Show the record of this training step (default: the last record)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            return !text.empty() && text.size() < 19 && text.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a training step (a whole number >= 0), got " + text;
+          },
+          "STEP"));
+
+  c.recover =
+      app.add_subcommand("recover",
+                         "Make the run file of a killed run readable by every HDF5 tool again (status becomes failed, "
+                         "detail killed). A finished run's file is left unchanged.");
+  c.recover->add_option("run_file", c.recover_path, "The run file (DIR/<name>.h5)")->required();
+
+  c.theory = app.add_subcommand(
+      "theory",
+      "Print the predicted statistics of every probe at initialisation (without building the model), "
+      "optionally measured against a run's record at step 0.");
+  c.theory->add_option("study", c.theory_options.study_path, "The study file (TOML; see docs/studies.md)")->required();
+  c.theory->add_option("--set", c.theory_options.overrides,
+                       "Override a study key, as for `proplab run` (value in TOML syntax). Repeatable.");
+  c.theory->add_option("--compare", c.compare_path,
+                       "A run file of this study (with a record at step 0): print measured vs predicted per probe and "
+                       "the residual stream's median and worst relative error");
+}
+
+void add_sweep_commands(CLI::App& app, Commands& c) {
+  c.sweep = app.add_subcommand(
+      "sweep",
+      "Run every point of a study's [sweep] as its own `proplab run`, N at a time, into DIR/<run>.h5 with "
+      "DIR/index.csv. Rerunning continues: finished points are skipped, interrupted ones resumed. Exit status: 0 "
+      "all finished, 2 bad input, 4 stopped or some point left to another process writing it (rerun to continue), 5 "
+      "some point failed (see index.csv).");
+  c.sweep->add_option("study", c.sweep_options.study_path, "The study file with a [sweep] table (docs/studies.md)")
+      ->required();
+  c.sweep->add_option("--set", c.sweep_options.overrides,
+                      "Override a study key for every point, as for `proplab run`. Repeatable.");
+  c.sweep->add_option("--jobs", c.sweep_options.jobs, "Points run at once (each gets cores/N CPUs; default 1)")
+      ->check(CLI::Range(1, 4096));
+  c.sweep->add_option("--out", c.sweep_options.out_dir, "The sweep folder (default: runs/<name>/)");
+  c.sweep->add_flag("--dry-run", c.sweep_options.dry_run,
+                    "Validate every point and print the plan (what would run, skip or resume); write nothing");
+  c.sweep->add_option("--shard", c.sweep_options.shard,
+                      "Run only shard i of n (0-based): the points whose index % n == i, e.g. --shard 0/4");
+  c.sweep->add_flag("--retry-failed", c.sweep_options.retry_failed, "Rerun points that failed before");
+  c.sweep->add_option("--emit", c.sweep_options.emit,
+                      "Write a job script instead of running: slurm (DIR/<name>.sbatch, an sbatch job array with one "
+                      "shard per task; docs/clusters.md)");
+  c.sweep->add_option("--tasks", c.sweep_options.tasks, "--emit slurm: array tasks (default: one per point)")
+      ->check(CLI::Range(1, 1000000));
+  c.sweep
+      ->add_option("--cpus-per-task", c.sweep_options.cpus_per_task,
+                   "--emit slurm: CPUs per array task (default: 2 per job)")
+      ->check(CLI::Range(1, 4096));
+
+  c.report = app.add_subcommand(
+      "report",
+      "Draw the standard figures of a sweep folder (or any folder of run files) as PNGs, headless, and write "
+      "report.md with a summary table of every run. Exit status: 0 written, 1 this build has no renderer, 2 no "
+      "runs in DIR or some run file unreadable (the others are reported).");
+  c.report->add_option("dir", c.report_options.dir, "The sweep folder (with index.csv) or a folder of run files")
+      ->required();
+  c.report->add_option("--out", c.report_options.out, "The report folder (default: DIR/report)");
+}
+
+// Runs the subcommand that was given; its exit status.
+int dispatch(Commands& c) {
+  try {
+    if (*c.run) return run_command(c.study_path, c.overrides, c.out_dir, c.resume, c.force, c.stop_after);
+    if (*c.inspect) {
+      c.inspect_options.run_file = c.inspect_path;
+      if (!c.inspect_step.empty()) {
+        c.inspect_options.has_step = true;
+        c.inspect_options.step = std::stoll(c.inspect_step);
+      }
+      proplab::inspect_run_file(c.inspect_options, std::cout);
+      return 0;
+    }
+    if (*c.sweep) return proplab::sweep_command(c.sweep_options, std::cout);
+    if (*c.report) return proplab::report_command(c.report_options, std::cout, std::cerr);
+    if (*c.theory) {
+      c.theory_options.compare = c.compare_path;
+      proplab::theory_command(c.theory_options, std::cout);
+      return 0;
+    }
+    if (*c.recover) {
+      proplab::recover_run_file_command(c.recover_path, std::cout);
+      return 0;
+    }
+  } catch (const proplab::UserError& e) {
+    std::cerr << "proplab: error: " << e.what() << "\n";
+    return 2;
+  } catch (const proplab::IoError& e) {
+    std::cerr << "proplab: error: " << e.what() << "; nothing was lost: free space (or make the folder writable "
+              << "again), then run the same command again\n";
+    return 6;
+  } catch (const std::exception& e) {
+    std::cerr << "proplab: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,142 +275,15 @@ int main(int argc, char** argv) {
       "  proplab report DIR [--out DIR/report]\n"
       "Run `proplab <command> --help` for a command's options. Study keys: "
       "docs/studies.md; run files: docs/run-format.md.");
-
-  std::string study_path, out_dir;
-  std::vector<std::string> overrides;
-  bool resume = false, force = false;
-  std::int64_t stop_after = -1;
-  CLI::App* run = app.add_subcommand("run", "Train one study and write its run file (DIR/<name>.h5).");
-  run->add_option("study", study_path, "The study file (TOML; see docs/studies.md)")->required();
-  run->add_option("--set", overrides,
-                  "Override a study key, e.g. --set model.layers=48 --set scaling.rule=xavier (value in TOML "
-                  "syntax; bare words are strings). Repeatable.");
-  run->add_option("--out", out_dir, "Directory for the run file and checkpoint (default: runs/<name>/)");
-  run->add_flag("--resume", resume, "Continue from the checkpoint in the output directory, bit for bit");
-  run->add_flag("--force", force, "Overwrite an existing run file");
-  run->add_option("--stop-after", stop_after,
-                  "Stop cleanly after this many steps, with a checkpoint (continue later with --resume)")
-      ->check(CLI::Validator(
-          [](const std::string& text) {
-            return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos
-                       ? std::string()
-                       : "must be a step count (a whole number >= 0), got " + text;
-          },
-          "STEPS"));
-
-  proplab::InspectOptions inspect_options;
-  std::string inspect_path, inspect_step;
-  CLI::App* inspect = app.add_subcommand(
-      "inspect", "Summarise a run file (finished, still going or killed) and print a depth table of a statistic.");
-  inspect->add_option("run_file", inspect_path, "The run file (DIR/<name>.h5)")->required();
-  inspect->add_option("--stat", inspect_options.stat,
-                      "Statistic for the depth table, e.g. mean, var, rms, max_abs, kurtosis (default: var)");
-  inspect->add_flag("--backward", inspect_options.backward, "Show the backward (gradient) statistic, not the forward");
-  inspect->add_option("--step", inspect_step, "Show the record of this training step (default: the last record)")
-      ->check(CLI::Validator(
-          [](const std::string& text) {
-            return !text.empty() && text.size() < 19 && text.find_first_not_of("0123456789") == std::string::npos
-                       ? std::string()
-                       : "must be a training step (a whole number >= 0), got " + text;
-          },
-          "STEP"));
-
-  std::string recover_path;
-  CLI::App* recover =
-      app.add_subcommand("recover",
-                         "Make the run file of a killed run readable by every HDF5 tool again (status becomes failed, "
-                         "detail killed). A finished run's file is left unchanged.");
-  recover->add_option("run_file", recover_path, "The run file (DIR/<name>.h5)")->required();
-
-  proplab::TheoryOptions theory_options;
-  std::string compare_path;
-  CLI::App* theory = app.add_subcommand(
-      "theory",
-      "Print the predicted statistics of every probe at initialisation (without building the model), "
-      "optionally measured against a run's record at step 0.");
-  theory->add_option("study", theory_options.study_path, "The study file (TOML; see docs/studies.md)")->required();
-  theory->add_option("--set", theory_options.overrides,
-                     "Override a study key, as for `proplab run` (value in TOML syntax). Repeatable.");
-  theory->add_option("--compare", compare_path,
-                     "A run file of this study (with a record at step 0): print measured vs predicted per probe and "
-                     "the residual stream's median and worst relative error");
-
-  proplab::SweepCommandOptions sweep_options;
-  CLI::App* sweep = app.add_subcommand(
-      "sweep",
-      "Run every point of a study's [sweep] as its own `proplab run`, N at a time, into DIR/<run>.h5 with "
-      "DIR/index.csv. Rerunning continues: finished points are skipped, interrupted ones resumed. Exit status: 0 "
-      "all finished, 2 bad input, 4 stopped (rerun to continue), 5 some point failed (see index.csv).");
-  sweep->add_option("study", sweep_options.study_path, "The study file with a [sweep] table (docs/studies.md)")
-      ->required();
-  sweep->add_option("--set", sweep_options.overrides,
-                    "Override a study key for every point, as for `proplab run`. Repeatable.");
-  sweep->add_option("--jobs", sweep_options.jobs, "Points run at once (each gets cores/N CPUs; default 1)")
-      ->check(CLI::Range(1, 4096));
-  sweep->add_option("--out", sweep_options.out_dir, "The sweep folder (default: runs/<name>/)");
-  sweep->add_flag("--dry-run", sweep_options.dry_run,
-                  "Validate every point and print the plan (what would run, skip or resume); write nothing");
-  sweep->add_option("--shard", sweep_options.shard,
-                    "Run only shard i of n (0-based): the points whose index % n == i, e.g. --shard 0/4");
-  sweep->add_flag("--retry-failed", sweep_options.retry_failed, "Rerun points that failed before");
-  sweep->add_option("--emit", sweep_options.emit,
-                    "Write a job script instead of running: slurm (DIR/<name>.sbatch, an sbatch job array with one "
-                    "shard per task; docs/clusters.md)");
-  sweep->add_option("--tasks", sweep_options.tasks, "--emit slurm: array tasks (default: one per point)")
-      ->check(CLI::Range(1, 1000000));
-  sweep
-      ->add_option("--cpus-per-task", sweep_options.cpus_per_task,
-                   "--emit slurm: CPUs per array task (default: 2 per job)")
-      ->check(CLI::Range(1, 4096));
-
-  proplab::ReportCommandOptions report_options;
-  CLI::App* report = app.add_subcommand(
-      "report",
-      "Draw the standard figures of a sweep folder (or any folder of run files) as PNGs, headless, and write "
-      "report.md with a summary table of every run. Exit status: 0 written, 1 this build has no renderer, 2 no "
-      "runs in DIR or some run file unreadable (the others are reported).");
-  report->add_option("dir", report_options.dir, "The sweep folder (with index.csv) or a folder of run files")
-      ->required();
-  report->add_option("--out", report_options.out, "The report folder (default: DIR/report)");
-
+  Commands commands;
+  add_run_command(app, commands);
+  add_file_commands(app, commands);
+  add_sweep_commands(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  try {
-    if (*run) return run_command(study_path, overrides, out_dir, resume, force, stop_after);
-    if (*inspect) {
-      inspect_options.run_file = inspect_path;
-      if (!inspect_step.empty()) {
-        inspect_options.has_step = true;
-        inspect_options.step = std::stoll(inspect_step);
-      }
-      proplab::inspect_run_file(inspect_options, std::cout);
-      return 0;
-    }
-    if (*sweep) return proplab::sweep_command(sweep_options, std::cout);
-    if (*report) return proplab::report_command(report_options, std::cout, std::cerr);
-    if (*theory) {
-      theory_options.compare = compare_path;
-      proplab::theory_command(theory_options, std::cout);
-      return 0;
-    }
-    if (*recover) {
-      proplab::recover_run_file_command(recover_path, std::cout);
-      return 0;
-    }
-  } catch (const proplab::UserError& e) {
-    std::cerr << "proplab: error: " << e.what() << "\n";
-    return 2;
-  } catch (const proplab::IoError& e) {
-    std::cerr << "proplab: error: " << e.what() << "; nothing was lost: free space (or make the folder writable "
-              << "again), then run the same command again\n";
-    return 6;
-  } catch (const std::exception& e) {
-    std::cerr << "proplab: internal error: " << e.what() << "\n";
-    return 1;
-  }
-  return 0;
+  return dispatch(commands);
 }
