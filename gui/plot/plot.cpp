@@ -248,17 +248,10 @@ ImU32 series_colour(std::size_t index, float alpha) {
   return IM_COL32(rgb[0], rgb[1], rgb[2], static_cast<int>(std::lround(std::clamp(alpha, 0.0f, 1.0f) * 255.0f)));
 }
 
-void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 size) {
-  ImGui::PushID(id);
-  const PlotLayout layout = make_layout(size, !spec.title.empty() || !spec.y_label.empty(), 10.0f);
-  remember_rect(state.export_request, layout, spec.title.empty() ? id : spec.title);
-  ImGui::InvisibleButton("plot", size, ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
-  const bool hovered = ImGui::IsItemHovered();
-  const bool active = ImGui::IsItemActive();
-  ImDrawList* draw = ImGui::GetWindowDrawList();
-  ImGuiIO& io = ImGui::GetIO();
+namespace {
 
-  // The view: the data (or the spec's fixed ranges) unless the user moved it.
+// The view: the data (or the spec's fixed ranges) unless the user moved it.
+void fit_view(PlotState& state, const PlotSpec& spec) {
   if (state.x_scale != spec.x_scale || state.y_scale != spec.y_scale) {
     state.user_view = false;
     state.x_scale = spec.x_scale;
@@ -276,6 +269,100 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   }
   state.x = make_valid_range(state.x, spec.x_scale);
   state.y = make_valid_range(state.y, spec.y_scale);
+}
+
+// Wheel zoom, drag pan, right-drag box zoom (or the menu on a right click), double-click reset: before drawing,
+// so the frame shows their result.
+void handle_input(PlotState& state, const PlotSpec& spec, const PlotLayout& layout, bool in_area, bool active) {
+  ImGuiIO& io = ImGui::GetIO();
+  const ImVec2 mouse = io.MousePos;
+  const float width = layout.area_max.x - layout.area_min.x, height = layout.area_max.y - layout.area_min.y;
+  const AxisTransform x(state.x, spec.x_scale, layout.area_min.x, layout.area_max.x);
+  const AxisTransform y(state.y, spec.y_scale, layout.area_max.y, layout.area_min.y);
+  if (in_area && io.MouseWheel != 0.0f) {
+    const double factor = std::pow(0.85, io.MouseWheel);
+    if (!io.KeyCtrl) state.x = zoom_range(state.x, spec.x_scale, x.from_pixel(mouse.x), factor);
+    if (!io.KeyShift) state.y = zoom_range(state.y, spec.y_scale, y.from_pixel(mouse.y), factor);
+    state.user_view = true;
+  }
+  if (active && ImGui::IsMouseDragging(ImGuiMouseButton_Left) && (io.MouseDelta.x != 0 || io.MouseDelta.y != 0)) {
+    state.x = pan_range(state.x, spec.x_scale, -io.MouseDelta.x, width);
+    state.y = pan_range(state.y, spec.y_scale, io.MouseDelta.y, height);
+    state.user_view = true;
+  }
+  if (in_area && ImGui::IsMouseClicked(ImGuiMouseButton_Right)) {
+    state.box_active = true;
+    state.box_x = mouse.x;
+    state.box_y = mouse.y;
+  }
+  if (state.box_active && ImGui::IsMouseReleased(ImGuiMouseButton_Right)) {
+    state.box_active = false;
+    const float dx = std::fabs(mouse.x - state.box_x), dy = std::fabs(mouse.y - state.box_y);
+    if (dx > 4.0f && dy > 4.0f) {
+      state.x = range_between(x.from_pixel(state.box_x), x.from_pixel(mouse.x), spec.x_scale);
+      state.y = range_between(y.from_pixel(state.box_y), y.from_pixel(mouse.y), spec.y_scale);
+      state.user_view = true;
+    } else {
+      ImGui::OpenPopup("menu");
+    }
+  }
+  if (in_area && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) state.user_view = false;
+}
+
+// The crosshair and the nearest point's values, in a tooltip.
+void draw_hover(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spec, const PlotState& state,
+                const AxisTransform& x, const AxisTransform& y, ImVec2 mouse) {
+  const ImU32 cross = ImGui::GetColorU32(ImGuiCol_Text, 0.35f);
+  draw->AddLine(ImVec2(mouse.x, layout.area_min.y), ImVec2(mouse.x, layout.area_max.y), cross);
+  draw->AddLine(ImVec2(layout.area_min.x, mouse.y), ImVec2(layout.area_max.x, mouse.y), cross);
+  const PlotSeries* best_series = nullptr;
+  std::size_t best_index = 0;
+  double best_distance = hover_radius_px;
+  std::vector<PixelPoint> points;
+  for (const auto& series : spec.series) {
+    if (state.hidden.count(series.label)) continue;
+    const std::size_t n = std::min(series.x.size(), series.y.size());
+    points.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool ok = plottable(series.x[i], spec.x_scale) && plottable(series.y[i], spec.y_scale);
+      points[i] =
+          ok ? PixelPoint{x.to_pixel(series.x[i]), y.to_pixel(series.y[i])} : PixelPoint{std::nan(""), std::nan("")};
+    }
+    const long index = nearest_point(points, mouse.x, mouse.y, best_distance);
+    if (index < 0) continue;
+    best_distance = std::hypot(points[index].x - mouse.x, points[index].y - mouse.y);
+    best_series = &series;
+    best_index = static_cast<std::size_t>(index);
+  }
+  ImGui::BeginTooltip();
+  if (best_series != nullptr) {
+    const ImVec2 at(static_cast<float>(x.to_pixel(best_series->x[best_index])),
+                    static_cast<float>(y.to_pixel(best_series->y[best_index])));
+    draw->AddCircle(at, 5.0f, best_series->colour, 12, 2.0f);
+    ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(best_series->colour), "%s", best_series->label.c_str());
+    ImGui::Text("%s = %s", spec.x_label.empty() ? "x" : spec.x_label.c_str(),
+                format_value(best_series->x[best_index]).c_str());
+    ImGui::Text("%s = %s", spec.y_label.empty() ? "y" : spec.y_label.c_str(),
+                format_value(best_series->y[best_index]).c_str());
+  } else {
+    ImGui::Text("%s, %s", format_value(x.from_pixel(mouse.x)).c_str(), format_value(y.from_pixel(mouse.y)).c_str());
+  }
+  ImGui::EndTooltip();
+}
+
+}  // namespace
+
+void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 size) {
+  ImGui::PushID(id);
+  const PlotLayout layout = make_layout(size, !spec.title.empty() || !spec.y_label.empty(), 10.0f);
+  remember_rect(state.export_request, layout, spec.title.empty() ? id : spec.title);
+  ImGui::InvisibleButton("plot", size, ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
+  const bool hovered = ImGui::IsItemHovered();
+  const bool active = ImGui::IsItemActive();
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  ImGuiIO& io = ImGui::GetIO();
+
+  fit_view(state, spec);
   const float width = layout.area_max.x - layout.area_min.x, height = layout.area_max.y - layout.area_min.y;
   const ImVec2 mouse = io.MousePos;
   const bool in_area = hovered && mouse.x >= layout.area_min.x && mouse.x <= layout.area_max.x &&
@@ -286,39 +373,7 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   draw_title(draw, layout, spec.title, spec.y_label);
   bool legend_under_mouse = false;
 
-  // Input, before drawing so the frame shows its result.
-  {
-    const AxisTransform x(state.x, spec.x_scale, layout.area_min.x, layout.area_max.x);
-    const AxisTransform y(state.y, spec.y_scale, layout.area_max.y, layout.area_min.y);
-    if (in_area && io.MouseWheel != 0.0f) {
-      const double factor = std::pow(0.85, io.MouseWheel);
-      if (!io.KeyCtrl) state.x = zoom_range(state.x, spec.x_scale, x.from_pixel(mouse.x), factor);
-      if (!io.KeyShift) state.y = zoom_range(state.y, spec.y_scale, y.from_pixel(mouse.y), factor);
-      state.user_view = true;
-    }
-    if (active && ImGui::IsMouseDragging(ImGuiMouseButton_Left) && (io.MouseDelta.x != 0 || io.MouseDelta.y != 0)) {
-      state.x = pan_range(state.x, spec.x_scale, -io.MouseDelta.x, width);
-      state.y = pan_range(state.y, spec.y_scale, io.MouseDelta.y, height);
-      state.user_view = true;
-    }
-    if (in_area && ImGui::IsMouseClicked(ImGuiMouseButton_Right)) {
-      state.box_active = true;
-      state.box_x = mouse.x;
-      state.box_y = mouse.y;
-    }
-    if (state.box_active && ImGui::IsMouseReleased(ImGuiMouseButton_Right)) {
-      state.box_active = false;
-      const float dx = std::fabs(mouse.x - state.box_x), dy = std::fabs(mouse.y - state.box_y);
-      if (dx > 4.0f && dy > 4.0f) {
-        state.x = range_between(x.from_pixel(state.box_x), x.from_pixel(mouse.x), spec.x_scale);
-        state.y = range_between(y.from_pixel(state.box_y), y.from_pixel(mouse.y), spec.y_scale);
-        state.user_view = true;
-      } else {
-        ImGui::OpenPopup("menu");
-      }
-    }
-    if (in_area && ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) state.user_view = false;
-  }
+  handle_input(state, spec, layout, in_area, active);
 
   const AxisTransform x(state.x, spec.x_scale, layout.area_min.x, layout.area_max.x);
   const AxisTransform y(state.y, spec.y_scale, layout.area_max.y, layout.area_min.y);
@@ -363,45 +418,7 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   draw->PopClipRect();
   draw_legend(draw, layout, spec, state, hovered, legend_under_mouse);
 
-  // Crosshair and the nearest point's values.
-  if (in_area && !legend_under_mouse && !state.box_active) {
-    const ImU32 cross = ImGui::GetColorU32(ImGuiCol_Text, 0.35f);
-    draw->AddLine(ImVec2(mouse.x, layout.area_min.y), ImVec2(mouse.x, layout.area_max.y), cross);
-    draw->AddLine(ImVec2(layout.area_min.x, mouse.y), ImVec2(layout.area_max.x, mouse.y), cross);
-    const PlotSeries* best_series = nullptr;
-    std::size_t best_index = 0;
-    double best_distance = hover_radius_px;
-    std::vector<PixelPoint> points;
-    for (const auto& series : spec.series) {
-      if (state.hidden.count(series.label)) continue;
-      const std::size_t n = std::min(series.x.size(), series.y.size());
-      points.resize(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        const bool ok = plottable(series.x[i], spec.x_scale) && plottable(series.y[i], spec.y_scale);
-        points[i] =
-            ok ? PixelPoint{x.to_pixel(series.x[i]), y.to_pixel(series.y[i])} : PixelPoint{std::nan(""), std::nan("")};
-      }
-      const long index = nearest_point(points, mouse.x, mouse.y, best_distance);
-      if (index < 0) continue;
-      best_distance = std::hypot(points[index].x - mouse.x, points[index].y - mouse.y);
-      best_series = &series;
-      best_index = static_cast<std::size_t>(index);
-    }
-    ImGui::BeginTooltip();
-    if (best_series != nullptr) {
-      const ImVec2 at(static_cast<float>(x.to_pixel(best_series->x[best_index])),
-                      static_cast<float>(y.to_pixel(best_series->y[best_index])));
-      draw->AddCircle(at, 5.0f, best_series->colour, 12, 2.0f);
-      ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(best_series->colour), "%s", best_series->label.c_str());
-      ImGui::Text("%s = %s", spec.x_label.empty() ? "x" : spec.x_label.c_str(),
-                  format_value(best_series->x[best_index]).c_str());
-      ImGui::Text("%s = %s", spec.y_label.empty() ? "y" : spec.y_label.c_str(),
-                  format_value(best_series->y[best_index]).c_str());
-    } else {
-      ImGui::Text("%s, %s", format_value(x.from_pixel(mouse.x)).c_str(), format_value(y.from_pixel(mouse.y)).c_str());
-    }
-    ImGui::EndTooltip();
-  }
+  if (in_area && !legend_under_mouse && !state.box_active) draw_hover(draw, layout, spec, state, x, y, mouse);
   context_menu("menu", state.export_request, &state);
   ImGui::PopID();
 }
