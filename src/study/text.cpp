@@ -87,7 +87,10 @@ std::string toml_string(const std::string& text) {
 std::string toml_string_array(const std::vector<std::string>& items) {
   std::vector<std::string> quoted;
   for (const auto& item : items) quoted.push_back(toml_string(item));
-  return "[" + join(quoted, ", ") + "]";
+  std::string text = "[";
+  text += join(quoted, ", ");
+  text += "]";
+  return text;
 }
 
 // What a node is, for "expected X, got Y" messages.
