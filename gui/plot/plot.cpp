@@ -423,6 +423,61 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   ImGui::PopID();
 }
 
+namespace {
+
+// Row markers (stage starts): dashed lines along row boundaries, labels at the left above them on a dark backing
+// (the cells beneath may be any colour).
+void draw_row_markers(ImDrawList* draw, const PlotLayout& layout, const HeatmapSpec& spec) {
+  const float height = layout.area_max.y - layout.area_min.y;
+  const auto row_places = marker_places(spec.row_markers, {0.0, static_cast<double>(spec.rows)}, AxisScale::linear,
+                                        height, ImGui::GetTextLineHeight());
+  for (std::size_t m = 0; m < spec.row_markers.size(); ++m) {
+    const AxisMarker& marker = spec.row_markers[m];
+    const float py = layout.area_max.y - static_cast<float>(row_places[m].line_at);
+    if (marker.line && row_places[m].line) {
+      draw_dashed_line(draw, ImVec2(layout.area_min.x, py), ImVec2(layout.area_max.x, py), marker.colour);
+    }
+    if (!row_places[m].label) continue;
+    const ImVec2 extent = ImGui::CalcTextSize(marker.label.c_str());
+    const ImVec2 at(layout.area_min.x + marker_label_gap_px +
+                        static_cast<float>(marker.label_row) * (extent.x + 2.0f * marker_label_gap_px),
+                    layout.area_max.y - static_cast<float>(row_places[m].label_at) - extent.y);
+    draw->AddRectFilled(ImVec2(at.x - 2.0f, at.y), ImVec2(at.x + extent.x + 2.0f, at.y + extent.y),
+                        IM_COL32(0, 0, 0, 170));
+    draw->AddText(at, marker.colour, marker.label.c_str());
+  }
+}
+
+// The colour bar beside the cells, with its own ticks and the value label above it.
+void draw_colour_bar(ImDrawList* draw, const PlotLayout& layout, const HeatmapSpec& spec,
+                     const AxisRange& value_range) {
+  const float height = layout.area_max.y - layout.area_min.y;
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text);
+  const ImVec2 bar_min(layout.area_max.x + 12.0f, layout.area_min.y);
+  const ImVec2 bar_max(bar_min.x + 16.0f, layout.area_max.y);
+  constexpr int bar_steps = 64;
+  for (int i = 0; i < bar_steps; ++i) {
+    const float t0 = static_cast<float>(i) / bar_steps, t1 = static_cast<float>(i + 1) / bar_steps;
+    const auto rgb = viridis((t0 + t1) / 2.0f);
+    draw->AddRectFilled(ImVec2(bar_min.x, bar_max.y - t1 * (bar_max.y - bar_min.y) - 0.5f),
+                        ImVec2(bar_max.x, bar_max.y - t0 * (bar_max.y - bar_min.y)),
+                        ImGui::ColorConvertFloat4ToU32(ImVec4(rgb[0], rgb[1], rgb[2], 1.0f)));
+  }
+  draw->AddRect(bar_min, bar_max, ImGui::GetColorU32(ImGuiCol_Border));
+  const AxisTransform bar(value_range, spec.colour_scale, bar_max.y, bar_min.y);
+  for (const auto& tick : axis_ticks(value_range, spec.colour_scale, std::max(2, static_cast<int>(height / 45.0f)))) {
+    if (!tick.major) continue;
+    const float py = static_cast<float>(bar.to_pixel(tick.value));
+    draw->AddLine(ImVec2(bar_max.x, py), ImVec2(bar_max.x + 4.0f, py), text);
+    draw->AddText(ImVec2(bar_max.x + 6.0f, py - ImGui::GetTextLineHeight() / 2.0f), text, tick.label.c_str());
+  }
+  if (!spec.value_label.empty()) {
+    draw->AddText(ImVec2(bar_min.x, layout.frame_min.y + 2.0f), text, spec.value_label.c_str());
+  }
+}
+
+}  // namespace
+
 void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, ImVec2 size) {
   ImGui::PushID(id);
   const PlotLayout layout = make_layout(size, true, 96.0f);
@@ -488,48 +543,8 @@ void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, 
     draw->AddText(ImVec2(layout.area_min.x - extent.x - 4.0f, py - extent.y / 2.0f), text, tick.label.c_str());
   }
 
-  // Row markers (stage starts): dashed lines along row boundaries, labels at the left above them on a dark backing
-  // (the cells beneath may be any colour).
-  const auto row_places = marker_places(spec.row_markers, {0.0, static_cast<double>(spec.rows)}, AxisScale::linear,
-                                        height, ImGui::GetTextLineHeight());
-  for (std::size_t m = 0; m < spec.row_markers.size(); ++m) {
-    const AxisMarker& marker = spec.row_markers[m];
-    const float py = layout.area_max.y - static_cast<float>(row_places[m].line_at);
-    if (marker.line && row_places[m].line) {
-      draw_dashed_line(draw, ImVec2(layout.area_min.x, py), ImVec2(layout.area_max.x, py), marker.colour);
-    }
-    if (!row_places[m].label) continue;
-    const ImVec2 extent = ImGui::CalcTextSize(marker.label.c_str());
-    const ImVec2 at(layout.area_min.x + marker_label_gap_px +
-                        static_cast<float>(marker.label_row) * (extent.x + 2.0f * marker_label_gap_px),
-                    layout.area_max.y - static_cast<float>(row_places[m].label_at) - extent.y);
-    draw->AddRectFilled(ImVec2(at.x - 2.0f, at.y), ImVec2(at.x + extent.x + 2.0f, at.y + extent.y),
-                        IM_COL32(0, 0, 0, 170));
-    draw->AddText(at, marker.colour, marker.label.c_str());
-  }
-
-  // Colour bar with its own ticks.
-  const ImVec2 bar_min(layout.area_max.x + 12.0f, layout.area_min.y);
-  const ImVec2 bar_max(bar_min.x + 16.0f, layout.area_max.y);
-  constexpr int bar_steps = 64;
-  for (int i = 0; i < bar_steps; ++i) {
-    const float t0 = static_cast<float>(i) / bar_steps, t1 = static_cast<float>(i + 1) / bar_steps;
-    const auto rgb = viridis((t0 + t1) / 2.0f);
-    draw->AddRectFilled(ImVec2(bar_min.x, bar_max.y - t1 * (bar_max.y - bar_min.y) - 0.5f),
-                        ImVec2(bar_max.x, bar_max.y - t0 * (bar_max.y - bar_min.y)),
-                        ImGui::ColorConvertFloat4ToU32(ImVec4(rgb[0], rgb[1], rgb[2], 1.0f)));
-  }
-  draw->AddRect(bar_min, bar_max, ImGui::GetColorU32(ImGuiCol_Border));
-  const AxisTransform bar(value_range, spec.colour_scale, bar_max.y, bar_min.y);
-  for (const auto& tick : axis_ticks(value_range, spec.colour_scale, std::max(2, static_cast<int>(height / 45.0f)))) {
-    if (!tick.major) continue;
-    const float py = static_cast<float>(bar.to_pixel(tick.value));
-    draw->AddLine(ImVec2(bar_max.x, py), ImVec2(bar_max.x + 4.0f, py), text);
-    draw->AddText(ImVec2(bar_max.x + 6.0f, py - ImGui::GetTextLineHeight() / 2.0f), text, tick.label.c_str());
-  }
-  if (!spec.value_label.empty()) {
-    draw->AddText(ImVec2(bar_min.x, layout.frame_min.y + 2.0f), text, spec.value_label.c_str());
-  }
+  draw_row_markers(draw, layout, spec);
+  draw_colour_bar(draw, layout, spec, value_range);
 
   // Hover read-out.
   const ImVec2 mouse = ImGui::GetIO().MousePos;
