@@ -312,6 +312,61 @@ void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& in
   }
 }
 
+namespace {
+
+// How predict_transformer computes, for the run file's /theory formulae attribute.
+std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs) {
+  std::ostringstream formulae;
+  formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
+              "r_0 "
+           << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
+           << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
+           << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
+           << ") per token pair; causal attention (log-normal softmax weights per query, E[Σw²] = e^D/(e^D+n-1), "
+              "shared-key products for query pairs); dropout_forward; residual_forward; tied head: the input token's "
+              "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
+              "(near-uniform, plus the tied self logit by quadrature); linear/activation/norm/dropout/residual "
+              "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
+              "(per position)";
+  return formulae.str();
+}
+
+// The head's logits (with a tied head, the mixture of the input token's own logit and the others).
+struct HeadLogits {
+  Signal logits;
+  double other_spread = 0.0;  // the other logits' spread across classes
+  bool self_logit = false;    // a tied head: one logit in C is the input token's own
+  double self_mean = 0.0, self_var = 0.0;
+};
+
+HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_signal, double token_aligned_var,
+                       double tok_var) {
+  const TransformerConfig& c = numbers.config;
+  const std::int64_t d = c.width;
+  const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
+  const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
+  Signal logits = linear_forward(head_signal, d, head_std * head_std);
+  logits.var *= multiplier_sq;
+  const double other_spread = logits.var * (1.0 - logits.corr);
+  // Tied head: the row's own input token's logit is h·E_tok with h = α·E_tok/σ_tok + rest (α² the aligned
+  // variance), so it has mean α·σ_tok·d and variance σ_tok²·d·(var_h + α²) (|E_tok|² is χ²-distributed).
+  const double dims = static_cast<double>(d), classes = static_cast<double>(c.vocab);
+  const bool self_logit = c.tie_embeddings && token_aligned_var > 0.0 && head_signal.var > 0.0;
+  const double self_mean =
+      self_logit ? numbers.output_multiplier * std::sqrt(token_aligned_var) * numbers.token_embed_std * dims : 0.0;
+  const double self_var = multiplier_sq * tok_var * dims * (head_signal.var + token_aligned_var);
+  if (self_logit) {
+    // One logit in C is the self logit: the mixture's mean and variance over all elements.
+    const double others_var = logits.var;
+    logits.mean = self_mean / classes;
+    logits.var =
+        ((classes - 1.0) * others_var + self_var + self_mean * self_mean) / classes - logits.mean * logits.mean;
+  }
+  return HeadLogits{logits, other_spread, self_logit, self_mean, self_var};
+}
+
+}  // namespace
+
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
   const TransformerConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
@@ -371,23 +426,11 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const Signal head_signal = head_in.signal();
   const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
   const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
-  Signal logits = linear_forward(head_signal, d, head_std * head_std);
-  logits.var *= multiplier_sq;
-  const double other_spread = logits.var * (1.0 - logits.corr);
-  // Tied head: the row's own input token's logit is h·E_tok with h = α·E_tok/σ_tok + rest (α² the aligned
-  // variance), so it has mean α·σ_tok·d and variance σ_tok²·d·(var_h + α²) (|E_tok|² is χ²-distributed).
-  const double dims = static_cast<double>(d), classes = static_cast<double>(c.vocab);
-  const bool self_logit = c.tie_embeddings && token_aligned_var > 0.0 && head_signal.var > 0.0;
-  const double self_mean =
-      self_logit ? numbers.output_multiplier * std::sqrt(token_aligned_var) * numbers.token_embed_std * dims : 0.0;
-  const double self_var = multiplier_sq * tok_var * dims * (head_signal.var + token_aligned_var);
-  if (self_logit) {
-    // One logit in C is the self logit: the mixture's mean and variance over all elements.
-    const double others_var = logits.var;
-    logits.mean = self_mean / classes;
-    logits.var =
-        ((classes - 1.0) * others_var + self_var + self_mean * self_mean) / classes - logits.mean * logits.mean;
-  }
+  const HeadLogits head = head_logits(numbers, head_signal, token_aligned_var, tok_var);
+  const Signal& logits = head.logits;
+  const double other_spread = head.other_spread, self_mean = head.self_mean, self_var = head.self_var;
+  const bool self_logit = head.self_logit;
+  const double classes = static_cast<double>(c.vocab);
   const int probe_logits = b.add("head.logits", "logits", -1);
   b.set_forward(probe_logits, logits);
 
@@ -432,19 +475,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   }
   b.set_backward(probe_embed, g.signal());
 
-  std::ostringstream formulae;
-  formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
-              "r_0 "
-           << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
-           << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
-           << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
-           << ") per token pair; causal attention (log-normal softmax weights per query, E[Σw²] = e^D/(e^D+n-1), "
-              "shared-key products for query pairs); dropout_forward; residual_forward; tied head: the input token's "
-              "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
-              "(near-uniform, plus the tied self logit by quadrature); linear/activation/norm/dropout/residual "
-              "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
-              "(per position)";
-  b.prediction.formulae = formulae.str();
+  b.prediction.formulae = transformer_formulae(c, inputs);
   return b.prediction;
 }
 
