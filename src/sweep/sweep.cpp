@@ -147,6 +147,9 @@ class SweepReader {
   // Validates one point's overrides; returns the point's resolved study, or "" after recording its problems.
   std::string validate(const std::string& text, const std::vector<std::string>& overrides);
   [[noreturn]] void fail() const;
+  // Every point of the sweep, in point order, each validated as the study it becomes (into plan.points).
+  void expand_points(const std::string& text, SweepPlan& plan, const std::vector<const Axis*>& grid,
+                     std::size_t zip_length, std::size_t count, std::int64_t base_seed);
 
   std::string source_, base_dir_;
   std::vector<std::string> user_overrides_;
@@ -295,6 +298,57 @@ void SweepReader::fail() const {
   throw UserError(join(sorted, "\n"));
 }
 
+void SweepReader::expand_points(const std::string& text, SweepPlan& plan, const std::vector<const Axis*>& grid,
+                                std::size_t zip_length, std::size_t count, std::int64_t base_seed) {
+  std::map<std::string, std::size_t> names;
+  std::vector<std::size_t> digits(grid.size(), 0);
+  for (std::size_t index = 0; index < count; ++index) {
+    // index = ((grid digits...) * zip_length + z) * seeds + s, the first grid axis slowest.
+    std::size_t rest = index;
+    const std::size_t s = rest % static_cast<std::size_t>(seeds_);
+    rest /= static_cast<std::size_t>(seeds_);
+    const std::size_t z = rest % zip_length;
+    rest /= zip_length;
+    for (std::size_t g = grid.size(); g-- > 0;) {
+      digits[g] = rest % grid[g]->values.size();
+      rest /= grid[g]->values.size();
+    }
+    SweepPoint point;
+    point.index = index;
+    std::vector<std::pair<std::string, std::string>> parts;
+    std::size_t g = 0;
+    for (const Axis& axis : axes_) {
+      const Value& value = axis.kind == "grid" ? axis.values[digits[g++]] : axis.values[z];
+      point.overrides.push_back(axis.key + "=" + value.toml);
+      point.values.push_back(value.display);
+      parts.emplace_back(axis.label, name_safe(value.display));
+    }
+    if (seeds_ > 1) {
+      const std::string seed = std::to_string(base_seed + static_cast<std::int64_t>(s));
+      point.overrides.push_back("seed=" + seed);
+      point.values.push_back(seed);
+      parts.emplace_back("seed", seed);
+    }
+    point.name = make_run_name(parts);
+    const auto [it, inserted] = names.emplace(point.name, index);
+    if (!inserted)
+      add(at(source_, sweep_line_) + ": sweep: points " + join(plan.points[it->second].overrides, " ") + " and " +
+          join(point.overrides, " ") + " both get the run name " + toml_basic_string(point.name) +
+          "; allowed: values that differ after unsafe characters become '_'");
+    std::vector<std::string> all = user_overrides_;
+    all.insert(all.end(), point.overrides.begin(), point.overrides.end());
+    all.push_back("name=" + toml_basic_string(point.name));
+    const std::string resolved = validate(text, all);
+    if (!resolved.empty()) {
+      // The point without [sweep] (written last in the resolved text), checked again as `proplab run` will.
+      const auto sweep_at = resolved.find("\n[sweep");
+      PROPLAB_CHECK(sweep_at != std::string::npos, "the resolved study of a sweep point holds its [sweep] table");
+      point.study_toml = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_).config_toml;
+    }
+    plan.points.push_back(std::move(point));
+  }
+}
+
 SweepPlan SweepReader::read(const std::string& text) {
   toml::table root;
   try {
@@ -370,53 +424,7 @@ SweepPlan SweepReader::read(const std::string& text) {
                                                                 ": sweep.seeds (seed " + std::to_string(base_seed + s) +
                                                                 ")";
 
-  std::map<std::string, std::size_t> names;
-  std::vector<std::size_t> digits(grid.size(), 0);
-  for (std::size_t index = 0; index < count; ++index) {
-    // index = ((grid digits...) * zip_length + z) * seeds + s, the first grid axis slowest.
-    std::size_t rest = index;
-    const std::size_t s = rest % static_cast<std::size_t>(seeds_);
-    rest /= static_cast<std::size_t>(seeds_);
-    const std::size_t z = rest % zip_length;
-    rest /= zip_length;
-    for (std::size_t g = grid.size(); g-- > 0;) {
-      digits[g] = rest % grid[g]->values.size();
-      rest /= grid[g]->values.size();
-    }
-    SweepPoint point;
-    point.index = index;
-    std::vector<std::pair<std::string, std::string>> parts;
-    std::size_t g = 0;
-    for (const Axis& axis : axes_) {
-      const Value& value = axis.kind == "grid" ? axis.values[digits[g++]] : axis.values[z];
-      point.overrides.push_back(axis.key + "=" + value.toml);
-      point.values.push_back(value.display);
-      parts.emplace_back(axis.label, name_safe(value.display));
-    }
-    if (seeds_ > 1) {
-      const std::string seed = std::to_string(base_seed + static_cast<std::int64_t>(s));
-      point.overrides.push_back("seed=" + seed);
-      point.values.push_back(seed);
-      parts.emplace_back("seed", seed);
-    }
-    point.name = make_run_name(parts);
-    const auto [it, inserted] = names.emplace(point.name, index);
-    if (!inserted)
-      add(at(source_, sweep_line_) + ": sweep: points " + join(plan.points[it->second].overrides, " ") + " and " +
-          join(point.overrides, " ") + " both get the run name " + toml_basic_string(point.name) +
-          "; allowed: values that differ after unsafe characters become '_'");
-    std::vector<std::string> all = user_overrides_;
-    all.insert(all.end(), point.overrides.begin(), point.overrides.end());
-    all.push_back("name=" + toml_basic_string(point.name));
-    const std::string resolved = validate(text, all);
-    if (!resolved.empty()) {
-      // The point without [sweep] (written last in the resolved text), checked again as `proplab run` will.
-      const auto sweep_at = resolved.find("\n[sweep");
-      PROPLAB_CHECK(sweep_at != std::string::npos, "the resolved study of a sweep point holds its [sweep] table");
-      point.study_toml = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_).config_toml;
-    }
-    plan.points.push_back(std::move(point));
-  }
+  expand_points(text, plan, grid, zip_length, count, base_seed);
   if (!problems_.empty()) fail();
   return plan;
 }
