@@ -1,5 +1,6 @@
 // study: load_study / parse_study (see study.h and docs/studies.md). The work is split by job: study/text (text
-// helpers), study/schema (the schema), study/validator (reading, checking and writing a study).
+// helpers), study/schema (the schema), study/validator (reading and checking a study), study/emit (writing it
+// back as TOML).
 //
 // One schema drives everything: each table is a list of Fields, and a Field knows its key, what is allowed (as
 // text for messages), how to check a TOML node and store it into the Study, how to write the stored value back as

@@ -16,6 +16,7 @@
 #include "data/config.h"
 #include "scaling/rule.h"
 #include "spec/model.h"
+#include "study/emit.h"
 #include "study/schema.h"
 #include "study/text.h"
 
@@ -505,38 +506,7 @@ bool Validator::validate(const toml::table& root, Study& study) {
   return problems_.empty();
 }
 
-std::string Validator::config_toml(const Study& study) const {
-  std::ostringstream out;
-  out << "# proplab study, resolved: every default filled in\n";
-  const auto write_fields = [&](const TableSpec& spec) {
-    std::string lines;
-    std::set<std::string> written;
-    for (const Field& field : spec.fields) {
-      if ((field.applies && !field.applies(study)) || (field.present && !field.present(study)) ||
-          !written.insert(field.key).second)
-        continue;
-      lines += field.key + " = " + field.write(study) + "\n";
-    }
-    return lines;
-  };
-  for (const TableSpec& spec : schema_) {
-    const std::string lines = write_fields(spec);
-    // A table of optional keys none of which is set ([theory]) is left out.
-    if (!spec.name.empty() && !lines.empty()) out << "\n[" << spec.name << "]\n";
-    out << lines;
-    if (spec.name != "model") continue;
-    out << "\n[scaling]\nrule = " << toml_string(study.scaling.rule) << "\n";
-    if (const RuleInfo* info = find_rule(study.scaling.rule))
-      for (const RuleParamDoc& doc : info->params)
-        out << doc.key << " = " << toml_float(study.scaling.params.at(doc.key)) << "\n";
-  }
-  if (sweep_) {
-    toml::table wrapper;
-    wrapper.insert("sweep", *sweep_);
-    out << "\n" << wrapper << "\n";
-  }
-  return out.str();
-}
+std::string Validator::config_toml(const Study& study) const { return resolved_toml(schema_, study, sweep_); }
 
 }  // namespace
 
