@@ -55,6 +55,8 @@ def module_of_file(relative):
 
 def module_of_include(include, modules):
     parts = include.split("/")
+    if parts[0] == "src" and len(parts) > 2:  # ("src/<m>/..." reaches past the module's include root)
+        return parts[1]
     if parts[0] == "gui" and len(parts) > 2:
         return "gui/" + parts[1]
     return parts[0] if parts[0] in modules else None
@@ -124,6 +126,9 @@ def main():
                         if target is None or target == module or target in absent:
                             continue
                         used[module].add(target)
+                        if match.group(1).startswith("src/"):
+                            failures.append('%s:%d: includes "%s"; allowed: modules by their own path ("%s")' %
+                                            (relative, number, match.group(1), match.group(1)[4:]))
                         if target not in declared[module]:
                             failures.append('%s:%d: includes "%s", but module %s does not declare %s (its target '
                                             'links %s)' % (relative, number, match.group(1), module, target,
