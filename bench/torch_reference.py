@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/torch_reference: the proplab reference model trained in PyTorch on the CPU, as a speed yardstick.
 
-The model is the default TransformerConfig of src/models/config.h: a decoder-only GPT-2-style transformer with
+The model is the default TransformerConfig of src/spec/model.h: a decoder-only GPT-2-style transformer with
 4 layers, width 256, 4 heads, FFN 4x (1024) with tanh-approximated GELU, learned position embeddings, biases
 everywhere, Pre-LN affine LayerNorm (eps 1e-5), a final LayerNorm and tied embeddings (logits = x E^T, no
 bias); vocab 256, seq 128, batch 8, fp32, no dropout. Training: AdamW (lr 1e-3, betas (0.9, 0.95), eps 1e-8,
@@ -20,7 +20,7 @@ imported, so each thread setup runs in a fresh subprocess of this script (`--set
 one JSON line). The parent tries every setup and keeps the fastest.
 
 With --model resnet20 the yardstick is instead bench/bench_resnet's model, the default ResnetConfig of
-src/models/config.h on Fashion-MNIST-shaped input: a CIFAR-style ResNet-20 (stem conv3x3 1->16, three stages of
+src/spec/model.h on Fashion-MNIST-shaped input: a CIFAR-style ResNet-20 (stem conv3x3 1->16, three stages of
 three post-activation basic blocks at widths 16/32/64 on 28x28, 14x14, 7x7 images, each block
 relu(shortcut + bn(conv3x3(relu(bn(conv3x3(x)))))), stride 2 in the first conv of stages 2 and 3 with a
 projection shortcut bn(conv1x1 stride 2)), convs without bias, BatchNorm (eps 1e-5, momentum 0.1) in training

@@ -1,6 +1,6 @@
 // models/resnet: CIFAR-style residual networks on NCHW images with explicit forward and backward.
 //
-// Graph (models/config.h ResnetConfig; stage layout in scaling/resnet_util.h; per block b the rule gives λ_b, β_b
+// Graph (spec/model.h ResnetConfig; stage layout in scaling/resnet_util.h; per block b the rule gives λ_b, β_b
 // (ResidualSpec) and the input scale s_b (ResnetBlockSpec); m = 2 convs per basic branch, 3 per bottleneck):
 //   stem:  h = conv3x3(image)            then, post-activation only, h = act(norm(h))
 //   pre-activation block:   u = s·x; p = act(norm(u)); a_0 = conv_0(p); ...; a_j = conv_j(act(norm(a_{j-1})))
