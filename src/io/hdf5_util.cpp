@@ -49,10 +49,14 @@ int h5_stack_errno(const std::string& stack) {
 }
 
 void h5_fail(const char* call, const std::string& file, const std::string& object, ErrorKind kind) {
+  // The operating system's errno of the failed call, before anything here can change it: some HDF5 paths (e.g.
+  // H5Fcreate's stat of a file's folder) fail on a system call without putting its errno on the error stack.
+  const int call_errno = errno;
   std::string message = detail::concat("HDF5 call ", call, " failed on file '", file, "'");
   if (!object.empty()) message += detail::concat(" (object '", object, "')");
   const std::string stack = take_error_stack();
-  const int error_number = h5_stack_errno(stack);
+  const int stack_errno = h5_stack_errno(stack);
+  const int error_number = stack_errno != 0 ? stack_errno : kind == ErrorKind::write ? call_errno : 0;
   const bool refused_write = error_number == ENOSPC || error_number == EDQUOT || error_number == EROFS ||
                              error_number == EIO || error_number == EFBIG || error_number == ESTALE;
   if (refused_write || (kind == ErrorKind::write && error_number != 0)) throw IoError(file, error_number);

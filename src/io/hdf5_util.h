@@ -28,7 +28,8 @@ enum class ErrorKind { user, internal, write };
 // Throws (UserError, InternalError or IoError) with `call`, `file` and `object` and the HDF5 error stack. When
 // the stack carries an operating-system error (HDF5's file driver reports "errno = N") that says the disk or the
 // file system refused the write (ENOSPC, EDQUOT, EROFS, EIO, EFBIG, ESTALE; any errno for ErrorKind::write), it
-// is an IoError naming `file` instead.
+// is an IoError naming `file` instead. (For ErrorKind::write, a stack without an errno falls back to the errno the
+// failed call left.)
 [[noreturn]] void h5_fail(const char* call, const std::string& file, const std::string& object, ErrorKind kind);
 
 // The errno in an HDF5 error stack's text ("..., errno = 28, ..."), 0 when there is none.
