@@ -10,8 +10,11 @@
 #                                              CUDA): proplab --version, a CPU run of a tiny study, test_kernels
 #                                              (its CUDA tests skip without a GPU)
 #
-# In the bundle: OUT/run BINARY [ARGS...] runs bin/BINARY with LD_LIBRARY_PATH = OUT/lib + the CUDA library
+# In the bundle: OUT/gpu-check.sh runs the CUDA checks and writes gpu-report.md/json (nothing is built there);
+# OUT/run BINARY [ARGS...] runs bin/BINARY with LD_LIBRARY_PATH = OUT/lib + the CUDA library
 # folders it finds, after checking with ldd that every library resolves (it names each one that does not).
+# On the GPU machine: carry gpu-bundle.tar.xz (the unpacked folder is larger), then
+#   tar -xJf gpu-bundle.tar.xz && ./gpu-bundle/gpu-check.sh
 # Environment: BUNDLE_MAX_MIB (default 40), the most the compressed bundle may weigh.
 set -euo pipefail
 
@@ -85,6 +88,7 @@ ldd "${binaries[@]}" | awk '/=> \// {print $1, $3}' | sort -u | while read -r na
   if [[ ! "${name}" =~ ${system_pattern} ]]; then cp -L "${path}" "${out}/lib/${name}"; fi
 done
 cp -r "${source_dir}/studies" "${out}/studies"
+cp "${source_dir}/scripts/gpu-check.sh" "${out}/gpu-check.sh"
 cat > "${out}/run" <<'EOF'
 #!/usr/bin/env bash
 # Runs one of the bundle's binaries with the bundle's libraries and this machine's CUDA libraries.
