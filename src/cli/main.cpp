@@ -25,6 +25,7 @@
 #include "cli/theory.h"
 #include "study/run_spec.h"
 #include "study/study.h"
+#include "sweep/slurm.h"
 #include "train/trainer.h"
 
 namespace {
@@ -45,17 +46,6 @@ constexpr const char* kDescription =
     "or vanished folder) stopped the run (the message says what was kept and how to continue with --resume).\n"
     "One process writes a run at a time: a second `proplab run` into the same run file is refused (exit 2).";
 
-// `text` as one shell word (quoted when it holds anything but safe characters).
-std::string shell_word(const std::string& text) {
-  if (!text.empty() &&
-      text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=+,:@%") ==
-          std::string::npos)
-    return text;
-  std::string quoted = "'";
-  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
-
 int run_command(const std::string& study_path, const std::vector<std::string>& overrides, const std::string& out,
                 bool resume, bool force, std::int64_t stop_after) {
   proplab::Study study = proplab::load_study(study_path, overrides);
@@ -71,9 +61,9 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   options.terminal = isatty(STDOUT_FILENO) != 0;
   options.interrupt = &g_interrupted;
   options.proplab_version = kVersion;
-  options.command = "proplab run " + shell_word(study_path);
-  for (const std::string& entry : overrides) options.command += " --set " + shell_word(entry);
-  options.command += " --out " + shell_word(options.out_dir.string());
+  options.command = "proplab run " + proplab::shell_word(study_path);
+  for (const std::string& entry : overrides) options.command += " --set " + proplab::shell_word(entry);
+  options.command += " --out " + proplab::shell_word(options.out_dir.string());
   // Under an MPI launcher (mpirun/srun) the processes form the [parallel] layout; rank 0 prints and writes.
   std::optional<proplab::dist::ProcessGroups> groups;
   if (proplab::dist::launched_by_mpi()) {

@@ -14,6 +14,12 @@ std::string shell_quote(const std::string& text) {
   return out + "'";
 }
 
+std::string shell_word(const std::string& text) {
+  const bool plain = !text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_-./=+,:@%") == std::string::npos;
+  return plain ? text : shell_quote(text);
+}
+
 std::string slurm_script(const SweepPlan& plan, const SlurmOptions& options) {
   PROPLAB_CHECK(options.jobs >= 1, "a task runs at least one point at a time");
   const auto points = static_cast<std::int64_t>(plan.points.size());

@@ -28,6 +28,8 @@ struct SlurmOptions {
 
 // Single-quotes `text` for a POSIX shell.
 std::string shell_quote(const std::string& text);
+// `text` as one shell word: as it is when it holds only characters no shell treats specially, else shell_quote'd.
+std::string shell_word(const std::string& text);
 
 // The script's text.
 std::string slurm_script(const SweepPlan& plan, const SlurmOptions& options);
