@@ -7,7 +7,6 @@ namespace proplab {
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
                                   dist::Communicator* tensor_parallel) {
-  check_tensor_parallel(config, tensor_parallel != nullptr ? tensor_parallel->size() : 1);
   return make_model(config, *make_model_rule(config, scaling, seed), seed, tensor_parallel);
 }
 

@@ -66,7 +66,9 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   const std::string what = std::string(io_failure_detail_prefix) + " " + after_steps(failure.step) + ": " +
                            failure.reason + " while writing " +
                            (failure.checkpoint ? "the checkpoint" : "the run file") + " '" + failure.path + "'";
-  std::string detail = what + "; the run file holds at least " + run_file_contents(writer) + "; ";
+  // (what a reader is sure to find; finishing or abandoning the file below adds no row)
+  const std::string contents = run_file_contents(writer);
+  std::string detail = what + "; the run file holds at least " + contents + "; ";
   detail += checkpoint_step >= 0
                 ? "last good checkpoint: step " + std::to_string(checkpoint_step) + ", continue with --resume"
                 : "no checkpoint of this run, start again with --force";
@@ -85,7 +87,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   if (!run_file_exists)
     message += "The run file '" + run_file + "' is gone (its folder was removed or moved). ";
   else
-    message += "The run file '" + run_file + "' holds at least " + run_file_contents(writer) +
+    message += "The run file '" + run_file + "' holds at least " + contents +
                (marked ? " and says failed. "
                        : "; its status could not be written, so it says running until `proplab recover " + run_file +
                              "` or a resumed run rewrites it. ");
