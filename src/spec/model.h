@@ -80,6 +80,7 @@ struct ResnetConfig {
 };
 
 enum class ModelKind { transformer, mlp, resnet };
+inline constexpr ModelKind kModelKinds[] = {ModelKind::transformer, ModelKind::mlp, ModelKind::resnet};
 // "transformer", "mlp", "resnet" (the study's model.type).
 const char* model_kind_name(ModelKind kind);
 

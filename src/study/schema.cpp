@@ -46,18 +46,24 @@ Field integer_field(std::string key, Ref ref, std::int64_t lo, std::int64_t hi) 
   return field;
 }
 
-// Integers are accepted for numbers (lr = 1 means 1.0); a float field stores the rounded value.
+// A number node in `range` into `value`; "" or the problem. Integers are accepted for numbers (lr = 1 means 1.0).
+std::string read_number(const toml::node& node, const RealRange& range, double& value) {
+  if (!node.is_number()) return "expected a number, got " + describe(node);
+  value = node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
+  if (!range.contains(value))
+    return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
+  return {};
+}
+
+// A float field stores the rounded value.
 template <class Ref>
 Field real_field(std::string key, Ref ref, RealRange range) {
   Field field = named(std::move(key), range.text());
   field.read = [ref, range](const toml::node& node, Study& study) -> std::string {
-    if (!node.is_number()) return "expected a number, got " + describe(node);
-    const double value =
-        node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
-    if (!range.contains(value))
-      return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
-    ref(study) = static_cast<FieldType<Ref>>(value);
-    return {};
+    double value = 0.0;
+    std::string problem = read_number(node, range, value);
+    if (problem.empty()) ref(study) = static_cast<FieldType<Ref>>(value);
+    return problem;
   };
   field.write = [ref](const Study& study) {
     if constexpr (std::is_same_v<FieldType<Ref>, float>)
@@ -73,13 +79,10 @@ template <class Ref>
 Field optional_real_field(std::string key, Ref ref, RealRange range) {
   Field field = named(std::move(key), range.text());
   field.read = [ref, range](const toml::node& node, Study& study) -> std::string {
-    if (!node.is_number()) return "expected a number, got " + describe(node);
-    const double value =
-        node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
-    if (!range.contains(value))
-      return (node.is_integer() ? std::to_string(node.as_integer()->get()) : toml_float(value)) + " is out of range";
-    ref(study) = value;
-    return {};
+    double value = 0.0;
+    std::string problem = read_number(node, range, value);
+    if (problem.empty()) ref(study) = value;
+    return problem;
   };
   field.write = [ref](const Study& study) { return ref(study) ? toml_float(*ref(study)) : std::string("-"); };
   field.present = [ref](const Study& study) { return ref(study).has_value(); };
@@ -130,7 +133,7 @@ Field choice_field(std::string key, Ref ref, std::vector<std::pair<std::string, 
 // model.type: which of the model configs the study fills (ModelConfig::set_kind), read before its keys.
 Field model_kind_field() {
   std::vector<std::string> names, quoted;
-  for (const ModelKind kind : {ModelKind::transformer, ModelKind::mlp, ModelKind::resnet}) {
+  for (const ModelKind kind : kModelKinds) {
     names.push_back(model_kind_name(kind));
     quoted.push_back(toml_string(names.back()));
   }
@@ -138,7 +141,7 @@ Field model_kind_field() {
   field.read = [names](const toml::node& node, Study& study) -> std::string {
     if (!node.is_string()) return "expected a string, got " + describe(node);
     const std::string& value = node.as_string()->get();
-    for (const ModelKind kind : {ModelKind::transformer, ModelKind::mlp, ModelKind::resnet}) {
+    for (const ModelKind kind : kModelKinds) {
       if (value == model_kind_name(kind)) {
         study.model.set_kind(kind);
         return {};
