@@ -15,8 +15,9 @@ std::string shell_quote(const std::string& text) {
 }
 
 std::string shell_word(const std::string& text) {
-  const bool plain = !text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                             "0123456789_-./=+,:@%") == std::string::npos;
+  const bool plain = !text.empty() && text.find_first_not_of(
+                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                          "0123456789_-./=+,:@%") == std::string::npos;
   return plain ? text : shell_quote(text);
 }
 
