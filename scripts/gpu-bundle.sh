@@ -75,7 +75,9 @@ binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}
 for binary in "${binaries[@]}"; do
   [[ -x "${binary}" ]] || { echo "gpu-bundle: ${binary} is missing: build with CUDA first (cmake --preset default && cmake --build --preset default)" >&2; exit 2; }
 done
-if ! ldd "${build_dir}/tests/test_kernels" | grep -q libcudart; then
+# (ldd's output captured first: `grep -q` would stop reading early, and under pipefail ldd's broken pipe fails the test)
+kernels_libraries="$(ldd "${build_dir}/tests/test_kernels")"
+if [[ "${kernels_libraries}" != *libcudart* ]]; then
   echo "gpu-bundle: ${build_dir} was built without CUDA (test_kernels does not load libcudart)" >&2
   exit 2
 fi
