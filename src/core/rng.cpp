@@ -2,48 +2,12 @@
 
 #include <cmath>
 
+#include "core/philox.h"
+
 namespace proplab {
 
-namespace {
-constexpr std::uint32_t kMul0 = 0xD2511F53u;
-constexpr std::uint32_t kMul1 = 0xCD9E8D57u;
-constexpr std::uint32_t kWeyl0 = 0x9E3779B9u;
-constexpr std::uint32_t kWeyl1 = 0xBB67AE85u;
-
-inline void mulhilo(std::uint32_t a, std::uint32_t b, std::uint32_t& hi, std::uint32_t& lo) {
-  std::uint64_t p = static_cast<std::uint64_t>(a) * b;
-  hi = static_cast<std::uint32_t>(p >> 32);
-  lo = static_cast<std::uint32_t>(p);
-}
-
-inline float to_unit(std::uint32_t x) {
-  // (x + 0.5) / 2^32 in float: strictly inside (0, 1) after rounding for 24 significant bits.
-  return (static_cast<float>(x >> 8) + 0.5f) * (1.0f / 16777216.0f);
-}
-}  // namespace
-
-void Philox::block(std::uint32_t counter[4], const std::uint32_t key_in[2], std::uint32_t out[4]) {
-  std::uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
-  std::uint32_t k0 = key_in[0], k1 = key_in[1];
-  for (int round = 0; round < 10; ++round) {
-    std::uint32_t hi0, lo0, hi1, lo1;
-    mulhilo(kMul0, c0, hi0, lo0);
-    mulhilo(kMul1, c2, hi1, lo1);
-    std::uint32_t n0 = hi1 ^ c1 ^ k0;
-    std::uint32_t n1 = lo1;
-    std::uint32_t n2 = hi0 ^ c3 ^ k1;
-    std::uint32_t n3 = lo0;
-    c0 = n0;
-    c1 = n1;
-    c2 = n2;
-    c3 = n3;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  out[0] = c0;
-  out[1] = c1;
-  out[2] = c2;
-  out[3] = c3;
+void Philox::block(std::uint32_t counter[4], const std::uint32_t key[2], std::uint32_t out[4]) {
+  philox4x32_10(counter, key, out);
 }
 
 std::uint64_t stream_id(std::string_view name, std::uint64_t a, std::uint64_t b) {
@@ -65,18 +29,9 @@ std::uint64_t stream_id(std::string_view name, std::uint64_t a, std::uint64_t b)
   return h;
 }
 
-void CounterRng::words(std::uint64_t index, std::uint32_t out[4]) const {
-  std::uint32_t counter[4] = {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
-                              static_cast<std::uint32_t>(stream_), static_cast<std::uint32_t>(stream_ >> 32)};
-  std::uint32_t key[2] = {static_cast<std::uint32_t>(seed_), static_cast<std::uint32_t>(seed_ >> 32)};
-  Philox::block(counter, key, out);
-}
+void CounterRng::words(std::uint64_t index, std::uint32_t out[4]) const { philox_words(seed_, stream_, index, out); }
 
-float CounterRng::uniform(std::uint64_t index) const {
-  std::uint32_t w[4];
-  words(index, w);
-  return to_unit(w[0]);
-}
+float CounterRng::uniform(std::uint64_t index) const { return philox_uniform(seed_, stream_, index); }
 
 float CounterRng::normal(std::uint64_t index) const {
   std::uint32_t w[4];

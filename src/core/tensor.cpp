@@ -5,6 +5,8 @@
 #include <new>
 #include <sstream>
 
+#include "core/device.h"
+
 #ifdef PROPLAB_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -44,19 +46,18 @@ class CpuAllocator final : public Allocator {
 };
 
 #ifdef PROPLAB_WITH_CUDA
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda_stream()); }
+
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
     throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
 }
 
+// The caching pool of core/device: no cudaMalloc/cudaFree once a training step's sizes have been seen.
 class CudaAllocator final : public Allocator {
  public:
-  void* allocate(std::size_t bytes) override {
-    void* p = nullptr;
-    check_cuda(cudaMalloc(&p, bytes == 0 ? 256 : bytes), "cudaMalloc");
-    return p;
-  }
-  void release(void* pointer, std::size_t) override { cudaFree(pointer); }
+  void* allocate(std::size_t bytes) override { return detail::device_pool_allocate(bytes); }
+  void release(void* pointer, std::size_t bytes) override { detail::device_pool_release(pointer, bytes); }
   Device device() const override { return Device::cuda; }
 };
 #endif
@@ -108,7 +109,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
     std::memset(t.raw(), 0, bytes);
   } else {
 #ifdef PROPLAB_WITH_CUDA
-    check_cuda(cudaMemset(t.raw(), 0, bytes), "cudaMemset");
+    check_cuda(cudaMemsetAsync(t.raw(), 0, bytes, stream()), "cudaMemsetAsync");
 #endif
   }
   return t;
@@ -205,7 +206,10 @@ void Tensor::copy_from(const Tensor& source) {
   cudaMemcpyKind kind = device_ == Device::cpu          ? cudaMemcpyDeviceToHost
                         : source.device_ == Device::cpu ? cudaMemcpyHostToDevice
                                                         : cudaMemcpyDeviceToDevice;
-  check_cuda(cudaMemcpy(raw(), source.raw(), bytes, kind), "cudaMemcpy");
+  // On the compute stream, in order with the kernels that produced or will consume the data; the host waits only
+  // when it is the destination.
+  check_cuda(cudaMemcpyAsync(raw(), source.raw(), bytes, kind, stream()), "cudaMemcpyAsync");
+  if (kind == cudaMemcpyDeviceToHost) check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
 #else
   throw UserError("this proplab build has no CUDA backend");
 #endif

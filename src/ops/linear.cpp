@@ -11,6 +11,11 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/matmul.cuh"
+#include "kernels/reduce.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -55,9 +60,18 @@ void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, T
   if (bias) expect_shape(op, "bias", *bias, {out_features});
   expect_shape(op, "y", y, with_last_dim(x.shape(), out_features));
   const Device device = common_device(op, {&x, &weight, bias, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
-
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in_features, 1);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    PROPLAB_CHECK(in_features > 0 || !bias, "op '", op, "': a zero-width layer with a bias on CUDA");
+    // y [rows, out] = x [rows, in] · W^T (+ b, cuBLASLt's bias epilogue)
+    kernels::gemm(false, true, rows, out_features, in_features, x.f32(), in_features, weight.f32(), in_features,
+                  y.f32(), out_features, 1.0f, 0.0f, bias ? bias->f32() : nullptr);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (rows == 0 || out_features == 0) return;
   float* y_data = y.f32();
   float beta = 0.0f;
@@ -92,9 +106,24 @@ void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, T
   expect_shape(op, "d_weight", d_weight, weight.shape());
   if (d_bias) expect_shape(op, "d_bias", *d_bias, {out_features});
   const Device device = common_device(op, {&x, &weight, &d_y, d_x, &d_weight, d_bias});
-  if (device == Device::cuda) missing_device_impl(op, device);
-
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in_features, 1);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    // d_x [rows, in] = d_y [rows, out] · W [out, in]
+    if (d_x && d_x->numel() > 0)
+      kernels::gemm(false, false, rows, in_features, out_features, d_y.f32(), out_features, weight.f32(), in_features,
+                    d_x->f32(), in_features, 1.0f, 0.0f);
+    if (rows == 0 || out_features == 0) return;
+    // d_W [out, in] += d_y^T [out, rows] · x [rows, in]
+    if (in_features > 0)
+      kernels::gemm(true, false, out_features, in_features, rows, d_y.f32(), out_features, x.f32(), in_features,
+                    d_weight.f32(), in_features, 1.0f, 1.0f);
+    if (d_bias) kernels::column_sum(d_y.f32(), rows, out_features, d_bias->f32(), true);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const int m = static_cast<int>(rows), n_out = static_cast<int>(out_features), n_in = static_cast<int>(in_features);
   if (d_x && d_x->numel() > 0) {
     if (out_features == 0) {

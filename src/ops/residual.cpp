@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
+#include "kernels/context.cuh"
 #include "kernels/residual.cuh"
 #endif
 
@@ -28,7 +29,7 @@ void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta
   const Device device = common_device(op, {&x, &f, &y});
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
-    kernels::residual_forward(x.f32(), f.f32(), lambda, beta, y.f32(), x.numel(), nullptr);
+    kernels::residual_forward(x.f32(), f.f32(), lambda, beta, y.f32(), x.numel(), kernels::context().stream);
     return;
 #else
     missing_device_impl("residual_forward", device);
@@ -55,7 +56,7 @@ void residual_backward(const Tensor& x, const Tensor& f, const Tensor& d_y, floa
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
     kernels::residual_backward(x.f32(), f.f32(), d_y.f32(), lambda, beta, d_x ? d_x->f32() : nullptr,
-                               d_f ? d_f->f32() : nullptr, d_lambda, d_beta, x.numel(), nullptr);
+                               d_f ? d_f->f32() : nullptr, d_lambda, d_beta, x.numel(), kernels::context().stream);
     return;
 #else
     missing_device_impl("residual_backward", device);
