@@ -19,6 +19,7 @@
 
 #include "cli/inspect.h"
 #include "core/error.h"
+#include "core/device.h"
 #include "cli/report.h"
 #include "dist/communicator.h"
 #include "cli/sweep.h"
@@ -82,6 +83,10 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
     std::cerr.flush();
     proplab::dist::abort_all(5);  // ends every rank, the stalled one included
   }
+  if (summary.out_of_memory && options.log)
+    std::cerr << "proplab: error: " << study.name << ": " << summary.detail
+              << "; the run file holds every record before it (status failed); resume from the last checkpoint with "
+                 "a smaller train.batch (and train.grad_accum to keep the batch) or a smaller model\n";
   if (summary.io_failure) {
     if (options.log) std::cerr << "proplab: error: " << summary.message << "\n";
     return 6;
@@ -243,6 +248,9 @@ int dispatch(Commands& c) {
     std::cerr << "proplab: error: " << e.what() << "; nothing was lost: free space (or make the folder writable "
               << "again), then run the same command again\n";
     return 6;
+  } catch (const proplab::DeviceMemoryError& e) {
+    std::cerr << "proplab: error: " << e.what() << "\n";
+    return 4;
   } catch (const std::exception& e) {
     std::cerr << "proplab: internal error: " << e.what() << "\n";
     return 1;

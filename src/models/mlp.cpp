@@ -1,5 +1,7 @@
 #include "models/mlp.h"
 
+#include "core/device.h"
+
 namespace proplab {
 
 Mlp::Mlp(const MlpConfig& config, const ScalingConfig& scaling, std::uint64_t seed)
@@ -35,19 +37,21 @@ void Mlp::ensure_buffers(std::int64_t rows) {
   if (rows == rows_) return;
   rows_ = rows;
   const std::int64_t w = config_.width;
+  const Device device = params_.device();
+  AllocationLabel label("the activations of a micro-batch of " + std::to_string(rows) + " samples");
   pre_.assign(config_.layers, Tensor());
   post_.assign(config_.layers, Tensor());
   hidden_.assign(config_.layers, Tensor());
   for (int l = 0; l < config_.layers; ++l) {
-    pre_[l] = Tensor::empty({rows, w});
-    post_[l] = Tensor::empty({rows, w});
-    hidden_[l] = config_.residual && l > 0 ? Tensor::empty({rows, w}) : post_[l];
+    pre_[l] = Tensor::empty({rows, w}, DType::f32, device);
+    post_[l] = Tensor::empty({rows, w}, DType::f32, device);
+    hidden_[l] = config_.residual && l > 0 ? Tensor::empty({rows, w}, DType::f32, device) : post_[l];
   }
-  output_ = Tensor::empty({rows, config_.outputs});
-  d_output_ = Tensor::empty({rows, config_.outputs});
-  d_hidden_ = Tensor::empty({rows, w});
-  d_post_ = Tensor::empty({rows, w});
-  d_pre_ = Tensor::empty({rows, w});
+  output_ = Tensor::empty({rows, config_.outputs}, DType::f32, device);
+  d_output_ = Tensor::empty({rows, config_.outputs}, DType::f32, device);
+  d_hidden_ = Tensor::empty({rows, w}, DType::f32, device);
+  d_post_ = Tensor::empty({rows, w}, DType::f32, device);
+  d_pre_ = Tensor::empty({rows, w}, DType::f32, device);
 }
 
 double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {

@@ -25,6 +25,10 @@ class Mlp final : public Model {
   double evaluate(const Batch& batch) override;
   double train_flops(std::int64_t samples) const override;
   std::int64_t tokens_per_sample() const override { return 1; }
+  void to_device(Device device) override {
+    params_.to_device(device);
+    rows_ = 0;  // activations are reallocated on the device
+  }
 
  private:
   void ensure_buffers(std::int64_t rows);

@@ -69,6 +69,13 @@ class Model {
   // Named state that is not a parameter but must survive a checkpoint (BatchNorm running statistics): tensors the
   // model updates itself, never the optimizer (none by default).
   virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
+  // Moves the parameters (initialised on the host) to `device`; activations are allocated there from then on.
+  // A model that cannot train on the device says so (UserError naming device.type); the CPU always works.
+  virtual void to_device(Device device) {
+    if (device != Device::cpu)
+      throw UserError(std::string("device.type = \"") + device_name(device) +
+                      "\": this model does not train on it in this version; allowed: \"cpu\"");
+  }
 };
 
 // Builds the model described by `config` with parameters initialised by the scaling rule from `seed`. With a

@@ -25,8 +25,18 @@ void ResidualSite::backward(const Tensor& x, const Tensor& f, const Tensor& d_y,
   double d_lambda = 0.0, d_beta = 0.0;
   ops::residual_backward(x, f, d_y, current_lambda(), current_beta(), &d_x, &d_f, lambda_param ? &d_lambda : nullptr,
                          beta_param ? &d_beta : nullptr);
-  if (lambda_param) lambda_param->grad.f32()[0] += static_cast<float>(d_lambda);
-  if (beta_param) beta_param->grad.f32()[0] += static_cast<float>(d_beta);
+  if (lambda_param) add_to_scalar(lambda_param->grad, static_cast<float>(d_lambda));
+  if (beta_param) add_to_scalar(beta_param->grad, static_cast<float>(d_beta));
+}
+
+void ResidualSite::add_to_scalar(Tensor& scalar, float value) {
+  if (scalar.device() == Device::cpu) {
+    scalar.f32()[0] += value;
+    return;
+  }
+  Tensor host = scalar.to(Device::cpu);
+  host.f32()[0] += value;
+  scalar.copy_from(host);
 }
 
 }  // namespace proplab

@@ -18,12 +18,18 @@ struct ResidualSite {
   static ResidualSite create(ParameterStore& store, const std::string& name, const ResidualSpec& spec, int block);
   // Writes the spec's initial values into the learnable scalars (after ParameterStore::init).
   void init_values() const;
-  float current_lambda() const { return lambda_param ? lambda_param->value.f32()[0] : static_cast<float>(lambda); }
-  float current_beta() const { return beta_param ? beta_param->value.f32()[0] : static_cast<float>(beta); }
+  // The scalars' current values (a learnable one on a GPU is read back: one small copy per use).
+  float current_lambda() const { return lambda_param ? scalar_of(*lambda_param) : static_cast<float>(lambda); }
+  float current_beta() const { return beta_param ? scalar_of(*beta_param) : static_cast<float>(beta); }
+  static float scalar_of(const Parameter& p) {
+    return p.value.device() == Device::cpu ? p.value.f32()[0] : p.value.item();
+  }
 
   void forward(const Tensor& x, const Tensor& f, Tensor& y) const;
   // d_x (may alias d_y) and d_f overwrite; learnable scalars' gradients accumulate.
   void backward(const Tensor& x, const Tensor& f, const Tensor& d_y, Tensor& d_x, Tensor& d_f) const;
+  // scalar[0] += value, for a [1] tensor on any device (in float, as on the CPU).
+  static void add_to_scalar(Tensor& scalar, float value);
 };
 
 }  // namespace proplab

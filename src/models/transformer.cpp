@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/device.h"
 #include "core/rng.h"
 #include "models/profile.h"
 
@@ -118,32 +119,35 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
   const std::int64_t r = batch * tokens, d = config_.width, v = tp_.local(config_.vocab), h = local_heads_;
   const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * d), inner = tp_.local(d);
   const bool pre = config_.norm == NormPlacement::pre, post = config_.norm == NormPlacement::post;
+  const Device device = params_.device();
+  AllocationLabel label("the activations of a micro-batch of " + std::to_string(batch) + " x " +
+                        std::to_string(tokens) + " tokens");
   stream_.assign(sublayers_.size() + 1, Tensor());
-  for (Tensor& x : stream_) x = Tensor::empty({r, d});
+  for (Tensor& x : stream_) x = Tensor::empty({r, d}, DType::f32, device);
   for (std::size_t i = 0; i < sublayers_.size(); ++i) {
     if (!in_stage(i)) continue;  // a pipeline stage keeps only its own sublayers' activations
     Sublayer& s = sublayers_[i];
     const std::int64_t hidden = s.is_attention ? 3 * inner : f;
-    s.normed = pre ? Tensor::empty({r, d}) : Tensor();
-    s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r) : nn::Norm::Saved{};
-    s.hidden = Tensor::empty({r, hidden});
-    s.probs = s.is_attention ? Tensor::empty({batch, h, tokens, tokens}) : Tensor();
-    s.mixed = Tensor::empty({r, s.is_attention ? inner : f});
-    s.branch = Tensor::empty({r, d});
-    s.combined = post ? Tensor::empty({r, d}) : Tensor();
+    s.normed = pre ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
+    s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r, device) : nn::Norm::Saved{};
+    s.hidden = Tensor::empty({r, hidden}, DType::f32, device);
+    s.probs = s.is_attention ? Tensor::empty({batch, h, tokens, tokens}, DType::f32, device) : Tensor();
+    s.mixed = Tensor::empty({r, s.is_attention ? inner : f}, DType::f32, device);
+    s.branch = Tensor::empty({r, d}, DType::f32, device);
+    s.combined = post ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
   }
-  embedded_ = config_.dropout > 0 ? Tensor::empty({r, d}) : Tensor();
-  final_ = has_final_norm_ ? Tensor::empty({r, d}) : Tensor();
-  final_saved_ = has_final_norm_ ? final_norm_.make_saved(r) : nn::Norm::Saved{};
-  logits_ = Tensor::empty({r, v});
-  d_logits_ = Tensor::empty({r, v});
-  d_stream_ = Tensor::empty({r, d});
-  d_branch_ = Tensor::empty({r, d});
-  d_dropped_ = Tensor::empty({r, d});
-  d_mixed_ = Tensor::empty({r * std::max(inner, f)});
-  d_hidden_ = Tensor::empty({r * std::max(3 * inner, f)});
-  d_normed_ = Tensor::empty({r, d});
-  d_tmp_ = Tensor::empty({r, d});
+  embedded_ = config_.dropout > 0 ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
+  final_ = has_final_norm_ ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
+  final_saved_ = has_final_norm_ ? final_norm_.make_saved(r, device) : nn::Norm::Saved{};
+  logits_ = Tensor::empty({r, v}, DType::f32, device);
+  d_logits_ = Tensor::empty({r, v}, DType::f32, device);
+  d_stream_ = Tensor::empty({r, d}, DType::f32, device);
+  d_branch_ = Tensor::empty({r, d}, DType::f32, device);
+  d_dropped_ = Tensor::empty({r, d}, DType::f32, device);
+  d_mixed_ = Tensor::empty({r * std::max(inner, f)}, DType::f32, device);
+  d_hidden_ = Tensor::empty({r * std::max(3 * inner, f)}, DType::f32, device);
+  d_normed_ = Tensor::empty({r, d}, DType::f32, device);
+  d_tmp_ = Tensor::empty({r, d}, DType::f32, device);
 }
 
 void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context,

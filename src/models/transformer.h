@@ -36,6 +36,10 @@ class Transformer final : public Model {
   double evaluate(const Batch& batch) override;
   double train_flops(std::int64_t samples) const override;
   std::int64_t tokens_per_sample() const override { return config_.seq_len; }
+  void to_device(Device device) override {
+    params_.to_device(device);
+    batch_ = tokens_ = 0;  // activations are reallocated on the device
+  }
 
   const TransformerConfig& config() const { return config_; }
 

@@ -77,7 +77,7 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
     stage_slots_.assign(static_cast<std::size_t>(stage_slot_count_ - 1), {});
     for (std::vector<Tensor>& set : stage_slots_)
       for (Tensor* t : stage_activations())
-        set.push_back(t->defined() ? Tensor::empty(t->shape(), t->dtype()) : Tensor());
+        set.push_back(t->defined() ? Tensor::empty(t->shape(), t->dtype(), t->device()) : Tensor());
     slots_batch_ = batch_;
     slots_tokens_ = tokens_;
   }

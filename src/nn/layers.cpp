@@ -31,10 +31,10 @@ Norm Norm::create(ParameterStore& store, const std::string& name, std::int64_t f
   return norm;
 }
 
-Norm::Saved Norm::make_saved(std::int64_t rows) const {
+Norm::Saved Norm::make_saved(std::int64_t rows, Device device) const {
   Saved saved;
-  if (kind == NormKind::layernorm) saved.mean = Tensor::empty({rows});
-  saved.rstd = Tensor::empty({rows});
+  if (kind == NormKind::layernorm) saved.mean = Tensor::empty({rows}, DType::f32, device);
+  saved.rstd = Tensor::empty({rows}, DType::f32, device);
   return saved;
 }
 

@@ -43,7 +43,7 @@ struct Norm {
   static Norm create(ParameterStore& store, const std::string& name, std::int64_t features, NormKind kind, bool affine,
                      float eps, int block);
   // Allocates saved statistics for `rows` rows.
-  Saved make_saved(std::int64_t rows) const;
+  Saved make_saved(std::int64_t rows, Device device = Device::cpu) const;
   void forward(const Tensor& x, Tensor& y, Saved& saved) const;
   void backward(const Tensor& x, const Saved& saved, const Tensor& d_y, Tensor& d_x) const;
 };

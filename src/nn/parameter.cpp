@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "core/rng.h"
+#include "ops/ops.h"
 
 namespace proplab {
 
@@ -145,7 +147,21 @@ void ParameterStore::init(const ParamInitializer& rule, std::uint64_t seed) {
   }
 }
 
+void ParameterStore::to_device(Device device) {
+  if (device == device_) return;
+  for (auto& p : params_) {
+    AllocationLabel label("parameter " + p->name);
+    p->value = p->value.to(device);
+    p->grad = p->grad.to(device);
+  }
+  device_ = device;
+}
+
 void ParameterStore::zero_grads() {
+  if (device_ != Device::cpu) {
+    for (auto& p : params_) ops::zero(p->grad);
+    return;
+  }
   for (auto& p : params_) {
     float* g = p->grad.f32();
     const std::int64_t n = p->grad.numel();

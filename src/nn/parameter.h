@@ -62,6 +62,11 @@ class ParameterStore {
   // sets lr multipliers.
   void init(const ParamInitializer& rule, std::uint64_t seed);
   void zero_grads();
+  // Moves every value and gradient to `device` (parameters are initialised on the host, so their values do not
+  // depend on the device they train on).
+  void to_device(Device device);
+  // Where the parameters live (the CPU until to_device).
+  Device device() const { return device_; }
   Parameter* find(const std::string& name);
   std::vector<std::unique_ptr<Parameter>>& all() { return params_; }
   const std::vector<std::unique_ptr<Parameter>>& all() const { return params_; }
@@ -71,6 +76,7 @@ class ParameterStore {
 
  private:
   std::vector<std::unique_ptr<Parameter>> params_;
+  Device device_ = Device::cpu;
 };
 
 // Fills `value` from an InitSpec: N(0, std²) from CounterRng(seed, stream_id(name)) at each flat index (with

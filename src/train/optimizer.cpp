@@ -48,8 +48,10 @@ Optimizer::Optimizer(const TrainConfig& config, ParameterStore& params, Paramete
       continue;
     }
     const Shape shape = piece.length == n ? p->value.shape() : Shape{piece.length};
-    first_.push_back(Tensor::zeros(shape));
-    second_.push_back(config.optimizer == OptimizerKind::adamw ? Tensor::zeros(shape) : Tensor());
+    // On the parameter's device (the model is placed before the optimizer is built).
+    const Device device = p->value.device();
+    first_.push_back(Tensor::zeros(shape, DType::f32, device));
+    second_.push_back(config.optimizer == OptimizerKind::adamw ? Tensor::zeros(shape, DType::f32, device) : Tensor());
   }
 }
 

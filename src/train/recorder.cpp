@@ -154,7 +154,10 @@ void Recorder::accumulate_into(probe::MomentSums& sums, const Tensor& x, std::in
   const std::int64_t rows = x.numel() / features;
   PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "probe tensor ", shape_string(x.shape()), " with ", sequences,
                 " sequences");
-  probe::accumulate(x.f32(), sequences, rows / sequences, features, sums, which);
+  if (x.device() == Device::cpu)
+    probe::accumulate(x.f32(), sequences, rows / sequences, features, sums, which);
+  else
+    probe::accumulate(x, sequences, sums, which);  // on the GPU: only the finished sums come back
 }
 
 namespace {

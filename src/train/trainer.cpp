@@ -6,6 +6,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/parallel.h"
 #include "data/dataset.h"
 #include "data/images.h"
@@ -111,6 +112,45 @@ std::string experiment_config(const std::string& toml) {
   return out.str();
 }
 
+}  // namespace
+
+bool cuda_built() {
+#ifdef PROPLAB_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string device_description(Device device) {
+  if (device == Device::cpu) return "cpu";
+  const GpuInfo gpu = gpu_info();
+  return "cuda:" + std::to_string(gpu.ordinal) + " " + gpu.name + " (" + format_bytes(gpu.total_bytes) + ")";
+}
+
+Device run_device(const RunSpec& spec) {
+  const std::string& type = spec.device.type;
+  if (type == "cpu") return Device::cpu;
+  const bool built = cuda_built();
+  if (type == "cuda") {
+    if (!built)
+      throw UserError(
+          "device.type = \"cuda\": this proplab build has no CUDA backend (it was configured without nvcc); "
+          "allowed here: \"cpu\" or \"auto\"");
+    if (!cuda_available())
+      throw UserError(
+          "device.type = \"cuda\": no CUDA GPU is present on this machine (the driver reports none); allowed "
+          "here: \"cpu\" or \"auto\"");
+    return Device::cuda;
+  }
+  // auto: the GPU when there is one and the run can use it (one process; a transformer or an MLP), else the CPU.
+  const bool fits =
+      spec.model.kind() != ModelKind::resnet && spec.parallel.dp * spec.parallel.tp * spec.parallel.pp == 1;
+  return built && fits && cuda_available() ? Device::cuda : Device::cpu;
+}
+
+namespace {
+
 // Stage 1 of a run: what the launch and the study say about the layout, checked before anything is read or
 // written (every rank checks the same).
 struct RunLayout {
@@ -124,10 +164,17 @@ struct RunLayout {
 };
 
 RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
-  if (spec.device.type == "cuda")
-    throw UserError(
-        "device.type: training on CUDA is not available in this version (only the residual-combine "
-        "op has a CUDA kernel so far); allowed: \"cpu\" or \"auto\"");
+  const Device device = run_device(spec);
+  if (device == Device::cuda) {
+    if (spec.model.kind() == ModelKind::resnet)
+      throw UserError(
+          "device.type = \"cuda\": the ResNet does not train on CUDA in this version (transformers and MLPs do); "
+          "allowed for model.type = \"resnet\": \"cpu\"");
+    if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp > 1)
+      throw UserError(
+          "device.type = \"cuda\": one GPU per run in this version, so parallel.dp, parallel.tp and parallel.pp "
+          "must be 1 on CUDA; allowed with several processes: device.type = \"cpu\"");
+  }
   if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
@@ -202,17 +249,26 @@ class TrainingRun {
           IoFailure{checkpoint, checkpoint ? summary_.checkpoint.string() : error.path(), error.reason(), step_};
     }
   }
-  // This replica's rows of a micro-batch (all of them for one process).
+  // This replica's rows of a micro-batch (all of them for one process), on the model's device: batches are made on
+  // the host (pure functions of seed and index) and copied over.
+  // A whole batch on the model's device (evaluation: every process evaluates the whole validation batch).
+  Batch local_whole(const Batch& batch) const {
+    if (device_ == Device::cpu) return batch;
+    return Batch{batch.inputs.to(device_), batch.targets.to(device_)};
+  }
   Batch local(Batch batch) const {
-    if (layout_.replicas == 1) return batch;
-    return Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
-                 batch.targets.slice(0, layout_.first_row, layout_.local_rows)};
+    if (layout_.replicas > 1)
+      batch = Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
+                    batch.targets.slice(0, layout_.first_row, layout_.local_rows)};
+    if (device_ == Device::cpu) return batch;
+    return Batch{batch.inputs.to(device_), batch.targets.to(device_)};
   }
 
   const RunSpec& spec_;
   const RunOptions& options_;
   const TrainConfig& tc_;
   const RunLayout layout_;
+  const Device device_;
   RunData data_;
   // The run's scaling rule, built once for the model and for what theory predicts for every probe at
   // initialisation (stored beside the measurements by rank 0). A rule with a profiling pass (Admin) profiles a
@@ -252,10 +308,13 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
       options_(options),
       tc_(spec.train),
       layout_(layout),
+      device_(run_device(spec)),
       data_(spec, layout.micro),
       rule_(make_model_rule(spec.model, spec.scaling, spec.seed)) {
   if (layout_.root) prediction_ = predict_for_run(spec, *rule_);
   model_ = make_model(spec.model, *rule_, spec.seed, layout_.tensor);
+  // Initialised on the host (the same values on every device), then moved before anything refers to the tensors.
+  model_->to_device(device_);
   if (spec.parallel.pp > 1) stage_.emplace(spec, *model_, *options.pipeline, layout_.group, layout_.tensor);
   pipeline_ = stage_ ? &*stage_ : nullptr;
   // (a stage's replicas exchange only the gradients it updates)
@@ -286,7 +345,13 @@ void TrainingRun::resume() {
   const auto optimizer_state = data_parallel_->optimizer_state_to_load(*optimizer_);
   std::map<std::string, Tensor> local = checkpoint_tensors(*model_, optimizer_state);
   const std::map<std::string, Tensor> targets = full_tensor_targets(model_->params(), local);
-  Checkpoint loaded = load_checkpoint(summary_.checkpoint, targets);
+  // Read on the host, then copied to the device's tensors.
+  std::map<std::string, Tensor> host_targets;
+  for (const auto& [key, tensor] : targets)
+    host_targets.emplace(key, tensor.device() == Device::cpu ? tensor : Tensor::empty(tensor.shape(), tensor.dtype()));
+  Checkpoint loaded = load_checkpoint(summary_.checkpoint, host_targets);
+  for (const auto& [key, tensor] : targets)
+    if (tensor.device() != Device::cpu) const_cast<Tensor&>(tensor).copy_from(host_targets.at(key));
   keep_local_pieces(model_->params(), targets, local);
   data_parallel_->after_optimizer_load(*optimizer_, optimizer_state);
   if (experiment_config(loaded.string_value("config")) != experiment_config(spec_.config_toml))
@@ -305,7 +370,7 @@ void TrainingRun::open_run_file() {
   RunHeader header;
   header.proplab_version = options_.proplab_version;
   header.config = spec_.config_toml;
-  header.device = "cpu";
+  header.device = device_description(device_);
   header.threads = threads();
   header.layout = layout_text(spec_.parallel);
   // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
@@ -368,7 +433,7 @@ double TrainingRun::evaluate() {
   double total = 0.0;
   for (int i = 0; i < tc_.eval_batches; ++i)
     total += pipeline_ ? pipeline_->evaluate(data_.batch(Split::validation, i))
-                       : model_->evaluate(data_.batch(Split::validation, i));
+                       : model_->evaluate(local_whole(data_.batch(Split::validation, i)));
   return total / tc_.eval_batches;
 }
 
@@ -390,6 +455,9 @@ void TrainingRun::save(std::int64_t step) {
   });
   if (io_failure_) return;
   Checkpoint checkpoint;
+  // Checkpoints hold host tensors, whatever the device: a run checkpointed on a GPU resumes on the CPU and back.
+  for (auto& [key, tensor] : tensors)
+    if (tensor.device() != Device::cpu) tensor = tensor.to(Device::cpu);
   checkpoint.tensors = std::move(tensors);
   checkpoint.ints["step"] = step;
   checkpoint.ints["optimizer_steps"] = optimizer_->steps_taken();
@@ -553,6 +621,12 @@ void TrainingRun::train() {
     status_ = RunStatus::failed;
     detail_ = e.what();
     summary_.collective_timeout = true;
+  } catch (const DeviceMemoryError& e) {
+    // The step that ran out is abandoned; every record before it is in the run file, and the last checkpoint stays
+    // the one to resume from (no checkpoint of a half-done step).
+    status_ = RunStatus::failed;
+    detail_ = std::string(e.what()) + " at step " + std::to_string(step_);
+    summary_.out_of_memory = true;
   }
 }
 
@@ -572,7 +646,7 @@ RunSummary TrainingRun::finish() {
     }
   }
   // No checkpoint after a timeout: it may have struck between the update and the step count.
-  if (status_ != RunStatus::diverged && !summary_.collective_timeout) save(step_);
+  if (status_ != RunStatus::diverged && !summary_.collective_timeout && !summary_.out_of_memory) save(step_);
   summary_.status = status_;
   summary_.detail = status_ == RunStatus::completed ? "completed " + std::to_string(step_) + " steps" : detail_;
   if (layout_.root) guarded(false, [&] { writer_->finish(status_, summary_.detail); });

@@ -19,6 +19,7 @@
 #include "spec/model.h"
 #include "scaling/config.h"
 #include "dist/communicator.h"
+#include "core/tensor.h"
 #include "train/config.h"
 
 namespace proplab {
@@ -84,7 +85,18 @@ struct RunSummary {
   // checkpoint and the command that continues (rank 0; other ranks: that rank 0 could not write).
   bool io_failure = false;
   std::string message;
+  // The GPU ran out of memory during a step: status failed, detail names the allocation, its size and the free
+  // memory; the records so far are in the run file and no checkpoint was taken after the last good one.
+  bool out_of_memory = false;
 };
+
+// Where the study's run computes: device.type "cpu", "cuda" (a UserError naming the key when this build has no
+// CUDA backend or the machine no GPU) or "auto" (the GPU when present and the run can use it, else the CPU).
+Device run_device(const RunSpec& spec);
+// "cpu", or "cuda:0 NVIDIA H200 (139.8 GiB)" for the run file's device attribute.
+std::string device_description(Device device);
+// True when this build has the CUDA backend.
+bool cuda_built();
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name);
 
