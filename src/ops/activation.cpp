@@ -11,6 +11,10 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/activation.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -139,6 +143,25 @@ inline float gelu_erf(float x) { return x * normal_cdf(x); }
 
 inline float gelu_erf_grad(float x) { return normal_cdf(x) + x * normal_pdf(x); }
 
+#ifdef PROPLAB_WITH_CUDA
+kernels::ActivationKind device_kind(const char* op, Activation kind) {
+  switch (kind) {
+    case Activation::identity:
+      return kernels::ActivationKind::identity;
+    case Activation::relu:
+      return kernels::ActivationKind::relu;
+    case Activation::tanh:
+      return kernels::ActivationKind::tanh;
+    case Activation::gelu_tanh:
+      return kernels::ActivationKind::gelu_tanh;
+    case Activation::gelu_erf:
+      return kernels::ActivationKind::gelu_erf;
+  }
+  PROPLAB_CHECK(false, "op '", op, "': unknown activation ", static_cast<int>(kind));
+  return kernels::ActivationKind::identity;
+}
+#endif
+
 void expect_pointwise(const char* op, const Tensor& x, const Tensor& other, const char* other_name) {
   expect_shape(op, "x", x, x.shape());
   expect_shape(op, other_name, other, x.shape());
@@ -150,7 +173,14 @@ void activation_forward(Activation kind, const Tensor& x, Tensor& y) {
   constexpr const char* op = "activation_forward";
   expect_pointwise(op, x, y, "y");
   const Device device = common_device(op, {&x, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::activation_forward(device_kind(op, kind), x.f32(), y.f32(), x.numel());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
 
   const float* in = x.f32();
   float* out = y.f32();
@@ -186,7 +216,14 @@ void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Te
   expect_pointwise(op, x, d_y, "d_y");
   expect_shape(op, "d_x", d_x, x.shape());
   const Device device = common_device(op, {&x, &d_y, &d_x});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::activation_backward(device_kind(op, kind), x.f32(), d_y.f32(), d_x.f32(), x.numel());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
 
   // No restrict: d_x may alias d_y (each element is read before it is written).
   const float* in = x.f32();

@@ -9,6 +9,10 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/dropout.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -67,7 +71,14 @@ void dropout_forward(const Tensor& x, float p, std::uint64_t seed, std::uint64_t
   expect_shape(op, "y", y, x.shape());
   check_rate(op, p);
   const Device device = common_device(op, {&x, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::dropout_apply(x.f32(), p, seed, stream, x.numel(), y.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   apply_mask(x.f32(), p, seed, stream, x.numel(), y.f32());
 }
 
@@ -77,7 +88,14 @@ void dropout_backward(const Tensor& d_y, float p, std::uint64_t seed, std::uint6
   expect_shape(op, "d_x", d_x, d_y.shape());
   check_rate(op, p);
   const Device device = common_device(op, {&d_y, &d_x});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::dropout_apply(d_y.f32(), p, seed, stream, d_y.numel(), d_x.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   apply_mask(d_y.f32(), p, seed, stream, d_y.numel(), d_x.f32());
 }
 

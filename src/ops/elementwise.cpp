@@ -7,6 +7,11 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/elementwise.cuh"
+#include "kernels/reduce.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -39,7 +44,14 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
   expect_f32(op, "x", x);
   expect_shape(op, "y", y, x.shape());
   const Device device = common_device(op, {&x, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::axpy(alpha, x.f32(), y.f32(), x.numel());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const float* x_data = x.f32();
   float* y_data = y.f32();
   const std::int64_t n = x.numel();
@@ -51,7 +63,14 @@ void scale(Tensor& x, float alpha) {
   constexpr const char* op = "scale";
   expect_f32(op, "x", x);
   const Device device = common_device(op, {&x});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::scale(x.f32(), alpha, x.numel());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   float* x_data = x.f32();
   const std::int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
@@ -62,7 +81,14 @@ void zero(Tensor& x) {
   constexpr const char* op = "zero";
   expect_f32(op, "x", x);
   const Device device = common_device(op, {&x});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::zero(x.f32(), x.numel());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   float* x_data = x.f32();
   const std::int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
@@ -74,7 +100,14 @@ double dot(const Tensor& x, const Tensor& y) {
   expect_f32(op, "x", x);
   expect_shape(op, "y", y, x.shape());
   const Device device = common_device(op, {&x, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    // Σ x·y in double (exact float products), deterministic; the host waits for the value.
+    return x.numel() == 0 ? 0.0 : kernels::dot(x.f32(), y.f32(), x.numel());
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const float* x_data = x.f32();
   const float* y_data = y.f32();
   return ordered_chunk_sum(x.numel(), [=](std::int64_t begin, std::int64_t end) {
@@ -89,7 +122,13 @@ double sum_squares(const Tensor& x) {
   constexpr const char* op = "sum_squares";
   expect_f32(op, "x", x);
   const Device device = common_device(op, {&x});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    return x.numel() == 0 ? 0.0 : kernels::dot(x.f32(), nullptr, x.numel());
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const float* x_data = x.f32();
   return ordered_chunk_sum(x.numel(), [=](std::int64_t begin, std::int64_t end) {
     double sum = 0.0;

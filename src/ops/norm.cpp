@@ -12,6 +12,10 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/norm.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -233,7 +237,15 @@ void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
   expect_row_stat(op, "rstd", rstd, x);
   PROPLAB_CHECK(eps >= 0.0f, "op '", op, "': eps must be >= 0, got ", eps);
   const Device device = common_device(op, {&x, gamma, beta, &y, &mean, &rstd});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::layernorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, shape.rows,
+                               shape.features, y.f32(), mean.f32(), rstd.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (shape.features == 0) return;
 
   const float* g = gamma ? gamma->f32() : nullptr;
@@ -261,7 +273,16 @@ void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
   if (d_gamma) expect_shape(op, "d_gamma", *d_gamma, {shape.features});
   if (d_beta) expect_shape(op, "d_beta", *d_beta, {shape.features});
   const Device device = common_device(op, {&x, gamma, &mean, &rstd, &d_y, &d_x, d_gamma, d_beta});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::layernorm_backward(x.f32(), gamma ? gamma->f32() : nullptr, mean.f32(), rstd.f32(), d_y.f32(), shape.rows,
+                                shape.features, d_x.f32(), d_gamma ? d_gamma->f32() : nullptr,
+                                d_beta ? d_beta->f32() : nullptr);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (shape.features == 0 || shape.rows == 0) return;
 
   const RowChunks chunks = row_chunks(shape.rows);
@@ -287,7 +308,15 @@ void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y,
   expect_row_stat(op, "rstd", rstd, x);
   PROPLAB_CHECK(eps >= 0.0f, "op '", op, "': eps must be >= 0, got ", eps);
   const Device device = common_device(op, {&x, gamma, &y, &rstd});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::rmsnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, eps, shape.rows, shape.features, y.f32(),
+                             rstd.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (shape.features == 0) return;
 
   if (gamma)
@@ -307,7 +336,15 @@ void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, 
   PROPLAB_CHECK(d_gamma == nullptr || gamma != nullptr, "op '", op, "': d_gamma given without gamma");
   if (d_gamma) expect_shape(op, "d_gamma", *d_gamma, {shape.features});
   const Device device = common_device(op, {&x, gamma, &rstd, &d_y, &d_x, d_gamma});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::rmsnorm_backward(x.f32(), gamma ? gamma->f32() : nullptr, rstd.f32(), d_y.f32(), shape.rows,
+                              shape.features, d_x.f32(), d_gamma ? d_gamma->f32() : nullptr);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (shape.features == 0 || shape.rows == 0) return;
 
   const RowChunks chunks = row_chunks(shape.rows);
