@@ -137,6 +137,14 @@ Device run_device(const RunSpec& spec) {
       throw UserError(
           "device.type = \"cuda\": this proplab build has no CUDA backend (it was configured without nvcc); "
           "allowed here: \"cpu\" or \"auto\"");
+    if (spec.model.kind() == ModelKind::resnet)
+      throw UserError(
+          "device.type = \"cuda\": the ResNet does not train on CUDA in this version (transformers and MLPs do); "
+          "allowed for model.type = \"resnet\": \"cpu\" or \"auto\"");
+    if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp > 1)
+      throw UserError(
+          "device.type = \"cuda\": one GPU per run in this version, so parallel.dp, parallel.tp and parallel.pp "
+          "must be 1 on CUDA; allowed with several processes: \"cpu\" or \"auto\"");
     if (!cuda_available())
       throw UserError(
           "device.type = \"cuda\": no CUDA GPU is present on this machine (the driver reports none); allowed "
@@ -164,17 +172,7 @@ struct RunLayout {
 };
 
 RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
-  const Device device = run_device(spec);
-  if (device == Device::cuda) {
-    if (spec.model.kind() == ModelKind::resnet)
-      throw UserError(
-          "device.type = \"cuda\": the ResNet does not train on CUDA in this version (transformers and MLPs do); "
-          "allowed for model.type = \"resnet\": \"cpu\"");
-    if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp > 1)
-      throw UserError(
-          "device.type = \"cuda\": one GPU per run in this version, so parallel.dp, parallel.tp and parallel.pp "
-          "must be 1 on CUDA; allowed with several processes: device.type = \"cpu\"");
-  }
+  run_device(spec);  // device.type names a device this build and machine have, for a run that can use it
   if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
