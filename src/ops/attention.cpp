@@ -19,6 +19,10 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/attention.cuh"
+#endif
+
 namespace proplab::ops {
 namespace {
 
@@ -309,7 +313,26 @@ void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& 
   expect_shape(op, "probs", probs, {B, heads, T, T});
   expect_shape(op, "out", out, {B, T, D});
   const Device device = common_device(op, {&qkv, &probs, &out});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    std::vector<kernels::AttentionLogitSums> pair_sums(logit_sums ? static_cast<std::size_t>(B * heads) : 0);
+    kernels::attention_forward(qkv.f32(), B, T, D, heads, logit_scale, probs.f32(), out.f32(),
+                               logit_sums ? pair_sums.data() : nullptr);
+    // The pairs' sums added in pair order, as attention_forward_cpu adds them; every pair has T(T+1)/2 logits.
+    for (const kernels::AttentionLogitSums& part : pair_sums) {
+      logit_sums->count += T * (T + 1) / 2;
+      logit_sums->nonfinite += part.nonfinite;
+      logit_sums->sum += part.sum;
+      logit_sums->sum_sq += part.sum_sq;
+      logit_sums->sum_cube += part.sum_cube;
+      logit_sums->sum_quad += part.sum_quad;
+      logit_sums->max_abs = std::max(logit_sums->max_abs, part.max_abs);
+    }
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   attention_forward_cpu(qkv, heads, logit_scale, probs, out, logit_sums);
 }
 
@@ -322,7 +345,14 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_
   expect_shape(op, "d_out", d_out, {B, T, D});
   expect_shape(op, "d_qkv", d_qkv, qkv.shape());
   const Device device = common_device(op, {&qkv, &probs, &d_out, &d_qkv});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::attention_backward(qkv.f32(), probs.f32(), d_out.f32(), B, T, D, heads, logit_scale, d_qkv.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   attention_backward_cpu(qkv, probs, d_out, heads, logit_scale, d_qkv);
 }
 

@@ -12,6 +12,11 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/embedding.cuh"
+#include "kernels/index_check.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -20,17 +25,28 @@ namespace {
 constexpr std::int64_t kColumnQuantum = 16;
 constexpr std::int64_t kParallelMin = 1 << 15;
 
+[[noreturn]] void throw_token_outside(const char* op, std::int32_t token, std::int64_t position, std::int64_t vocab) {
+  throw UserError(std::string("op '") + op + "': token id " + std::to_string(token) + " at position " +
+                  std::to_string(position) + " is outside the vocabulary [0, " + std::to_string(vocab) +
+                  "); the data and the model's vocab_size disagree");
+}
+
 // UserError naming the first token id outside [0, vocab): a data set built for another vocabulary.
 void check_token_range(const char* op, const std::int32_t* tokens, std::int64_t count, std::int64_t vocab) {
   std::int64_t first_bad = count;
 #pragma omp parallel for simd reduction(min : first_bad) if (count > kParallelMin)
   for (std::int64_t i = 0; i < count; ++i)
     if (tokens[i] < 0 || tokens[i] >= vocab) first_bad = std::min(first_bad, i);
-  if (first_bad < count)
-    throw UserError(std::string("op '") + op + "': token id " + std::to_string(tokens[first_bad]) + " at position " +
-                    std::to_string(first_bad) + " is outside the vocabulary [0, " + std::to_string(vocab) +
-                    "); the data and the model's vocab_size disagree");
+  if (first_bad < count) throw_token_outside(op, tokens[first_bad], first_bad, vocab);
 }
+
+#ifdef PROPLAB_WITH_CUDA
+// check_token_range for token ids on the device.
+void check_token_range_cuda(const char* op, const std::int32_t* tokens, std::int64_t count, std::int64_t vocab) {
+  const kernels::IdOutside bad = kernels::first_id_outside(tokens, count, 0, vocab);
+  if (bad.index < count) throw_token_outside(op, bad.value, bad.index, vocab);
+}
+#endif
 
 }  // namespace
 
@@ -50,7 +66,16 @@ void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Te
   }
   expect_shape(op, "y", y, {batch, seq, features});
   const Device device = common_device(op, {&tokens, &token_table, pos_table, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    check_token_range_cuda(op, tokens.i32(), batch * seq, vocab);
+    kernels::embedding_gather(tokens.i32(), batch * seq, seq, token_table.f32(), 0, vocab,
+                              pos_table ? pos_table->f32() : nullptr, features, y.f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
 
   const std::int32_t* ids = tokens.i32();
   const std::int64_t positions = batch * seq;
@@ -89,7 +114,16 @@ void embedding_backward(const Tensor& tokens, const Tensor& d_y, Tensor& d_token
     expect_shape(op, "d_pos_table", *d_pos_table, d_pos_table->shape());
   }
   const Device device = common_device(op, {&tokens, &d_y, &d_token_table, d_pos_table});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    check_token_range_cuda(op, tokens.i32(), batch * seq, vocab);
+    kernels::embedding_table_backward(tokens.i32(), batch * seq, 0, vocab, d_y.f32(), features, d_token_table.f32());
+    if (d_pos_table) kernels::position_backward(d_y.f32(), batch, seq, features, d_pos_table->f32());
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
 
   const std::int32_t* ids = tokens.i32();
   const std::int64_t positions = batch * seq;

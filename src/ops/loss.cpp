@@ -12,6 +12,11 @@
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/index_check.cuh"
+#include "kernels/loss.cuh"
+#endif
+
 namespace proplab::ops {
 namespace {
 
@@ -115,7 +120,21 @@ double softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor
   expect_shape(op, "targets", targets, row_shape, DType::i32);
   if (d_logits != nullptr) expect_shape(op, "d_logits", *d_logits, logits.shape());
   const Device device = common_device(op, {&logits, &targets, d_logits});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    // The same check as below, on the device, before anything is written.
+    const std::int64_t rows = targets.numel();
+    const kernels::IdOutside bad = kernels::first_id_outside(targets.i32(), rows, 0, classes);
+    PROPLAB_CHECK(bad.index == rows, "op '", op, "': target ", bad.value, " at row ", bad.index, " is outside [0, ",
+                  classes, ")");
+    const double grad_coef = static_cast<double>(grad_scale) / static_cast<double>(rows);
+    const double total = kernels::softmax_cross_entropy_sum(logits.f32(), targets.i32(), rows, classes,
+                                                            d_logits != nullptr ? d_logits->f32() : nullptr, grad_coef);
+    return total / static_cast<double>(rows);
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   // Checked before the parallel loop: an out-of-range label would read outside its row.
   const std::int32_t* target_data = targets.i32();
   for (std::int64_t r = 0, rows = targets.numel(); r < rows; ++r)
@@ -132,7 +151,17 @@ double mse_loss(const Tensor& pred, const Tensor& target, Tensor* d_pred, float 
   expect_shape(op, "target", target, pred.shape());
   if (d_pred != nullptr) expect_shape(op, "d_pred", *d_pred, pred.shape());
   const Device device = common_device(op, {&pred, &target, d_pred});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    const std::int64_t n = pred.numel();
+    const float grad_coef = static_cast<float>(static_cast<double>(grad_scale) / static_cast<double>(n));
+    const double total =
+        kernels::squared_error_sum(pred.f32(), target.f32(), n, d_pred != nullptr ? d_pred->f32() : nullptr, grad_coef);
+    return 0.5 * total / static_cast<double>(n);
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   return mse_loss_cpu(pred, target, d_pred, grad_scale);
 }
 

@@ -13,6 +13,13 @@
 #include "core/parallel.h"
 #include "ops/dispatch.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/context.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/index_check.cuh"
+#include "kernels/vocab_parallel.cuh"
+#endif
+
 namespace proplab::ops {
 
 namespace {
@@ -20,9 +27,19 @@ namespace {
 constexpr std::int64_t kParallelMin = 1 << 15;
 constexpr std::int64_t kRowsPerChunk = 8;
 
-void check_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
+// The tensors' common device; in a build without CUDA, a UserError for CUDA tensors.
+Device check_device(const char* op, std::initializer_list<const Tensor*> tensors) {
   const Device device = common_device(op, tensors);
+#ifndef PROPLAB_WITH_CUDA
   if (device == Device::cuda) missing_device_impl(op, device);
+#endif
+  return device;
+}
+
+[[noreturn]] void throw_token_outside(const char* op, std::int32_t token, std::int64_t position, std::int64_t vocab) {
+  throw UserError(std::string("op '") + op + "': token id " + std::to_string(token) + " at position " +
+                  std::to_string(position) + " is outside the vocabulary [0, " + std::to_string(vocab) +
+                  "); the data and the model's vocab_size disagree");
 }
 
 // rows and V_shard of logits [..., V_shard], with targets i32 [rows] checked against the full vocabulary.
@@ -48,14 +65,18 @@ void embedding_shard_forward(const Tensor& tokens, const Tensor& table_shard, st
   expect_shape(op, "tokens", tokens, tokens.shape(), DType::i32);
   expect_shape(op, "table_shard", table_shard, table_shard.shape());
   expect_shape(op, "y", y, {batch, seq, features});
-  check_cpu(op, {&tokens, &table_shard, &y});
-  const std::int32_t* ids = tokens.i32();
   const std::int64_t positions = batch * seq;
+  if (check_device(op, {&tokens, &table_shard, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    const kernels::IdOutside bad = kernels::first_id_outside(tokens.i32(), positions, 0, vocab);
+    if (bad.index < positions) throw_token_outside(op, bad.value, bad.index, vocab);
+    kernels::embedding_gather(tokens.i32(), positions, seq, table_shard.f32(), first, rows, nullptr, features, y.f32());
+#endif
+    return;
+  }
+  const std::int32_t* ids = tokens.i32();
   for (std::int64_t p = 0; p < positions; ++p)
-    if (ids[p] < 0 || ids[p] >= vocab)
-      throw UserError(std::string("op '") + op + "': token id " + std::to_string(ids[p]) + " at position " +
-                      std::to_string(p) + " is outside the vocabulary [0, " + std::to_string(vocab) +
-                      "); the data and the model's vocab_size disagree");
+    if (ids[p] < 0 || ids[p] >= vocab) throw_token_outside(op, ids[p], p, vocab);
   const float* table = table_shard.f32();
   float* out = y.f32();
 #pragma omp parallel for schedule(static) if (positions * features > kParallelMin)
@@ -77,9 +98,14 @@ void embedding_shard_backward(const Tensor& tokens, const Tensor& d_y, std::int6
   expect_shape(op, "tokens", tokens, tokens.shape(), DType::i32);
   expect_shape(op, "d_y", d_y, {batch, seq, features});
   expect_shape(op, "d_table_shard", d_table_shard, d_table_shard.shape());
-  check_cpu(op, {&tokens, &d_y, &d_table_shard});
-  const std::int32_t* ids = tokens.i32();
   const std::int64_t positions = batch * seq;
+  if (check_device(op, {&tokens, &d_y, &d_table_shard}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::embedding_table_backward(tokens.i32(), positions, first, rows, d_y.f32(), features, d_table_shard.f32());
+#endif
+    return;
+  }
+  const std::int32_t* ids = tokens.i32();
   const float* grad = d_y.f32();
   float* d_table = d_table_shard.f32();
   // Column blocks of a fixed width: each element receives its contributions in position order.
@@ -105,8 +131,13 @@ void position_add_forward(const Tensor& pos_table, Tensor& y) {
                 " and ", shape_string(y.shape()));
   expect_shape(op, "pos_table", pos_table, pos_table.shape());
   expect_shape(op, "y", y, y.shape());
-  check_cpu(op, {&pos_table, &y});
   const std::int64_t seq = y.dim(1), features = y.dim(2), positions = y.dim(0) * seq;
+  if (check_device(op, {&pos_table, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::position_add(pos_table.f32(), positions, seq, features, y.f32());
+#endif
+    return;
+  }
   const float* pos = pos_table.f32();
   float* out = y.f32();
 #pragma omp parallel for schedule(static) if (positions * features > kParallelMin)
@@ -124,8 +155,13 @@ void position_add_backward(const Tensor& d_y, Tensor& d_pos_table) {
                 "op '", op, "': d_pos_table [T_max >= T, D] for d_y [B, T, D]");
   expect_shape(op, "d_y", d_y, d_y.shape());
   expect_shape(op, "d_pos_table", d_pos_table, d_pos_table.shape());
-  check_cpu(op, {&d_y, &d_pos_table});
   const std::int64_t batch = d_y.dim(0), seq = d_y.dim(1), features = d_y.dim(2);
+  if (check_device(op, {&d_y, &d_pos_table}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::position_backward(d_y.f32(), batch, seq, features, d_pos_table.f32());
+#endif
+    return;
+  }
   const float* grad = d_y.f32();
   float* d_pos = d_pos_table.f32();
 #pragma omp parallel for schedule(static) if (batch * seq * features > kParallelMin)
@@ -143,9 +179,17 @@ void cross_entropy_shard_max(const Tensor& logits_shard, std::vector<double>& ro
   PROPLAB_CHECK(logits_shard.defined() && logits_shard.ndim() >= 1 && logits_shard.dim(-1) > 0, "op '", op,
                 "': logits must be [..., V]");
   expect_shape(op, "logits", logits_shard, logits_shard.shape());
-  check_cpu(op, {&logits_shard});
+  const Device device = check_device(op, {&logits_shard});
   const std::int64_t classes = logits_shard.dim(-1), rows = logits_shard.numel() / classes;
   row_max.assign(static_cast<std::size_t>(rows), 0.0);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::Scratch device_max(sizeof(double) * row_max.size());
+    kernels::cross_entropy_shard_max(logits_shard.f32(), rows, classes, device_max.as<double>());
+    kernels::copy_to_host(row_max.data(), device_max.as<double>(), sizeof(double) * row_max.size());
+#endif
+    return;
+  }
   const float* data = logits_shard.f32();
 #pragma omp parallel for schedule(static) if (rows * classes > kParallelMin)
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -162,9 +206,21 @@ void cross_entropy_shard_sums(const Tensor& logits_shard, const std::vector<doub
   const std::int64_t rows = logit_rows(op, logits_shard, targets);
   PROPLAB_CHECK(static_cast<std::int64_t>(row_max.size()) == rows, "op '", op, "': ", row_max.size(),
                 " row maxima for ", rows, " rows");
-  check_cpu(op, {&logits_shard, &targets});
+  const Device device = check_device(op, {&logits_shard, &targets});
   const std::int64_t classes = logits_shard.dim(-1);
   sums.assign(static_cast<std::size_t>(2 * rows), 0.0);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    // [rows] maxima in, then [2·rows] sums out.
+    kernels::Scratch scratch(sizeof(double) * static_cast<std::size_t>(3 * rows));
+    double* device_max = scratch.as<double>();
+    double* device_sums = device_max + rows;
+    kernels::copy_to_device(device_max, row_max.data(), sizeof(double) * row_max.size());
+    kernels::cross_entropy_shard_sums(logits_shard.f32(), device_max, targets.i32(), rows, classes, first, device_sums);
+    kernels::copy_to_host(sums.data(), device_sums, sizeof(double) * sums.size());
+#endif
+    return;
+  }
   const float* data = logits_shard.f32();
   const std::int32_t* target = targets.i32();
 #pragma omp parallel for schedule(static) if (rows * classes > kParallelMin)
@@ -187,8 +243,34 @@ double cross_entropy_shard_finish(const Tensor& logits_shard, const std::vector<
   PROPLAB_CHECK(static_cast<std::int64_t>(row_max.size()) == rows && static_cast<std::int64_t>(sums.size()) == 2 * rows,
                 "op '", op, "': sums for ", rows, " rows expected");
   if (d_logits_shard != nullptr) expect_shape(op, "d_logits", *d_logits_shard, logits_shard.shape());
-  check_cpu(op, {&logits_shard, &targets, d_logits_shard});
   const std::int64_t classes = logits_shard.dim(-1);
+  if (check_device(op, {&logits_shard, &targets, d_logits_shard}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    const double grad_coef = static_cast<double>(grad_scale) / static_cast<double>(rows);
+    if (d_logits_shard != nullptr) {
+      // [rows] maxima, then [2·rows] sums, copied from the host.
+      kernels::Scratch scratch(sizeof(double) * static_cast<std::size_t>(3 * rows));
+      double* device_max = scratch.as<double>();
+      double* device_sums = device_max + rows;
+      kernels::copy_to_device(device_max, row_max.data(), sizeof(double) * row_max.size());
+      kernels::copy_to_device(device_sums, sums.data(), sizeof(double) * sums.size());
+      kernels::cross_entropy_shard_grad(logits_shard.f32(), device_max, device_sums, targets.i32(), rows, classes,
+                                        first, grad_coef, d_logits_shard->f32());
+    }
+    // The loss needs only the host's row maxima and sums: summed here exactly as below (same chunks, same order).
+    const double total = chunked_sum(
+        rows,
+        [&](std::int64_t begin, std::int64_t end) {
+          double chunk_loss = 0.0;
+          for (std::int64_t r = begin; r < end; ++r)
+            chunk_loss += std::log(sums[static_cast<std::size_t>(2 * r)]) + row_max[static_cast<std::size_t>(r)] -
+                          sums[static_cast<std::size_t>(2 * r + 1)];
+          return chunk_loss;
+        },
+        kRowsPerChunk);
+    return total / static_cast<double>(rows);
+#endif
+  }
   const float* data = logits_shard.f32();
   const std::int32_t* target = targets.i32();
   float* d_data = d_logits_shard != nullptr ? d_logits_shard->f32() : nullptr;
