@@ -55,8 +55,10 @@ if(NOT PROPLAB_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # One architecture by default, Hopper (H100/H200), so that a build (and CI, which has no GPU) compiles every
+    # kernel once; another GPU: -DCMAKE_CUDA_ARCHITECTURES=80 (A100), 89 (L40), native (the GPU in this machine).
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
+      set(CMAKE_CUDA_ARCHITECTURES 90-real)
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)

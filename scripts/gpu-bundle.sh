@@ -8,7 +8,8 @@
 #                                              into OUT/ (default gpu-bundle/) and OUT.tar.xz
 #   scripts/gpu-bundle.sh --check OUT          start the bundle with only its own libraries (plus this machine's
 #                                              CUDA): proplab --version, a CPU run of a tiny study, test_kernels
-#                                              (its CUDA tests skip without a GPU)
+#                                              and test_gpu (their CUDA tests skip without a GPU), bench_gpu
+#                                              (exits 2 without a GPU)
 #
 # In the bundle: OUT/gpu-check.sh runs the CUDA checks and writes gpu-report.md/json (nothing is built there);
 # OUT/run BINARY [ARGS...] runs bin/BINARY with LD_LIBRARY_PATH = OUT/lib + the CUDA library
@@ -61,6 +62,15 @@ EOF
   (cd "${work}" && env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" proplab run tiny.toml --out out)
   echo "== ${out}/run test_kernels"
   env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" test_kernels --gtest_brief=1
+  echo "== ${out}/run test_gpu"
+  env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" test_gpu --gtest_brief=1
+  echo "== ${out}/run bench_gpu (refuses without a GPU)"
+  local status=0
+  env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" bench_gpu "${out}/studies/gpt2_124m.toml" || status=$?
+  if [[ "${status}" -ne 2 ]] && ! command -v nvidia-smi > /dev/null; then
+    echo "gpu-bundle: bench_gpu without a GPU should exit 2, exited ${status}" >&2
+    exit 1
+  fi
   echo "gpu-bundle: ${out} starts with its own libraries"
 }
 
@@ -71,7 +81,8 @@ fi
 
 build_dir="$(cd "${1:-${source_dir}/build}" && pwd)"
 out="${2:-${source_dir}/gpu-bundle}"
-binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}/bench/bench_train")
+binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}/tests/test_gpu"
+  "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train")
 for binary in "${binaries[@]}"; do
   [[ -x "${binary}" ]] || { echo "gpu-bundle: ${binary} is missing: build with CUDA first (cmake --preset default && cmake --build --preset default)" >&2; exit 2; }
 done
@@ -91,6 +102,8 @@ ldd "${binaries[@]}" | awk '/=> \// {print $1, $3}' | sort -u | while read -r na
 done
 cp -r "${source_dir}/studies" "${out}/studies"
 cp "${source_dir}/scripts/gpu-check.sh" "${out}/gpu-check.sh"
+mkdir -p "${out}/bench"
+cp "${source_dir}/bench/torch_gpu_reference.py" "${out}/bench/"
 cat > "${out}/run" <<'EOF'
 #!/usr/bin/env bash
 # Runs one of the bundle's binaries with the bundle's libraries and this machine's CUDA libraries.

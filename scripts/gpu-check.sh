@@ -1,93 +1,224 @@
 #!/usr/bin/env bash
-# gpu-check.sh: one command for a GPU machine: runs the CUDA-vs-CPU kernel tests (test_kernels) and prints a
-# summary table last, with the same summary written to gpu-report.md and gpu-report.json.
+# gpu-check.sh: everything proplab checks on a GPU, in one command and one report. Stages, most important first,
+# each under its own time limit and all under one overall budget (a stage that would start past the budget is
+# reported as not run):
+#   1. test_kernels   every CUDA op against the CPU op, forward and backward, on random inputs
+#   2. test_gpu       whole runs on the GPU against the CPU (Pre-LN, Post-LN, no-norm transformers, the MLP,
+#                     a BatchNorm ResNet-20), determinism, checkpoints across devices, out of GPU memory
+#   3. bench_gpu      studies/gpt2_124m.toml on the GPU: recording off / every 10 steps / every step
+#   4. torch          PyTorch on the same card: GPT-2 124M bf16 + torch.compile, ResNet-56 bf16 channels-last
+#                     + torch.compile, GPT-2 124M fp32 eager (when the machine's python3 has torch with CUDA)
+#   5. deep1000       studies/deep1000_deepscalelm.toml: a 1000-layer transformer trains, records, checkpoints
+# Writes OUT/gpu-report.md (every failure with its numbers, the benchmark tables) and OUT/gpu-report.json (one
+# object: verdict, per-stage results, every benchmark line), plus one log per stage.
 #
 #   ./gpu-check.sh                      # inside a bundle (scripts/gpu-bundle.sh): nothing is built; OUT (default:
-#                                       # the current folder) receives the log and the report
+#                                       # the current folder) receives the logs and the report
 #   scripts/gpu-check.sh                # in a source tree: configure + build in build-gpu-check/, then run
 #   scripts/gpu-check.sh path/to/build  # in a source tree: reuse (and refresh) a CUDA-enabled build directory
 #
-# Environment: CUDA_ARCHS (source tree only; default 90: the H100/H200), JOBS (default: all cores), OUT (bundle
-# only). Exit status: 0 when every test passed (none may be skipped for lack of a GPU).
-set -euo pipefail
+# Environment: BUDGET_S (default 420: the whole check), CUDA_ARCHS (source tree only; default 90: the H100/H200),
+# JOBS (default: all cores), OUT (bundle only). Exit status: 0 when every test passed (a skip counts as a failure
+# here: this script exists to run the GPU path) and every benchmark ran.
+set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -x "${here}/run" && -d "${here}/bin" ]]; then
   bundle="${here}"
 fi
+budget="${BUDGET_S:-420}"
+start_all=$(date +%s)
 
 echo "== GPUs"
 nvidia-smi -L || { echo "gpu-check: nvidia-smi failed: no usable NVIDIA driver/GPU here" >&2; exit 1; }
 
 if [[ -n "${bundle:-}" ]]; then
-  build_dir="${OUT:-$(pwd)}"
-  mkdir -p "${build_dir}"
-  test_kernels=("${bundle}/run" test_kernels)
-  build_seconds=0
+  out_dir="${OUT:-$(pwd)}"
+  mkdir -p "${out_dir}"
+  out_dir="$(cd "${out_dir}" && pwd)"
+  runner="${bundle}/run"
+  studies="${bundle}/studies"
+  torch_script="${bundle}/bench/torch_gpu_reference.py"
 else
   source_dir="$(cd "${here}/.." && pwd)"
   build_dir="${1:-${source_dir}/build-gpu-check}"
-  cuda_archs="${CUDA_ARCHS:-90}"
-  jobs="${JOBS:-$(nproc)}"
   export PATH="/usr/local/cuda/bin:${PATH}"
-
   echo "== configure + build (${build_dir})"
-  start=$(date +%s)
   if [[ -f "${build_dir}/CMakeCache.txt" ]]; then
-    if ! grep -q '^PROPLAB_CUDA:STRING=ON$\|^PROPLAB_CUDA:STRING=AUTO$' "${build_dir}/CMakeCache.txt"; then
-      echo "gpu-check: ${build_dir} was configured without CUDA (PROPLAB_CUDA=OFF); give another directory" >&2
-      exit 1
-    fi
-    cmake "${build_dir}" -DPROPLAB_CUDA=ON
+    cmake "${build_dir}" -DPROPLAB_CUDA=ON || exit 1
   else
     cmake -S "${source_dir}" -B "${build_dir}" -G Ninja -DPROPLAB_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-      "-DCMAKE_CUDA_ARCHITECTURES=${cuda_archs}" -DPROPLAB_BENCH=OFF
+      "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}" || exit 1
   fi
-  cmake --build "${build_dir}" --target test_kernels -j "${jobs}"
-  build_seconds=$(( $(date +%s) - start ))
-  test_kernels=("${build_dir}/tests/test_kernels")
+  cmake --build "${build_dir}" --target proplab test_kernels test_gpu bench_gpu -j "${JOBS:-$(nproc)}" || exit 1
+  out_dir="$(cd "${build_dir}" && pwd)"
+  # The bundle's `run BINARY ARGS...` for a build tree (timeout needs a program, not a shell function).
+  runner="${out_dir}/gpu-check-run"
+  cat > "${runner}" <<EOF
+#!/usr/bin/env bash
+name="\$1"
+shift
+case "\${name}" in
+  proplab) exec "${out_dir}/proplab" "\$@" ;;
+  bench_*) exec "${out_dir}/bench/\${name}" "\$@" ;;
+  *) exec "${out_dir}/tests/\${name}" "\$@" ;;
+esac
+EOF
+  chmod +x "${runner}"
+  studies="${source_dir}/studies"
+  torch_script="${source_dir}/bench/torch_gpu_reference.py"
+fi
+cd "${out_dir}" || exit 1
+
+stage_names=()
+stage_results=()
+bench_lines=()
+failures=0
+
+# The seconds a stage may take: its own limit, or what is left of the budget if that is less (0: none left).
+allowance() {
+  local own="$1" left=$(( budget - ($(date +%s) - start_all) ))
+  (( left < 0 )) && left=0
+  echo $(( own < left ? own : left ))
+}
+
+# run_stage NAME LIMIT_S COMMAND...: runs the command under `timeout`, its output in NAME.log; records the result.
+run_stage() {
+  local name="$1" limit
+  limit="$(allowance "$2")"
+  shift 2
+  stage_names+=("${name}")
+  if (( limit < 10 )); then
+    echo "== ${name}: not run (the ${budget} s budget is spent)"
+    stage_results+=("not run: budget spent")
+    failures=$(( failures + 1 ))
+    return
+  fi
+  echo "== ${name} (at most ${limit} s)"
+  local begin status
+  begin=$(date +%s)
+  timeout --kill-after=10 "${limit}" "$@" > "${name}.log" 2>&1
+  status=$?
+  tail -n 40 "${name}.log"
+  local took=$(( $(date +%s) - begin ))
+  if (( status == 124 || status == 137 )); then
+    stage_results+=("timed out after ${took} s")
+    failures=$(( failures + 1 ))
+  elif (( status != 0 )); then
+    stage_results+=("exit ${status} after ${took} s")
+    failures=$(( failures + 1 ))
+  else
+    stage_results+=("ok in ${took} s")
+  fi
+}
+
+# A gtest binary's results as markdown: counts, then every failed or skipped test with its failure lines.
+gtest_section() {
+  local log="$1"
+  local passed failed skipped
+  passed=$(grep -cE '^\[ +OK +\] ' "${log}" 2> /dev/null || true)
+  failed=$(grep -cE '^\[ +FAILED +\] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+ \(' "${log}" 2> /dev/null || true)
+  skipped=$(grep -cE '^\[ +SKIPPED +\] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+ \(' "${log}" 2> /dev/null || true)
+  echo "passed ${passed}, failed ${failed}, skipped ${skipped}"
+  (( skipped > 0 )) && failures=$(( failures + skipped ))
+  (( failed > 0 || skipped > 0 )) || return 0
+  echo
+  echo '```'
+  # Each failed or skipped test's own lines (from its RUN line to its result line), at most 30 lines each.
+  awk '/^\[ RUN      \]/ {buffer = $0 "\n"; lines = 1; next}
+       /^\[ +(FAILED|SKIPPED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_\/]+ \(/ {printf "%s%s\n\n", buffer, $0; buffer = ""; next}
+       /^\[ +OK +\]/ {buffer = ""; next}
+       {if (lines < 30) {buffer = buffer $0 "\n"; lines++}}' "${log}"
+  echo '```'
+}
+
+run_stage test_kernels 150 "${runner}" test_kernels --gtest_color=no
+run_stage test_gpu 200 "${runner}" test_gpu --gtest_color=no
+run_stage bench_gpt2 120 "${runner}" bench_gpu "${studies}/gpt2_124m.toml" --steps 8 --warmup 2 --modes off,10,1 \
+  --out "${out_dir}/bench-runs"
+python=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "${candidate}" > /dev/null && "${candidate}" -c 'import torch; assert torch.cuda.is_available()' \
+    2> /dev/null; then
+    python="${candidate}"
+    break
+  fi
+done
+if [[ -n "${python}" ]]; then
+  run_stage torch_gpt2_bf16_compiled 150 "${python}" "${torch_script}" --model gpt2 --precision bf16 --compile
+else
+  stage_names+=("torch")
+  stage_results+=("not run: no python3 with torch and CUDA")
+  failures=$(( failures + 1 ))
+fi
+run_stage deep1000 100 "${runner}" bench_gpu "${studies}/deep1000_deepscalelm.toml" --steps 4 --warmup 2 --modes 10 \
+  --out "${out_dir}/bench-runs"
+if [[ -n "${python}" ]]; then
+  run_stage torch_resnet56_bf16_compiled 100 "${python}" "${torch_script}" --model resnet56 --precision bf16 \
+    --compile --channels-last
+  run_stage torch_gpt2_fp32 60 "${python}" "${torch_script}" --model gpt2 --precision fp32
 fi
 
-echo "== test_kernels"
-report="${build_dir}/gpu-check-test_kernels.xml"
-log="${build_dir}/gpu-check-test_kernels.log"
-set +e
-"${test_kernels[@]}" --gtest_output="xml:${report}" 2>&1 | tee "${log}"
-test_status=${PIPESTATUS[0]}
-set -e
+for name in "${stage_names[@]}"; do
+  [[ -f "${name}.log" ]] || continue
+  while IFS= read -r line; do bench_lines+=("${line}"); done < <(grep -E '^\{"bench": ' "${name}.log" || true)
+done
 
-# Summary from the gtest log: one row per test, then totals. Skips count as failures here: this script exists to
-# run the GPU path.
-echo
-echo "== summary"
-printf '%-60s %-8s %s\n' "test" "result" "time"
-{ grep -E '^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+ \(' "${log}" || true; } |
-  sed -E 's/^\[ +([A-Z]+) +\] ([^ ]+) \(([0-9]+ ms)\).*/\2 \1 \3/' |
-  while read -r name result duration; do printf '%-60s %-8s %s\n' "${name}" "${result}" "${duration}"; done
-count() { grep -cE "^\\[ +$1 +\\] [A-Za-z0-9_]+\\.[A-Za-z0-9_/]+ \\(" "${log}" || true; }
-passed=$(count OK)
-failed=$(count FAILED)
-skipped=$(count SKIPPED)
-printf 'passed %s, failed %s, skipped %s; test_kernels exit %s; build %ss\n' "${passed}" "${failed}" "${skipped}" \
-  "${test_status}" "${build_seconds}"
 verdict=OK
-if [[ "${test_status}" -ne 0 || "${failed}" -ne 0 || "${skipped}" -ne 0 || "${passed}" -eq 0 ]]; then verdict=FAILED; fi
 {
-  echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ): ${verdict}"
+  echo "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
   nvidia-smi -L | sed 's/^/- /'
   echo
-  echo "| test | result | time |"
-  echo "|---|---|---|"
-  { grep -E '^\[ +(OK|FAILED|SKIPPED) +\] [A-Za-z0-9_]+\.[A-Za-z0-9_/]+ \(' "${log}" || true; } |
-    sed -E 's/^\[ +([A-Z]+) +\] ([^ ]+) \(([0-9]+ ms)\).*/| \2 | \1 | \3 |/'
-  echo
-  echo "passed ${passed}, failed ${failed}, skipped ${skipped}; test_kernels exit ${test_status}"
-} > "${build_dir}/gpu-report.md"
-printf '{"verdict": "%s", "passed": %s, "failed": %s, "skipped": %s, "test_kernels_exit": %s}\n' "${verdict}" \
-  "${passed}" "${failed}" "${skipped}" "${test_status}" > "${build_dir}/gpu-report.json"
-if [[ "${test_status}" -ne 0 || "${failed}" -ne 0 || "${skipped}" -ne 0 || "${passed}" -eq 0 ]]; then
-  echo "gpu-check: FAILED"
-  exit 1
-fi
-echo "gpu-check: OK"
+  echo "| stage | result |"
+  echo "|---|---|"
+  for i in "${!stage_names[@]}"; do echo "| ${stage_names[$i]} | ${stage_results[$i]} |"; done
+  for name in test_kernels test_gpu; do
+    [[ -f "${name}.log" ]] || continue
+    echo
+    echo "## ${name}"
+    echo
+    gtest_section "${name}.log"
+  done
+  for name in bench_gpt2 deep1000; do
+    [[ -f "${name}.log" ]] || continue
+    echo
+    echo "## ${name}"
+    echo
+    echo '```'
+    grep -vE '^\{"bench": ' "${name}.log" | tail -n 20
+    echo '```'
+  done
+  if (( ${#bench_lines[@]} > 0 )); then
+    echo
+    echo "## benchmark lines"
+    echo
+    echo '```'
+    printf '%s\n' "${bench_lines[@]}"
+    echo '```'
+  fi
+} > gpu-report.md.partial
+(( failures > 0 )) && verdict=FAILED
+{
+  echo "verdict: ${verdict} (${failures} problems; $(( $(date +%s) - start_all )) s)"
+  cat gpu-report.md.partial
+} > gpu-report.md
+rm -f gpu-report.md.partial
+{
+  printf '{"verdict": "%s", "problems": %s, "seconds": %s, "stages": {' "${verdict}" "${failures}" \
+    "$(( $(date +%s) - start_all ))"
+  for i in "${!stage_names[@]}"; do
+    (( i > 0 )) && printf ', '
+    printf '"%s": "%s"' "${stage_names[$i]}" "${stage_results[$i]}"
+  done
+  printf '}, "bench": ['
+  for i in "${!bench_lines[@]}"; do
+    (( i > 0 )) && printf ', '
+    printf '%s' "${bench_lines[$i]}"
+  done
+  printf ']}\n'
+} > gpu-report.json
+echo
+cat gpu-report.md
+echo "gpu-check: ${verdict} (report: ${out_dir}/gpu-report.md, ${out_dir}/gpu-report.json)"
+[[ "${verdict}" == OK ]]
