@@ -1,4 +1,4 @@
-// Helpers of the CUDA-vs-CPU tests of the optimizer, clipping and image ops (test_optimizer_cuda.cpp,
+// Shared utilities of the CUDA-vs-CPU tests of the optimizer, clipping and image ops (test_optimizer_cuda.cpp,
 // test_clip_cuda.cpp, test_conv_cuda.cpp, test_batchnorm_cuda.cpp, test_pool_cuda.cpp,
 // test_weight_standardization_cuda.cpp): host/device copies and elementwise comparisons that name the first
 // failing elements.

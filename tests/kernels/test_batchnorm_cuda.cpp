@@ -29,8 +29,10 @@ using testing::random_tensor;
 constexpr double kValueTol = 1e-6;
 constexpr double kGradTol = 1e-5;
 
-// [N, C] features, small and odd images, channels of 19 028 and 36 864 values (two and three 16 384-value chunks).
-const std::vector<Shape> kShapes = {{8, 5}, {2, 3, 5, 7}, {3, 1, 1, 1}, {4, 3, 67, 71}, {9, 4, 64, 64}};
+// [N, C] features, small and odd images, channels of 19 028 and 36 864 values (two and three 16 384-value chunks),
+// and 294 912 values in all (more than one grid pass of the elementwise kernels).
+const std::vector<Shape> kShapes = {{8, 5},         {2, 3, 5, 7},   {3, 1, 1, 1},
+                                    {4, 3, 67, 71}, {9, 4, 64, 64}, {16, 8, 48, 48}};
 
 std::int64_t spatial_of(const Shape& shape) {
   std::int64_t spatial = 1;

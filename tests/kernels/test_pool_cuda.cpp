@@ -125,7 +125,8 @@ TEST(PoolCuda, GlobalAvgPoolMatchesCpu) {
 TEST(PoolCuda, ChannelsLastRoundTripMatchesCpu) {
   SKIP_WITHOUT_GPU();
   std::uint64_t seed = 400;
-  for (const Shape& shape : {Shape{2, 3, 5, 7}, Shape{1, 1, 1, 1}, Shape{4, 64, 17, 19}, Shape{3, 513, 9, 11}}) {
+  for (const Shape& shape :
+       {Shape{2, 3, 5, 7}, Shape{1, 1, 1, 1}, Shape{4, 64, 17, 19}, Shape{3, 513, 9, 11}, Shape{4, 96, 33, 31}}) {
     SCOPED_TRACE("x " + shape_string(shape));
     const Shape nhwc = {shape[0], shape[2] * shape[3], shape[1]};
     const Tensor x = random_tensor(shape, seed += 10);
