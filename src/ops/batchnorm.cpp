@@ -2,12 +2,17 @@
 //
 // One task per channel; each channel's sums run over samples in order, each sample's plane summed in double
 // by 8 interleaved partial sums combined in a fixed order (so the loops vectorise), so every statistic and
-// parameter gradient is bitwise the same for any thread count. Mean and variance are two-pass.
+// parameter gradient is bitwise the same for any thread count. Mean and variance are two-pass. The CUDA path
+// (kernels/batchnorm.cuh) sums in double too, in fixed chunks per channel.
 #include <cmath>
 #include <cstdint>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/batchnorm.cuh"
+#endif
 
 namespace proplab::ops {
 
@@ -58,11 +63,20 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
   expect_shape(op, "mean", mean, {s.c});
   expect_shape(op, "rstd", rstd, {s.c});
   const Device device = common_device(op, {&x, gamma, beta, &running_mean, &running_var, &y, &mean, &rstd});
-  if (device == Device::cuda) missing_device_impl(op, device);
   const std::int64_t count = s.n * s.spatial;
   if (training)
     PROPLAB_CHECK(count > 1, "op '", op, "': training BatchNorm needs more than one value per channel, got ",
                   shape_string(x.shape()));
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::batchnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, training,
+                               momentum, running_mean.f32(), running_var.f32(), y.f32(), mean.f32(), rstd.f32(), s.n,
+                               s.c, s.spatial);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
 
   const float* x_data = x.f32();
   float* y_data = y.f32();
@@ -124,7 +138,16 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
   if (d_gamma) expect_shape(op, "d_gamma", *d_gamma, {s.c});
   if (d_beta) expect_shape(op, "d_beta", *d_beta, {s.c});
   const Device device = common_device(op, {&x, gamma, &mean, &rstd, &d_y, &d_x, d_gamma, d_beta});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::batchnorm_backward(x.f32(), gamma ? gamma->f32() : nullptr, mean.f32(), rstd.f32(), d_y.f32(), training,
+                                d_x.f32(), d_gamma ? d_gamma->f32() : nullptr, d_beta ? d_beta->f32() : nullptr, s.n,
+                                s.c, s.spatial);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const std::int64_t count = s.n * s.spatial;
 
   const float* x_data = x.f32();

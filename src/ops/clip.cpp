@@ -2,14 +2,22 @@
 //
 // Determinism: each tensor's Σ g² is a chunked_sum (fixed chunks, combined in chunk order, in double) and the
 // per-tensor sums are added in list order, so the norm is bitwise the same for any thread count. Scaling is
-// elementwise.
+// elementwise. On CUDA each tensor's sum is a fixed-order device reduction (same bits every run; the order within
+// a tensor differs from the CPU's), the per-tensor sums are added in list order on the host.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/parallel.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/context.cuh"
+#include "kernels/optimizer.cuh"
+#include "kernels/reduce.cuh"
+#endif
 
 namespace proplab::ops {
 namespace {
@@ -45,6 +53,27 @@ double clip_grad_norm_cpu(const std::vector<Tensor*>& grads, double max_norm) {
   return norm;
 }
 
+#ifdef PROPLAB_WITH_CUDA
+// Each tensor's Σ g² on the device (double, fixed-order: kernels::dot_device), copied back together and added in
+// list order on the host as the CPU does; the scaling runs on the device with the factor the CPU would use.
+double clip_grad_norm_cuda(const std::vector<Tensor*>& grads, double max_norm) {
+  const std::size_t count = grads.size();
+  kernels::Scratch sums(sizeof(double) * count);
+  for (std::size_t i = 0; i < count; ++i)
+    kernels::dot_device(grads[i]->f32(), nullptr, grads[i]->numel(), sums.as<double>() + i, false);
+  std::vector<double> host(count);
+  kernels::copy_to_host(host.data(), sums.as<double>(), sizeof(double) * count);
+  double total = 0.0;
+  for (double sum : host) total += sum;
+  const double norm = std::sqrt(total);
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
+    const float factor = static_cast<float>(max_norm / norm);
+    for (Tensor* grad : grads) kernels::scale(grad->f32(), grad->numel(), factor);
+  }
+  return norm;
+}
+#endif
+
 }  // namespace
 
 double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm) {
@@ -58,7 +87,13 @@ double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm) {
     PROPLAB_CHECK(i == 0 || grad_device == device, "op '", op, "' got gradients on different devices");
     device = grad_device;
   }
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    return clip_grad_norm_cuda(grads, max_norm);
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   return clip_grad_norm_cpu(grads, max_norm);
 }
 

@@ -13,6 +13,8 @@
 // start its own threads in every caller) chunks run one after another, each sgemm on OpenBLAS's threads, and
 // im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers. Chunks are handed out
 // dynamically: on shared cores a thread that loses its core no longer holds up the others at the barrier.
+//
+// On CUDA the same scheme runs in kernels/conv.cuh (im2col, cuBLASLt gemm, a gathering col2im).
 #include <cblas.h>
 
 #include <algorithm>
@@ -22,6 +24,10 @@
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/conv.cuh"
+#endif
 
 extern "C" int openblas_get_parallel(void);
 
@@ -224,6 +230,17 @@ void forward_columns(const float* x_data, const ConvGeometry& g, const float* we
   }
 }
 
+#ifdef PROPLAB_WITH_CUDA
+kernels::ConvShape device_shape(const ConvGeometry& g) {
+  kernels::ConvShape s;
+  s.n = g.n, s.c_in = g.c_in, s.h = g.h, s.w = g.w;
+  s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw;
+  s.h_out = g.h_out, s.w_out = g.w_out;
+  s.groups = g.groups, s.stride = g.stride, s.padding = g.padding;
+  return s;
+}
+#endif
+
 }  // namespace
 
 std::int64_t conv2d_out_size(std::int64_t in, std::int64_t kernel, int stride, int padding) {
@@ -242,7 +259,14 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, c
   if (bias) expect_shape(op, "bias", *bias, {g.c_out});
   expect_shape(op, "y", y, {g.n, g.c_out, g.h_out, g.w_out});
   const Device device = common_device(op, {&x, &weight, bias, &y});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::conv2d_forward(x.f32(), weight.f32(), bias ? bias->f32() : nullptr, y.f32(), device_shape(g));
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (g.n == 0 || g.c_out == 0) return;
 
   forward_columns(x.f32(), g, weight.f32(), bias ? bias->f32() : nullptr, y.f32());
@@ -259,7 +283,15 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
   expect_shape(op, "d_weight", d_weight, weight.shape());
   if (d_bias) expect_shape(op, "d_bias", *d_bias, {g.c_out});
   const Device device = common_device(op, {&x, &weight, &d_y, d_x, &d_weight, d_bias});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::conv2d_backward(x.f32(), weight.f32(), d_y.f32(), d_x ? d_x->f32() : nullptr, d_weight.f32(),
+                             d_bias ? d_bias->f32() : nullptr, device_shape(g));
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   if (g.n == 0) return;
   if (g.c_out == 0) {
     if (d_x) std::fill(d_x->f32(), d_x->f32() + d_x->numel(), 0.0f);

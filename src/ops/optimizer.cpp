@@ -1,7 +1,8 @@
 // ops/optimizer (CPU reference): AdamW and SGD steps applied in place to one parameter tensor.
 //
 // Both are elementwise, so results are bitwise the same for any thread count. Hyper-parameters are combined in
-// double once per call; the per-element arithmetic is float.
+// double once per call; the per-element arithmetic is float. The CUDA path (kernels/optimizer.cuh) takes the same
+// coefficients and rounds each element's operations as written here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,10 @@
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/optimizer.cuh"
+#endif
 
 namespace proplab::ops {
 namespace {
@@ -58,16 +63,31 @@ void for_blocks_measured(std::int64_t n, const float* param, const Body& body, U
   }
 }
 
+// The per-element coefficients of one AdamW step, combined from the hyper-parameters in double once per call
+// (shared by the CPU loop and the CUDA kernel, so both start from the same floats).
+struct AdamWCoefficients {
+  float step_size, inv_sqrt_bc2, decay, beta1, beta2, eps, one_minus_beta1, one_minus_beta2;
+};
+
+AdamWCoefficients adamw_coefficients(const AdamWHyper& hyper) {
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), static_cast<double>(hyper.step));
+  AdamWCoefficients k;
+  k.step_size = static_cast<float>(hyper.lr / bias_correction1);
+  k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  k.decay = static_cast<float>(1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay);
+  k.beta1 = hyper.beta1, k.beta2 = hyper.beta2, k.eps = hyper.eps;
+  k.one_minus_beta1 = 1.0f - k.beta1, k.one_minus_beta2 = 1.0f - k.beta2;
+  return k;
+}
+
 // As torch.optim.AdamW: param *= 1 - lr*wd; m, v updated; param -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps).
 void adamw_update_cpu(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
                       UpdateNorms* norms) {
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(hyper.beta1), static_cast<double>(hyper.step));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(hyper.beta2), static_cast<double>(hyper.step));
-  const float step_size = static_cast<float>(hyper.lr / bias_correction1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  const float decay = static_cast<float>(1.0 - static_cast<double>(hyper.lr) * hyper.weight_decay);
-  const float beta1 = hyper.beta1, beta2 = hyper.beta2, eps = hyper.eps;
-  const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+  const AdamWCoefficients k = adamw_coefficients(hyper);
+  const float step_size = k.step_size, inv_sqrt_bc2 = k.inv_sqrt_bc2, decay = k.decay;
+  const float beta1 = k.beta1, beta2 = k.beta2, eps = k.eps;
+  const float one_minus_beta1 = k.one_minus_beta1, one_minus_beta2 = k.one_minus_beta2;
   float* p = param.f32();
   const float* g = grad.f32();
   float* m_data = m.f32();
@@ -120,6 +140,45 @@ void sgd_update_cpu(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, 
       norms);
 }
 
+#ifdef PROPLAB_WITH_CUDA
+// The measurements of a CUDA step, added to norms (when given) exactly as the CPU adds its block sums.
+struct DeviceNorms {
+  explicit DeviceNorms(UpdateNorms* norms) : norms_(norms) {}
+  kernels::UpdateSums* sums() { return norms_ ? &sums_ : nullptr; }
+  void add() const {
+    if (norms_ == nullptr) return;
+    norms_->weight_sq += sums_.weight_sq;
+    norms_->update_sq += sums_.update_sq;
+  }
+
+ private:
+  UpdateNorms* norms_;
+  kernels::UpdateSums sums_;
+};
+
+void adamw_update_cuda(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
+                       UpdateNorms* norms) {
+  const AdamWCoefficients k = adamw_coefficients(hyper);
+  kernels::AdamWCoefficients coefficients;
+  coefficients.beta1 = k.beta1, coefficients.beta2 = k.beta2;
+  coefficients.one_minus_beta1 = k.one_minus_beta1, coefficients.one_minus_beta2 = k.one_minus_beta2;
+  coefficients.step_size = k.step_size, coefficients.inv_sqrt_bc2 = k.inv_sqrt_bc2;
+  coefficients.decay = k.decay, coefficients.eps = k.eps;
+  DeviceNorms measured(norms);
+  kernels::adamw_update(param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(), coefficients, measured.sums());
+  measured.add();
+}
+
+void sgd_update_cuda(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
+                     UpdateNorms* norms) {
+  float* buffer = hyper.momentum != 0.0f ? momentum_buffer.f32() : nullptr;
+  DeviceNorms measured(norms);
+  kernels::sgd_update(param.f32(), grad.f32(), buffer, param.numel(), hyper.lr, hyper.momentum, hyper.weight_decay,
+                      hyper.nesterov, measured.sums());
+  measured.add();
+}
+#endif
+
 }  // namespace
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWHyper& hyper,
@@ -134,7 +193,14 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const
   PROPLAB_CHECK(hyper.beta1 >= 0.0f && hyper.beta1 < 1.0f && hyper.beta2 >= 0.0f && hyper.beta2 < 1.0f, "op '", op,
                 "': betas must lie in [0, 1), got ", hyper.beta1, ", ", hyper.beta2);
   const Device device = common_device(op, {&param, &grad, &m, &v});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    adamw_update_cuda(param, grad, m, v, hyper, norms);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   adamw_update_cpu(param, grad, m, v, hyper, norms);
 }
 
@@ -148,7 +214,14 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, cons
   if (hyper.momentum != 0.0f || momentum_buffer.defined())
     expect_shape(op, "momentum_buffer", momentum_buffer, param.shape());
   const Device device = common_device(op, {&param, &grad, &momentum_buffer});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    sgd_update_cuda(param, grad, momentum_buffer, hyper, norms);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   sgd_update_cpu(param, grad, momentum_buffer, hyper, norms);
 }
 

@@ -1,12 +1,17 @@
 // ops/pool: average, max and global average pooling over NCHW images, and the channels-last view for probes.
 //
 // Every loop is one task per (sample, channel) plane writing only its own outputs: no reductions across tasks,
-// so results do not depend on the thread count. Max pooling saves each window's argmax (first on ties).
+// so results do not depend on the thread count. Max pooling saves each window's argmax (first on ties). The CUDA
+// path (kernels/pool.cuh) computes every element in the same order and arithmetic.
 #include <cstdint>
 #include <limits>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/pool.cuh"
+#endif
 
 namespace proplab::ops {
 
@@ -27,7 +32,14 @@ void avg_pool2d_forward(const Tensor& x, int kernel, int stride, Tensor& y) {
   const std::int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3);
   const std::int64_t h_out = conv2d_out_size(h, kernel, stride, 0), w_out = conv2d_out_size(w, kernel, stride, 0);
   expect_shape(op, "y", y, {n, c, h_out, w_out});
-  if (common_device(op, {&x, &y}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&x, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::avg_pool2d_forward(x.f32(), y.f32(), n * c, h, w, h_out, w_out, kernel, stride);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float inv = 1.0f / static_cast<float>(kernel * kernel);
   const float* x_data = x.f32();
   float* y_data = y.f32();
@@ -51,7 +63,14 @@ void avg_pool2d_backward(const Tensor& d_y, int kernel, int stride, Tensor& d_x)
   const std::int64_t n = d_x.dim(0), c = d_x.dim(1), h = d_x.dim(2), w = d_x.dim(3);
   const std::int64_t h_out = conv2d_out_size(h, kernel, stride, 0), w_out = conv2d_out_size(w, kernel, stride, 0);
   expect_shape(op, "d_y", d_y, {n, c, h_out, w_out});
-  if (common_device(op, {&d_y, &d_x}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&d_y, &d_x}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::avg_pool2d_backward(d_y.f32(), d_x.f32(), n * c, h, w, h_out, w_out, kernel, stride);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float inv = 1.0f / static_cast<float>(kernel * kernel);
   const float* d_y_data = d_y.f32();
   float* d_x_data = d_x.f32();
@@ -78,7 +97,14 @@ void max_pool2d_forward(const Tensor& x, int kernel, int stride, int padding, Te
   const std::int64_t w_out = conv2d_out_size(w, kernel, stride, padding);
   expect_shape(op, "y", y, {n, c, h_out, w_out});
   expect_shape(op, "argmax", argmax, {n, c, h_out, w_out}, DType::i32);
-  if (common_device(op, {&x, &y, &argmax}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&x, &y, &argmax}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::max_pool2d_forward(x.f32(), y.f32(), argmax.i32(), n * c, h, w, h_out, w_out, kernel, stride, padding);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float* x_data = x.f32();
   float* y_data = y.f32();
   std::int32_t* arg = argmax.i32();
@@ -116,7 +142,15 @@ void max_pool2d_backward(const Tensor& d_y, const Tensor& argmax, Tensor& d_x) {
   expect_shape(op, "argmax", argmax, d_y.shape(), DType::i32);
   PROPLAB_CHECK(d_y.dim(0) == d_x.dim(0) && d_y.dim(1) == d_x.dim(1), "op '", op, "': d_y ", shape_string(d_y.shape()),
                 " and d_x ", shape_string(d_x.shape()), " differ in N or C");
-  if (common_device(op, {&d_y, &argmax, &d_x}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&d_y, &argmax, &d_x}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::max_pool2d_backward(d_y.f32(), argmax.i32(), d_x.f32(), d_x.dim(0) * d_x.dim(1), d_x.dim(2) * d_x.dim(3),
+                                 d_y.dim(2) * d_y.dim(3));
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const std::int64_t planes = d_x.dim(0) * d_x.dim(1), in_size = d_x.dim(2) * d_x.dim(3);
   const std::int64_t out_size = d_y.dim(2) * d_y.dim(3);
   const float* d_y_data = d_y.f32();
@@ -135,7 +169,14 @@ void global_avg_pool_forward(const Tensor& x, Tensor& y) {
   expect_image(op, "x", x);
   const std::int64_t planes = x.dim(0) * x.dim(1), size = x.dim(2) * x.dim(3);
   expect_shape(op, "y", y, {x.dim(0), x.dim(1)});
-  if (common_device(op, {&x, &y}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&x, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::global_avg_pool_forward(x.f32(), y.f32(), planes, size);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float* x_data = x.f32();
   float* y_data = y.f32();
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
@@ -151,7 +192,14 @@ void global_avg_pool_backward(const Tensor& d_y, Tensor& d_x) {
   expect_image(op, "d_x", d_x);
   const std::int64_t planes = d_x.dim(0) * d_x.dim(1), size = d_x.dim(2) * d_x.dim(3);
   expect_shape(op, "d_y", d_y, {d_x.dim(0), d_x.dim(1)});
-  if (common_device(op, {&d_y, &d_x}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&d_y, &d_x}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::global_avg_pool_backward(d_y.f32(), d_x.f32(), planes, size);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float* d_y_data = d_y.f32();
   float* d_x_data = d_x.f32();
   const float inv = 1.0f / static_cast<float>(size);
@@ -167,7 +215,14 @@ void nchw_to_nhwc(const Tensor& x, Tensor& y) {
   expect_image(op, "x", x);
   const std::int64_t n = x.dim(0), c = x.dim(1), pixels = x.dim(2) * x.dim(3);
   expect_shape(op, "y", y, {n, pixels, c});
-  if (common_device(op, {&x, &y}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&x, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::nchw_to_nhwc(x.f32(), y.f32(), n, c, pixels);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float* in = x.f32();
   float* out = y.f32();
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
@@ -181,7 +236,14 @@ void nhwc_to_nchw(const Tensor& x, Tensor& y) {
   expect_image(op, "y", y);
   const std::int64_t n = y.dim(0), c = y.dim(1), pixels = y.dim(2) * y.dim(3);
   expect_shape(op, "x", x, {n, pixels, c});
-  if (common_device(op, {&x, &y}) == Device::cuda) missing_device_impl(op, Device::cuda);
+  if (common_device(op, {&x, &y}) == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::nhwc_to_nchw(x.f32(), y.f32(), n, c, pixels);
+    return;
+#else
+    missing_device_impl(op, Device::cuda);
+#endif
+  }
   const float* in = x.f32();
   float* out = y.f32();
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)

@@ -3,12 +3,17 @@
 // w_hat[o, j] = gain[o]·scale·(w[o, j] − μ_o)·r_o with r_o = 1/sqrt(fan_in·var_o + eps). With x̂ = (w − μ)·r and
 // g_j = d_w_hat[o, j]·gain[o]·scale, d_w[o, j] = r_o·(g_j − mean(g) − x̂_j·Σ_i g_i·x̂_i) (Σ, not mean: x̂ has
 // squared norm ≈ 1 rather than variance 1), d_gain[o] = scale·Σ_j d_w_hat[o, j]·x̂_j. One task per row, sums
-// in double in a fixed order: bitwise the same for any thread count.
+// in double in a fixed order: bitwise the same for any thread count. The CUDA path
+// (kernels/weight_standardization.cuh) runs one block per row, its sums in double too.
 #include <cmath>
 #include <cstdint>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/weight_standardization.cuh"
+#endif
 
 namespace proplab::ops {
 
@@ -39,7 +44,15 @@ void weight_standardize_forward(const Tensor& weight, const Tensor* gain, float 
   expect_shape(op, "mean", mean, {shape.rows});
   expect_shape(op, "rstd", rstd, {shape.rows});
   const Device device = common_device(op, {&weight, gain, &w_hat, &mean, &rstd});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::weight_standardize_forward(weight.f32(), gain ? gain->f32() : nullptr, scale, eps, w_hat.f32(), mean.f32(),
+                                        rstd.f32(), shape.rows, shape.fan_in);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const std::int64_t n = shape.fan_in;
   const float* w = weight.f32();
   float* out = w_hat.f32();
@@ -73,7 +86,16 @@ void weight_standardize_backward(const Tensor& weight, const Tensor* gain, float
   expect_shape(op, "d_weight", d_weight, weight.shape());
   if (d_gain) expect_shape(op, "d_gain", *d_gain, {shape.rows});
   const Device device = common_device(op, {&weight, gain, &mean, &rstd, &d_w_hat, &d_weight, d_gain});
-  if (device == Device::cuda) missing_device_impl(op, device);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::weight_standardize_backward(weight.f32(), gain ? gain->f32() : nullptr, scale, mean.f32(), rstd.f32(),
+                                         d_w_hat.f32(), d_weight.f32(), d_gain ? d_gain->f32() : nullptr, shape.rows,
+                                         shape.fan_in);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
   const std::int64_t n = shape.fan_in;
   const float* w = weight.f32();
   const float* d_out = d_w_hat.f32();
