@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "core/parallel.h"
 
 namespace proplab {
@@ -202,6 +203,40 @@ std::vector<std::pair<std::string, Tensor*>> Resnet::buffers() {
   return out;
 }
 
+void Resnet::to_device(Device device) {
+  if (device != Device::cpu && (stem_bias_ != nullptr || std::any_of(blocks_.begin(), blocks_.end(), [](const Block& k) {
+                                  return !k.bias_in.empty() || !k.bias_out.empty();
+                                })))
+    throw UserError(std::string("device.type = \"") + device_name(device) +
+                    "\": the scalar biases of scaling.rule = \"fixup\" do not train on it in this version; "
+                    "allowed with fixup: \"cpu\"");
+  params_.to_device(device);
+  auto move_conv = [&](Conv& conv) {
+    if (!conv.ws_gain) return;
+    conv.w_hat = Tensor::empty(conv.w_hat.shape(), DType::f32, device);
+    conv.d_w_hat = Tensor::empty(conv.d_w_hat.shape(), DType::f32, device);
+    conv.ws_mean = Tensor::empty(conv.ws_mean.shape(), DType::f32, device);
+    conv.ws_rstd = Tensor::empty(conv.ws_rstd.shape(), DType::f32, device);
+  };
+  auto move_norm = [&](Norm& norm) {
+    if (!norm.gamma) return;
+    norm.running_mean = norm.running_mean.to(device);
+    norm.running_var = norm.running_var.to(device);
+    norm.mean = Tensor::empty(norm.mean.shape(), DType::f32, device);
+    norm.rstd = Tensor::empty(norm.rstd.shape(), DType::f32, device);
+  };
+  move_conv(stem_);
+  move_norm(stem_norm_);
+  for (Block& k : blocks_) {
+    for (Conv& conv : k.convs) move_conv(conv);
+    for (Norm& norm : k.norms) move_norm(norm);
+    if (k.projection) move_conv(k.shortcut);
+    move_norm(k.shortcut_norm);
+  }
+  move_norm(final_norm_);
+  batch_ = 0;  // activations are reallocated on the device
+}
+
 Tensor Resnet::scratch(int which, const Shape& shape) const { return view_of(scratch_[which], shape); }
 
 void Resnet::ensure_buffers(std::int64_t batch) {
@@ -209,26 +244,28 @@ void Resnet::ensure_buffers(std::int64_t batch) {
   batch_ = batch;
   const bool preact = config_.preact;
   const std::int64_t n = batch;
+  const Device device = params_.device();
+  AllocationLabel label("the activations of a micro-batch of " + std::to_string(batch) + " images");
   max_numel_ = 0;
   auto image = [&](std::int64_t channels, std::int64_t size) {
     max_numel_ = std::max(max_numel_, n * channels * size * size);
-    return Tensor::empty({n, channels, size, size});
+    return Tensor::empty({n, channels, size, size}, DType::f32, device);
   };
   auto normed_of = [&](const Norm& norm, const Tensor& input) {
-    return norm.gamma ? Tensor::empty(input.shape()) : input;
+    return norm.gamma ? Tensor::empty(input.shape(), DType::f32, device) : input;
   };
   std::int64_t size = config_.image_size;
   stem_out_ = image(stem_.weight->value.dim(0), size);
   Tensor stream = stem_out_;
   if (!preact) {
     stem_normed_ = normed_of(stem_norm_, stem_out_);
-    stem_act_ = Tensor::empty(stem_out_.shape());
+    stem_act_ = Tensor::empty(stem_out_.shape(), DType::f32, device);
     stream = stem_act_;
   }
   for (Block& k : blocks_) {
     const int m = static_cast<int>(k.convs.size());
     const bool biased = !k.bias_in.empty();
-    k.scaled = k.input_scale != 1.0f ? Tensor::empty(stream.shape()) : stream;
+    k.scaled = k.input_scale != 1.0f ? Tensor::empty(stream.shape(), DType::f32, device) : stream;
     k.conv_in.assign(m, Tensor());
     k.conv_out.assign(m, Tensor());
     k.normed.assign(m, Tensor());
@@ -238,10 +275,10 @@ void Resnet::ensure_buffers(std::int64_t batch) {
       Tensor input = cur;
       if (preact) {
         k.normed[j] = normed_of(k.norms[j], cur);
-        k.activated[j] = Tensor::empty(cur.shape());
+        k.activated[j] = Tensor::empty(cur.shape(), DType::f32, device);
         input = k.activated[j];
       }
-      k.conv_in[j] = biased ? Tensor::empty(input.shape()) : input;
+      k.conv_in[j] = biased ? Tensor::empty(input.shape(), DType::f32, device) : input;
       const Conv& conv = k.convs[j];
       size = ops::conv2d_out_size(input.dim(2), conv.weight->value.dim(2), conv.params.stride, conv.params.padding);
       k.conv_out[j] = image(conv.weight->value.dim(0), size);
@@ -250,31 +287,31 @@ void Resnet::ensure_buffers(std::int64_t batch) {
       } else {
         k.normed[j] = normed_of(k.norms[j], k.conv_out[j]);
         if (j < m - 1) {
-          k.activated[j] = Tensor::empty(k.conv_out[j].shape());
+          k.activated[j] = Tensor::empty(k.conv_out[j].shape(), DType::f32, device);
           cur = k.activated[j];
         }
       }
     }
     const Tensor& branch = preact ? k.conv_out[m - 1] : k.normed[m - 1];
     if (k.projection) {
-      k.shortcut_out = Tensor::empty(branch.shape());
+      k.shortcut_out = Tensor::empty(branch.shape(), DType::f32, device);
       k.shortcut_normed = normed_of(k.shortcut_norm, k.shortcut_out);
     }
-    if (!preact) k.sum = Tensor::empty(branch.shape());
-    k.out = Tensor::empty(branch.shape());
+    if (!preact) k.sum = Tensor::empty(branch.shape(), DType::f32, device);
+    k.out = Tensor::empty(branch.shape(), DType::f32, device);
     stream = k.out;
   }
   if (preact) {
     final_normed_ = normed_of(final_norm_, stream);
-    final_act_ = Tensor::empty(stream.shape());
+    final_act_ = Tensor::empty(stream.shape(), DType::f32, device);
   }
-  pooled_ = Tensor::empty({n, final_channels_});
-  d_pooled_ = Tensor::empty({n, final_channels_});
-  logits_ = Tensor::empty({n, config_.classes});
-  d_logits_ = Tensor::empty({n, config_.classes});
+  pooled_ = Tensor::empty({n, final_channels_}, DType::f32, device);
+  d_pooled_ = Tensor::empty({n, final_channels_}, DType::f32, device);
+  logits_ = Tensor::empty({n, config_.classes}, DType::f32, device);
+  d_logits_ = Tensor::empty({n, config_.classes}, DType::f32, device);
   scratch_.assign(6, Tensor());
-  for (Tensor& t : scratch_) t = Tensor::empty({max_numel_});
-  probe_buffer_ = Tensor::empty({max_numel_});
+  for (Tensor& t : scratch_) t = Tensor::empty({max_numel_}, DType::f32, device);
+  probe_buffer_ = Tensor::empty({max_numel_}, DType::f32, device);
 }
 
 void Resnet::conv_forward(Conv& conv, const Tensor& x, Tensor& y) const {

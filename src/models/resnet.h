@@ -57,6 +57,9 @@ class Resnet final : public Model {
   std::vector<Tensor*> running_statistics();
   // The running statistics by name: "<norm>.running_mean", "<norm>.running_var" (e.g. "blocks.3.norm0.running_var").
   std::vector<std::pair<std::string, Tensor*>> buffers() override;
+  // Refuses a device other than the CPU for Fixup (its scalar biases are host code); otherwise moves parameters,
+  // BatchNorm running statistics and the weight-standardisation buffers.
+  void to_device(Device device) override;
 
  private:
   struct Conv {

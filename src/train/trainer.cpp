@@ -137,10 +137,10 @@ Device run_device(const RunSpec& spec) {
       throw UserError(
           "device.type = \"cuda\": this proplab build has no CUDA backend (it was configured without nvcc); "
           "allowed here: \"cpu\" or \"auto\"");
-    if (spec.model.kind() == ModelKind::resnet)
+    if (spec.model.kind() == ModelKind::resnet && spec.scaling.rule == "fixup")
       throw UserError(
-          "device.type = \"cuda\": the ResNet does not train on CUDA in this version (transformers and MLPs do); "
-          "allowed for model.type = \"resnet\": \"cpu\" or \"auto\"");
+          "device.type = \"cuda\": the scalar biases of scaling.rule = \"fixup\" do not train on CUDA in this "
+          "version; allowed with fixup: \"cpu\" or \"auto\"");
     if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp > 1)
       throw UserError(
           "device.type = \"cuda\": one GPU per run in this version, so parallel.dp, parallel.tp and parallel.pp "
@@ -151,9 +151,9 @@ Device run_device(const RunSpec& spec) {
           "here: \"cpu\" or \"auto\"");
     return Device::cuda;
   }
-  // auto: the GPU when there is one and the run can use it (one process; a transformer or an MLP), else the CPU.
-  const bool fits =
-      spec.model.kind() != ModelKind::resnet && spec.parallel.dp * spec.parallel.tp * spec.parallel.pp == 1;
+  // auto: the GPU when there is one and the run can use it (one process; not Fixup's scalar biases), else the CPU.
+  const bool fits = !(spec.model.kind() == ModelKind::resnet && spec.scaling.rule == "fixup") &&
+                    spec.parallel.dp * spec.parallel.tp * spec.parallel.pp == 1;
   return built && fits && cuda_available() ? Device::cuda : Device::cpu;
 }
 

@@ -24,13 +24,14 @@ TEST_F(CliTest, CudaWithoutBackendOrGpuIsBadInput) {
                    {"device.type = \"cuda\":", why, "allowed here: \"cpu\" or \"auto\""});
 }
 
-TEST_F(CliTest, CudaForAResnetOrSeveralProcessesIsBadInput) {
+TEST_F(CliTest, CudaForFixupOrSeveralProcessesIsBadInput) {
   if (!built_with_cuda()) GTEST_SKIP() << "a build without CUDA refuses device.type = \"cuda\" first";
   write_file("study.toml", kTinyStudy);
   write_file("resnet.toml",
-             "name = \"r\"\n[model]\ntype = \"resnet\"\ndepth = 8\nwidth = 4\nimage_size = 8\n[data]\nkind = "
-             "\"images\"\n[train]\nsteps = 2\nbatch = 4\n[device]\ntype = \"cuda\"\n");
-  expect_bad_input({"run", "resnet.toml"}, {"device.type = \"cuda\":", "the ResNet does not train on CUDA"});
+             "name = \"r\"\n[model]\ntype = \"resnet\"\ndepth = 8\nnorm = \"none\"\nimage_size = 8\n"
+             "[scaling]\nrule = \"fixup\"\n[data]\nkind = \"images\"\n[train]\nsteps = 2\nbatch = 4\n"
+             "[device]\ntype = \"cuda\"\n");
+  expect_bad_input({"run", "resnet.toml"}, {"device.type = \"cuda\":", "scaling.rule = \"fixup\""});
   expect_bad_input({"run", "study.toml", "--set", "device.type=cuda", "--set", "parallel.dp=2"},
                    {"device.type = \"cuda\":", "one GPU per run in this version"});
 }
