@@ -10,6 +10,10 @@
 #include "core/error.h"
 #include "probe/needs.h"
 
+#ifdef PROPLAB_WITH_CUDA
+#include "kernels/moments.cuh"
+#endif
+
 namespace proplab::probe {
 
 namespace {
@@ -431,6 +435,80 @@ double max_abs_merge(double a, double b) {
   return std::max(a, b);
 }
 
+// Checks that a [sequences, tokens, features] tensor may be added to `into` under `which`; when it has elements
+// and `into` is empty, starts `into`: shape, selection, zeroed per-feature arrays (the shift is the caller's, taken
+// from the data). Returns whether `into` was started here (false too when there are no elements).
+bool start_accumulate(Index sequences, Index tokens, Index features, MomentSums& into, const StatSelection& which,
+                      const Needs& needs) {
+  PROPLAB_CHECK(sequences >= 0 && tokens >= 1 && features >= 1, "accumulate needs B >= 0, T >= 1, F >= 1, got [",
+                sequences, ", ", tokens, ", ", features, "]");
+  if (!into.empty()) {
+    PROPLAB_CHECK(into.tokens_per_sequence == tokens && into.features == features,
+                  "accumulated tensors must share [*, T, F]: T ", into.tokens_per_sequence, " vs ", tokens, ", F ",
+                  into.features, " vs ", features);
+    PROPLAB_CHECK(into.selection == which, "accumulated tensors must use one statistic selection");
+    return false;
+  }
+  if (sequences * tokens * features == 0) return false;
+  into.clear();
+  into.tokens_per_sequence = tokens;
+  into.features = features;
+  into.selection = which;
+  if (needs.features) {
+    into.feature_sum.assign(static_cast<std::size_t>(features), 0.0);
+    into.feature_sum_sq.assign(static_cast<std::size_t>(features), 0.0);
+  }
+  return true;
+}
+
+// Adds one tensor's scalar sums (about into.shift), its n elements, its sequences and its non-finite count to
+// `into` (per-feature sums are added where they are computed).
+void add_totals(MomentSums& into, Index n, Index sequences, const ChunkSums& total, std::int64_t nonfinite,
+                const Needs& needs) {
+  into.count += n;
+  into.sequences += sequences;
+  into.sum += total.sum;
+  into.sum_sq += total.sum_sq;
+  into.sum_cube += total.sum_cube;
+  into.sum_quad += total.sum_quad;
+  into.seq_sum_norm_sq += total.seq_sum_norm_sq;
+  if (needs.max) into.max_abs = max_abs_merge(into.max_abs, std::bit_cast<float>(total.max_bits));
+  into.nonfinite += nonfinite;
+}
+
+#ifdef PROPLAB_WITH_CUDA
+// accumulate() for x on the GPU (a device pointer): the same sums, the same shift choice for empty sums, computed
+// by kernels/moments.cu; the totals come back in one copy and are added to `into` as the CPU path adds its own.
+void accumulate_cuda(const float* x, Index sequences, Index tokens, Index features, MomentSums& into,
+                     const StatSelection& which) {
+  const Needs needs = needs_for(which);
+  const bool started = start_accumulate(sequences, tokens, features, into, which, needs);
+  const Index n = sequences * tokens * features;
+  if (n == 0) return;
+  kernels::MomentRequest request;
+  request.sums = needs.sums;
+  request.higher = needs.higher;
+  request.max = needs.max;
+  request.seq = needs.seq;
+  request.features = needs.features;
+  request.nonfinite = needs.nonfinite;
+  request.choose_shift = started && needs.sums;
+  request.shift = into.shift;
+  const kernels::MomentTotals device =
+      kernels::moment_sums(x, sequences, tokens, features, request, needs.features ? into.feature_sum.data() : nullptr,
+                           needs.features ? into.feature_sum_sq.data() : nullptr);
+  if (request.choose_shift) into.shift = device.shift;
+  ChunkSums total;
+  total.sum = device.sum;
+  total.sum_sq = device.sum_sq;
+  total.sum_cube = device.sum_cube;
+  total.sum_quad = device.sum_quad;
+  total.seq_sum_norm_sq = device.seq_sum_norm_sq;
+  total.max_bits = device.max_abs_bits;
+  add_totals(into, n, sequences, total, needs.nonfinite ? device.nonfinite : 0, needs);
+}
+#endif
+
 }  // namespace
 
 void MomentSums::clear() {
@@ -499,28 +577,11 @@ void MomentSums::merge(const MomentSums& other) {
 
 void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features, MomentSums& into,
                 const StatSelection& which) {
-  PROPLAB_CHECK(sequences >= 0 && tokens >= 1 && features >= 1, "accumulate needs B >= 0, T >= 1, F >= 1, got [",
-                sequences, ", ", tokens, ", ", features, "]");
-  if (!into.empty()) {
-    PROPLAB_CHECK(into.tokens_per_sequence == tokens && into.features == features,
-                  "accumulated tensors must share [*, T, F]: T ", into.tokens_per_sequence, " vs ", tokens, ", F ",
-                  into.features, " vs ", features);
-    PROPLAB_CHECK(into.selection == which, "accumulated tensors must use one statistic selection");
-  }
+  const Needs needs = needs_for(which);
+  const bool started = start_accumulate(sequences, tokens, features, into, which, needs);
   const Index n = sequences * tokens * features;
   if (n == 0) return;
-  const Needs needs = needs_for(which);
-  if (into.empty()) {
-    into.clear();
-    into.tokens_per_sequence = tokens;
-    into.features = features;
-    into.selection = which;
-    if (needs.sums) into.shift = choose_shift(x, n);
-    if (needs.features) {
-      into.feature_sum.assign(static_cast<std::size_t>(features), 0.0);
-      into.feature_sum_sq.assign(static_cast<std::size_t>(features), 0.0);
-    }
-  }
+  if (started && needs.sums) into.shift = choose_shift(x, n);
 
   ChunkSums total;
   if (needs.sums || needs.max) {  // (only nonfinite selected: nothing to scan, it is counted below)
@@ -542,26 +603,25 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
     if (suspicious) nonfinite = count_nonfinite(x, n);
   }
 
-  into.count += n;
-  into.sequences += sequences;
-  into.sum += total.sum;
-  into.sum_sq += total.sum_sq;
-  into.sum_cube += total.sum_cube;
-  into.sum_quad += total.sum_quad;
-  into.seq_sum_norm_sq += total.seq_sum_norm_sq;
-  if (needs.max) into.max_abs = max_abs_merge(into.max_abs, std::bit_cast<float>(total.max_bits));
-  into.nonfinite += nonfinite;
+  add_totals(into, n, sequences, total, nonfinite, needs);
 }
 
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which) {
-  PROPLAB_CHECK(x.device() == Device::cpu && x.dtype() == DType::f32 && x.is_contiguous(),
-                "moment accumulation needs a contiguous f32 CPU tensor");
+  PROPLAB_CHECK(x.dtype() == DType::f32 && x.is_contiguous(), "moment accumulation needs a contiguous f32 tensor");
   PROPLAB_CHECK(sequences >= 1, "sequences must be >= 1, got ", sequences);
   if (x.numel() == 0) return;
   const std::int64_t features = x.ndim() == 0 ? 1 : x.dim(-1);
   const std::int64_t rows = x.numel() / features;
   PROPLAB_CHECK(rows % sequences == 0, "rows (", rows, ") of ", shape_string(x.shape()), " do not split into ",
                 sequences, " sequences");
+  if (x.device() == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    accumulate_cuda(x.f32(), sequences, rows / sequences, features, into, which);
+    return;
+#else
+    PROPLAB_CHECK(false, "moment accumulation of a CUDA tensor needs a build with the CUDA backend");
+#endif
+  }
   accumulate(x.f32(), sequences, rows / sequences, features, into, which);
 }
 

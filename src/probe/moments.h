@@ -1,6 +1,6 @@
 // probe/moments: mergeable moment accumulators, the heart of per-layer recording.
 //
-// A recorded tensor x (f32, contiguous, on the CPU) is viewed as [sequences B, tokens T, features F]: an
+// A recorded tensor x (f32, contiguous, on the CPU or a CUDA GPU) is viewed as [sequences B, tokens T, features F]: an
 // activation [B, T, F] as it is, a [rows, F] tensor with T = rows / B (row index = b * T + t, as in
 // core/tensor.h). Every statistic is taken over the whole tensor and accumulated in float64:
 //   mean, var (population), rms, max_abs, kurtosis = E[(x-μ)^4] / var^2, nonfinite (count of NaN/±Inf),
@@ -19,6 +19,11 @@
 //   (a function of the shape only) and combines the chunks' sums in chunk order.
 // - Only the selected statistics are computed; the others cost nothing and finalize() reports them as NaN.
 //   Without corr and the chan statistics the layout does not matter: a flat vector may be passed as [1, 1, n].
+// - A CUDA tensor's sums are computed on the GPU (kernels/moments.cuh, in a build with CUDA) with the same
+//   definitions: the same shift (chosen on the device from the same elements, in the same arithmetic), float64
+//   sums combined in a fixed order (bitwise repeatable, equal to the CPU's up to rounding), max_abs and the counts
+//   exactly as on the CPU. Only the totals (and the per-feature sums) are copied back, once per call; they are
+//   added to `into` as the CPU path adds its own, so CPU and CUDA tensors may be accumulated into the same sums.
 // - Non-finite elements make the moment statistics non-finite (NaN or ±Inf, as IEEE arithmetic gives);
 //   max_abs is NaN when any element is NaN, else +Inf when any element is ±Inf.
 #pragma once
@@ -115,7 +120,8 @@ struct Moments {
 // `into`. `into` must be empty or hold sums of the same T, F and selection.
 void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features, MomentSums& into,
                 const StatSelection& which);
-// The same for a contiguous f32 CPU tensor viewed as [sequences, rows / sequences, last dimension].
+// The same for a contiguous f32 tensor (CPU, or CUDA in a build with CUDA) viewed as [sequences, rows / sequences,
+// last dimension].
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which);
 
 // The statistics from the sums (all NaN for empty sums, nonfinite 0).
