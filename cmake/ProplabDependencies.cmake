@@ -46,9 +46,23 @@ target_include_directories(proplab_hdf5 INTERFACE ${HDF5_INCLUDE_DIRS})
 target_link_libraries(proplab_hdf5 INTERFACE ${HDF5_C_LIBRARIES})
 target_compile_definitions(proplab_hdf5 INTERFACE ${HDF5_DEFINITIONS})
 
-# CUDA: AUTO builds kernels/ whenever nvcc is found; ON requires it; OFF never looks.
+# CUDA: AUTO builds kernels/ whenever nvcc is found; ON requires it; OFF never looks. EMULATE builds kernels/ as host
+# C++ against an emulated GPU (kernels/emulation: fake cudart and cuBLASLt, fibers for the threads of a block): it
+# needs only the CUDA headers, and PROPLAB_HAVE_CUDA holds for the rest of the build, except NCCL.
+# PROPLAB_CUDART names what links the CUDA runtime: CUDA::cudart, or proplab_cuda_emu when emulated.
 set(PROPLAB_HAVE_CUDA OFF)
-if(NOT PROPLAB_CUDA STREQUAL "OFF")
+set(PROPLAB_CUDA_EMULATED OFF)
+if(PROPLAB_CUDA STREQUAL "EMULATE")
+  find_path(PROPLAB_CUDA_INCLUDE cuda_runtime_api.h
+    HINTS ${CUDAToolkit_ROOT}/include $ENV{CUDA_PATH}/include /usr/local/cuda/include /usr/include)
+  if(NOT PROPLAB_CUDA_INCLUDE OR NOT EXISTS "${PROPLAB_CUDA_INCLUDE}/cublasLt.h")
+    message(FATAL_ERROR "PROPLAB_CUDA=EMULATE needs the CUDA toolkit's headers (cuda_runtime_api.h, cublasLt.h); "
+                        "none were found (set CUDAToolkit_ROOT)")
+  endif()
+  set(PROPLAB_HAVE_CUDA ON)
+  set(PROPLAB_CUDA_EMULATED ON)
+  set(PROPLAB_CUDART proplab_cuda_emu)
+elseif(NOT PROPLAB_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
@@ -63,15 +77,20 @@ if(NOT PROPLAB_CUDA STREQUAL "OFF")
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(PROPLAB_HAVE_CUDA ON)
+    set(PROPLAB_CUDART CUDA::cudart)
   elseif(PROPLAB_CUDA STREQUAL "ON")
     message(FATAL_ERROR "PROPLAB_CUDA=ON but no CUDA compiler (nvcc) was found; install the CUDA toolkit or use -DPROPLAB_CUDA=OFF")
   endif()
 endif()
-message(STATUS "proplab: CUDA backend ${PROPLAB_HAVE_CUDA}")
+if(PROPLAB_CUDA_EMULATED)
+  message(STATUS "proplab: CUDA backend EMULATED (host, headers ${PROPLAB_CUDA_INCLUDE})")
+else()
+  message(STATUS "proplab: CUDA backend ${PROPLAB_HAVE_CUDA}")
+endif()
 message(STATUS "proplab: MPI backend ${MPI_C_FOUND}")
-# NCCL (the dist module's GPU backend) ships with the CUDA toolkit here; built when CUDA is.
+# NCCL (the dist module's GPU backend) ships with the CUDA toolkit here; built when CUDA is (never emulated).
 set(PROPLAB_HAVE_NCCL OFF)
-if(PROPLAB_HAVE_CUDA)
+if(PROPLAB_HAVE_CUDA AND NOT PROPLAB_CUDA_EMULATED)
   find_library(PROPLAB_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   find_path(PROPLAB_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   if(PROPLAB_NCCL_LIBRARY AND PROPLAB_NCCL_INCLUDE)
