@@ -3,11 +3,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "kernels/block_reduce.cuh"
 #include "kernels/common.cuh"
 #include "kernels/context.cuh"
+#include "kernels/convert.cuh"
 #include "kernels/matmul.cuh"
 
 namespace proplab::kernels {
@@ -134,14 +136,38 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (threadIdx.x == 0) d_bias[o] = __fadd_rn(d_bias[o], static_cast<float>(sum[0]));
 }
 
+// Bytes of a scratch buffer of `count` values of `value_bytes` each (at least one value).
+std::size_t buffer_bytes(std::int64_t count, std::size_t value_bytes) {
+  return value_bytes * static_cast<std::size_t>(std::max<std::int64_t>(count, 1));
+}
+
+// bf16 copies of a product's operands (GemmInput::bf16): the weights, rounded once per call, and one chunk's
+// columns and output gradients, rounded after they are written. Empty for f32 inputs.
+struct Bf16Operands {
+  std::optional<Bf16Copy> weight;
+  std::optional<Scratch> cols, d_out;
+};
+
+// What a product reads: the bf16 copy for bf16 inputs, else the f32 values.
+const void* operand(GemmInput input, const float* f32, const std::uint16_t* bf16) {
+  return input == GemmInput::bf16 ? static_cast<const void*>(bf16) : static_cast<const void*>(f32);
+}
+
 }  // namespace
 
-void conv2d_forward(const float* x, const float* weight, const float* bias, float* y, const ConvShape& shape) {
+void conv2d_forward(const float* x, const float* weight, const float* bias, float* y, const ConvShape& shape,
+                    GemmInput input) {
   const Geometry g = make_geometry(shape);
   if (g.s.n == 0 || g.s.c_out == 0) return;
   cudaStream_t stream = context().stream;
-  Scratch cols(sizeof(float) * static_cast<std::size_t>(std::max<std::int64_t>(g.patch * g.chunk * g.pixels, 1)));
+  Scratch cols(buffer_bytes(g.patch * g.chunk * g.pixels, sizeof(float)));
   Scratch out(sizeof(float) * static_cast<std::size_t>(g.c_out_group * g.chunk * g.pixels));
+  const bool bf16 = input == GemmInput::bf16;
+  Bf16Operands half;
+  if (bf16) {
+    half.weight.emplace(weight, g.s.c_out * g.patch);
+    half.cols.emplace(buffer_bytes(g.patch * g.chunk * g.pixels, sizeof(std::uint16_t)));
+  }
   for (std::int64_t n0 = 0; n0 < g.s.n; n0 += g.chunk) {
     const std::int64_t count = std::min(g.chunk, g.s.n - n0);
     const std::int64_t columns = count * g.pixels;
@@ -150,10 +176,14 @@ void conv2d_forward(const float* x, const float* weight, const float* bias, floa
         im2col_kernel<<<grid_blocks(g.patch * columns), kBlockThreads, 0, stream>>>(x, g, group, n0, count,
                                                                                     cols.as<float>());
         PROPLAB_CUDA_CHECK_LAUNCH("im2col_kernel");
+        if (bf16) convert_f32_to_bf16(cols.as<float>(), half.cols->as<std::uint16_t>(), g.patch * columns);
       }
+      const std::int64_t weight_offset = group * g.c_out_group * g.patch;
       // out [C_out_g, columns] = W_g [C_out_g, patch] · cols [patch, columns] (zero when patch == 0).
-      gemm(false, false, g.c_out_group, columns, g.patch, weight + group * g.c_out_group * g.patch, g.patch,
-           cols.as<float>(), columns, out.as<float>(), columns, 1.0f, 0.0f);
+      gemm(false, false, g.c_out_group, columns, g.patch,
+           operand(input, weight + weight_offset, bf16 ? half.weight->data() + weight_offset : nullptr), g.patch,
+           operand(input, cols.as<float>(), bf16 ? half.cols->as<std::uint16_t>() : nullptr), columns, out.as<float>(),
+           columns, 1.0f, 0.0f, nullptr, input);
       scatter_output_kernel<<<grid_blocks(g.c_out_group * columns), kBlockThreads, 0, stream>>>(out.as<float>(), bias,
                                                                                                 g, group, n0, count, y);
       PROPLAB_CUDA_CHECK_LAUNCH("scatter_output_kernel");
@@ -162,7 +192,7 @@ void conv2d_forward(const float* x, const float* weight, const float* bias, floa
 }
 
 void conv2d_backward(const float* x, const float* weight, const float* d_y, float* d_x, float* d_weight, float* d_bias,
-                     const ConvShape& shape) {
+                     const ConvShape& shape, GemmInput input) {
   const Geometry g = make_geometry(shape);
   if (g.s.n == 0) return;
   cudaStream_t stream = context().stream;
@@ -172,8 +202,15 @@ void conv2d_backward(const float* x, const float* weight, const float* d_y, floa
           cudaMemsetAsync(d_x, 0, sizeof(float) * static_cast<std::size_t>(g.s.n * g.s.c_in * g.s.h * g.s.w), stream));
     return;
   }
-  Scratch cols(sizeof(float) * static_cast<std::size_t>(std::max<std::int64_t>(g.patch * g.chunk * g.pixels, 1)));
+  Scratch cols(buffer_bytes(g.patch * g.chunk * g.pixels, sizeof(float)));
   Scratch d_out(sizeof(float) * static_cast<std::size_t>(g.c_out_group * g.chunk * g.pixels));
+  const bool bf16 = input == GemmInput::bf16;
+  Bf16Operands half;
+  if (bf16) {
+    if (d_x != nullptr) half.weight.emplace(weight, g.s.c_out * g.patch);
+    half.cols.emplace(buffer_bytes(g.patch * g.chunk * g.pixels, sizeof(std::uint16_t)));
+    half.d_out.emplace(buffer_bytes(g.c_out_group * g.chunk * g.pixels, sizeof(std::uint16_t)));
+  }
   for (std::int64_t n0 = 0; n0 < g.s.n; n0 += g.chunk) {
     const std::int64_t count = std::min(g.chunk, g.s.n - n0);
     const std::int64_t columns = count * g.pixels;
@@ -181,20 +218,26 @@ void conv2d_backward(const float* x, const float* weight, const float* d_y, floa
       gather_output_kernel<<<grid_blocks(g.c_out_group * columns), kBlockThreads, 0, stream>>>(d_y, g, group, n0, count,
                                                                                                d_out.as<float>());
       PROPLAB_CUDA_CHECK_LAUNCH("gather_output_kernel");
-      const float* weight_group = weight + group * g.c_out_group * g.patch;
+      if (bf16) convert_f32_to_bf16(d_out.as<float>(), half.d_out->as<std::uint16_t>(), g.c_out_group * columns);
+      const void* d_out_in = operand(input, d_out.as<float>(), bf16 ? half.d_out->as<std::uint16_t>() : nullptr);
+      const std::int64_t weight_offset = group * g.c_out_group * g.patch;
       if (g.patch > 0) {
         im2col_kernel<<<grid_blocks(g.patch * columns), kBlockThreads, 0, stream>>>(x, g, group, n0, count,
                                                                                     cols.as<float>());
         PROPLAB_CUDA_CHECK_LAUNCH("im2col_kernel");
-        // d_W_g [C_out_g, patch] += d_out [C_out_g, columns] · cols^T [columns, patch]
-        gemm(false, true, g.c_out_group, g.patch, columns, d_out.as<float>(), columns, cols.as<float>(), columns,
-             d_weight + group * g.c_out_group * g.patch, g.patch, 1.0f, 1.0f);
+        if (bf16) convert_f32_to_bf16(cols.as<float>(), half.cols->as<std::uint16_t>(), g.patch * columns);
+        // d_W_g [C_out_g, patch] += d_out [C_out_g, columns] · cols^T [columns, patch] (f32 accumulation)
+        gemm(false, true, g.c_out_group, g.patch, columns, d_out_in, columns,
+             operand(input, cols.as<float>(), bf16 ? half.cols->as<std::uint16_t>() : nullptr), columns,
+             d_weight + weight_offset, g.patch, 1.0f, 1.0f, nullptr, input);
       }
       if (d_x == nullptr) continue;
-      // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], gathered into d_x.
+      // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], gathered into d_x (the f32
+      // columns buffer is free again: its bf16 copy, if any, was taken above).
       if (g.patch > 0)
-        gemm(true, false, g.patch, columns, g.c_out_group, weight_group, g.patch, d_out.as<float>(), columns,
-             cols.as<float>(), columns, 1.0f, 0.0f);
+        gemm(true, false, g.patch, columns, g.c_out_group,
+             operand(input, weight + weight_offset, bf16 ? half.weight->data() + weight_offset : nullptr), g.patch,
+             d_out_in, columns, cols.as<float>(), columns, 1.0f, 0.0f, nullptr, input);
       const std::int64_t d_x_elements = count * g.c_in_group * g.s.h * g.s.w;
       if (d_x_elements > 0) {
         col2im_kernel<<<grid_blocks(d_x_elements), kBlockThreads, 0, stream>>>(cols.as<float>(), g, group, n0, count,

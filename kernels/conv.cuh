@@ -15,10 +15,15 @@
 // - Deterministic: launch geometry depends only on the shape, no floating-point atomics, and kernels::gemm picks
 //   its algorithm once per shape without split-K, so the same inputs give the same bits on every call. Products
 //   differ from OpenBLAS's only in summation order.
+// - With GemmInput::bf16 each product's two operands (weights, columns, output gradients) are rounded to bf16 into
+//   scratch (kernels/convert) and multiplied with f32 accumulation; im2col, col2im, the bias and every output and
+//   gradient stay f32. GemmInput::f32 runs exactly the f32 path.
 // - Every launch is on context().stream; nothing synchronises. Host-compilable.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/matmul.cuh"
 
 namespace proplab::kernels {
 
@@ -34,11 +39,12 @@ struct ConvShape {
 };
 
 // y = conv(x, weight) (+ bias), y overwritten.
-void conv2d_forward(const float* x, const float* weight, const float* bias, float* y, const ConvShape& shape);
+void conv2d_forward(const float* x, const float* weight, const float* bias, float* y, const ConvShape& shape,
+                    GemmInput input = GemmInput::f32);
 
 // d_x = conv^T(d_y, weight) (overwrite, skipped when null), d_weight += d_y ⋆ x, d_bias += Σ d_y (skipped when
 // null).
 void conv2d_backward(const float* x, const float* weight, const float* d_y, float* d_x, float* d_weight, float* d_bias,
-                     const ConvShape& shape);
+                     const ConvShape& shape, GemmInput input = GemmInput::f32);
 
 }  // namespace proplab::kernels

@@ -1,5 +1,6 @@
 #include "core/device.h"
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -31,6 +32,16 @@ AllocationLabel::~AllocationLabel() {
 }
 
 std::string AllocationLabel::current() { return t_has_label ? t_label : std::string("a tensor"); }
+
+namespace {
+std::atomic<MatmulPrecision> g_matmul_precision{MatmulPrecision::fp32};
+}  // namespace
+
+void set_matmul_precision(MatmulPrecision precision) { g_matmul_precision.store(precision); }
+MatmulPrecision matmul_precision() { return g_matmul_precision.load(); }
+const char* matmul_precision_name(MatmulPrecision precision) {
+  return precision == MatmulPrecision::bf16 ? "bf16" : "fp32";
+}
 
 std::string format_bytes(std::size_t bytes) {
   char text[64];

@@ -12,6 +12,9 @@
 // - When cudaMalloc fails the pool frees its cached blocks and tries once more; if that fails too it throws
 //   DeviceMemoryError naming what was being allocated (the innermost AllocationLabel), its size, and the free and
 //   total memory of the device.
+// - The matrix-product precision (MatmulPrecision) is one process-wide setting, fp32 unless a run sets it: with
+//   bf16 the CUDA linear and convolution products round their operands to bf16 (accumulating in f32); every other
+//   op, and every op on the CPU, ignores it.
 #pragma once
 
 #include <cstddef>
@@ -89,6 +92,28 @@ namespace detail {
 void* device_pool_allocate(std::size_t bytes);
 void device_pool_release(void* pointer, std::size_t bytes);
 }  // namespace detail
+
+// The inputs of the CUDA matrix products (linear layers, convolutions): fp32, or bf16 operands rounded to nearest
+// even with f32 accumulation and f32 outputs. Read by src/ops on every CUDA product; the CPU ignores it.
+enum class MatmulPrecision : std::uint8_t { fp32, bf16 };
+void set_matmul_precision(MatmulPrecision precision);
+MatmulPrecision matmul_precision();
+// "fp32" or "bf16".
+const char* matmul_precision_name(MatmulPrecision precision);
+
+// Sets the matrix-product precision while it lives and restores the previous one after (a run's duration).
+class ScopedMatmulPrecision {
+ public:
+  explicit ScopedMatmulPrecision(MatmulPrecision precision) : previous_(matmul_precision()) {
+    set_matmul_precision(precision);
+  }
+  ~ScopedMatmulPrecision() { set_matmul_precision(previous_); }
+  ScopedMatmulPrecision(const ScopedMatmulPrecision&) = delete;
+  ScopedMatmulPrecision& operator=(const ScopedMatmulPrecision&) = delete;
+
+ private:
+  MatmulPrecision previous_;
+};
 
 // "1.50 GiB", "12.0 MiB", "512 B".
 std::string format_bytes(std::size_t bytes);

@@ -281,6 +281,8 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
   if (path.empty() || !path.has_filename()) throw UserError("run file path is empty or names a directory");
   if (header.proplab_version.empty()) throw InternalError("RunHeader.proplab_version must be set");
   if (header.threads < 0) throw InternalError(detail::concat("RunHeader.threads is ", header.threads, " (< 0)"));
+  if (header.precision != "fp32" && header.precision != "bf16")
+    throw InternalError(detail::concat("RunHeader.precision is '", header.precision, "' (not fp32 or bf16)"));
   if (options.flush_every < 1 || !(options.flush_interval_s >= 0.0)) {
     throw InternalError(detail::concat("RunWriterOptions: flush_every (", options.flush_every,
                                        ") must be >= 1 and flush_interval_s (", options.flush_interval_s, ") >= 0"));
@@ -340,6 +342,7 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
     fixed("device", header.device);
     io_detail::h5_write_int_attribute(root, "threads", header.threads, file_name);
     fixed("layout", header.layout);
+    fixed("precision", header.precision);
 
     for (const char* group_path : statistics_groups) {
       H5Handle group(h5_check(H5Gcreate2(root, group_path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2",

@@ -53,13 +53,14 @@ RunStatus parse_run_status(const std::string& text);
 
 // What the root attributes record about a run. Empty host/start_time are filled in by create().
 struct RunHeader {
-  std::string proplab_version;  // required
-  std::string config;           // the resolved study TOML text
-  std::string host;             // empty: this machine's host name
-  std::string device;           // e.g. "cpu" or "cuda:0 NVIDIA H200"
-  int threads = 0;              // CPU threads used
-  std::string layout;           // parallel layout, e.g. "dp=1 tp=1 pp=1"
-  std::string start_time;       // ISO 8601 UTC; empty: now
+  std::string proplab_version;     // required
+  std::string config;              // the resolved study TOML text
+  std::string host;                // empty: this machine's host name
+  std::string device;              // e.g. "cpu" or "cuda:0 NVIDIA H200"
+  int threads = 0;                 // CPU threads used
+  std::string layout;              // parallel layout, e.g. "dp=1 tp=1 pp=1"
+  std::string precision = "fp32";  // inputs of the matrix products: "fp32" or "bf16"
+  std::string start_time;          // ISO 8601 UTC; empty: now
 };
 
 // One optimizer step. Units: lr per step, wall_time seconds since the run started, tokens_per_s tokens/second.

@@ -14,7 +14,8 @@
 // im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers. Chunks are handed out
 // dynamically: on shared cores a thread that loses its core no longer holds up the others at the barrier.
 //
-// On CUDA the same scheme runs in kernels/conv.cuh (im2col, cuBLASLt gemm, a gathering col2im).
+// On CUDA the same scheme runs in kernels/conv.cuh (im2col, cuBLASLt gemm, a gathering col2im), with bf16 product
+// inputs under MatmulPrecision::bf16 (core/device.h); the CPU always runs f32.
 #include <cblas.h>
 
 #include <algorithm>
@@ -26,7 +27,9 @@
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
+#include "core/device.h"
 #include "kernels/conv.cuh"
+#include "kernels/matmul.cuh"
 #endif
 
 extern "C" int openblas_get_parallel(void);
@@ -239,6 +242,11 @@ kernels::ConvShape device_shape(const ConvGeometry& g) {
   s.groups = g.groups, s.stride = g.stride, s.padding = g.padding;
   return s;
 }
+
+// The inputs of the convolution's CUDA products under the process's matrix-product precision (core/device.h).
+kernels::GemmInput gemm_input() {
+  return matmul_precision() == MatmulPrecision::bf16 ? kernels::GemmInput::bf16 : kernels::GemmInput::f32;
+}
 #endif
 
 }  // namespace
@@ -261,7 +269,8 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, c
   const Device device = common_device(op, {&x, &weight, bias, &y});
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
-    kernels::conv2d_forward(x.f32(), weight.f32(), bias ? bias->f32() : nullptr, y.f32(), device_shape(g));
+    kernels::conv2d_forward(x.f32(), weight.f32(), bias ? bias->f32() : nullptr, y.f32(), device_shape(g),
+                            gemm_input());
     return;
 #else
     missing_device_impl(op, device);
@@ -286,7 +295,7 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
     kernels::conv2d_backward(x.f32(), weight.f32(), d_y.f32(), d_x ? d_x->f32() : nullptr, d_weight.f32(),
-                             d_bias ? d_bias->f32() : nullptr, device_shape(g));
+                             d_bias ? d_bias->f32() : nullptr, device_shape(g), gemm_input());
     return;
 #else
     missing_device_impl(op, device);

@@ -1,7 +1,9 @@
-// ops/linear: y = x W^T + b on the CPU through OpenBLAS sgemm.
+// ops/linear: y = x W^T + b on the CPU through OpenBLAS sgemm, on CUDA through kernels::gemm (cuBLASLt).
 //
 // x may carry any leading dimensions ([rows, in] or [B, T, in]); they are flattened into rows. OpenBLAS is only
-// ever called from the calling thread, never inside an OpenMP region (core/parallel.h).
+// ever called from the calling thread, never inside an OpenMP region (core/parallel.h). On CUDA with
+// MatmulPrecision::bf16 (core/device.h) every product's two operands are rounded to bf16 into scratch first
+// (kernels/convert); outputs, the bias and the gradients stay f32 and accumulate in f32. The CPU always runs f32.
 #include <cblas.h>
 
 #include <algorithm>
@@ -12,6 +14,10 @@
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
+#include <optional>
+
+#include "core/device.h"
+#include "kernels/convert.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/reduce.cuh"
 #endif
@@ -47,6 +53,27 @@ void add_column_sums(const float* d_y, std::int64_t rows, std::int64_t cols, flo
   }
 }
 
+#ifdef PROPLAB_WITH_CUDA
+// The inputs the CUDA products take under the process's matrix-product precision.
+kernels::GemmInput gemm_input() {
+  return matmul_precision() == MatmulPrecision::bf16 ? kernels::GemmInput::bf16 : kernels::GemmInput::f32;
+}
+
+// An operand of a CUDA product: the contiguous f32 tensor itself, or for bf16 inputs its rounded copy in scratch
+// (released when the operand goes, after the product is enqueued).
+class GemmOperand {
+ public:
+  GemmOperand(const Tensor& tensor, kernels::GemmInput input) : f32_(tensor.f32()) {
+    if (input == kernels::GemmInput::bf16) bf16_.emplace(tensor.f32(), tensor.numel());
+  }
+  const void* data() const { return bf16_ ? static_cast<const void*>(bf16_->data()) : f32_; }
+
+ private:
+  const float* f32_;
+  std::optional<kernels::Bf16Copy> bf16_;
+};
+#endif
+
 }  // namespace
 
 void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) {
@@ -65,8 +92,10 @@ void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, T
 #ifdef PROPLAB_WITH_CUDA
     PROPLAB_CHECK(in_features > 0 || !bias, "op '", op, "': a zero-width layer with a bias on CUDA");
     // y [rows, out] = x [rows, in] · W^T (+ b, cuBLASLt's bias epilogue)
-    kernels::gemm(false, true, rows, out_features, in_features, x.f32(), in_features, weight.f32(), in_features,
-                  y.f32(), out_features, 1.0f, 0.0f, bias ? bias->f32() : nullptr);
+    const kernels::GemmInput input = gemm_input();
+    const GemmOperand x_in(x, input), weight_in(weight, input);
+    kernels::gemm(false, true, rows, out_features, in_features, x_in.data(), in_features, weight_in.data(), in_features,
+                  y.f32(), out_features, 1.0f, 0.0f, bias ? bias->f32() : nullptr, input);
     return;
 #else
     missing_device_impl(op, device);
@@ -109,15 +138,21 @@ void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, T
   const std::int64_t rows = x.numel() / std::max<std::int64_t>(in_features, 1);
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
+    const kernels::GemmInput input = gemm_input();
+    const GemmOperand d_y_in(d_y, input);
     // d_x [rows, in] = d_y [rows, out] · W [out, in]
-    if (d_x && d_x->numel() > 0)
-      kernels::gemm(false, false, rows, in_features, out_features, d_y.f32(), out_features, weight.f32(), in_features,
-                    d_x->f32(), in_features, 1.0f, 0.0f);
+    if (d_x && d_x->numel() > 0) {
+      const GemmOperand weight_in(weight, input);
+      kernels::gemm(false, false, rows, in_features, out_features, d_y_in.data(), out_features, weight_in.data(),
+                    in_features, d_x->f32(), in_features, 1.0f, 0.0f, nullptr, input);
+    }
     if (rows == 0 || out_features == 0) return;
-    // d_W [out, in] += d_y^T [out, rows] · x [rows, in]
-    if (in_features > 0)
-      kernels::gemm(true, false, out_features, in_features, rows, d_y.f32(), out_features, x.f32(), in_features,
-                    d_weight.f32(), in_features, 1.0f, 1.0f);
+    // d_W [out, in] += d_y^T [out, rows] · x [rows, in] (accumulated in f32 onto the f32 gradient)
+    if (in_features > 0) {
+      const GemmOperand x_in(x, input);
+      kernels::gemm(true, false, out_features, in_features, rows, d_y_in.data(), out_features, x_in.data(), in_features,
+                    d_weight.f32(), in_features, 1.0f, 1.0f, nullptr, input);
+    }
     if (d_bias) kernels::column_sum(d_y.f32(), rows, out_features, d_bias->f32(), true);
     return;
 #else

@@ -408,6 +408,7 @@ std::vector<TableSpec> build_schema() {
        {
            choice_field("type", PROPLAB_MEMBER(device.type), {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}}),
            integer_field("threads", PROPLAB_MEMBER(device.threads), 0, 4096),
+           choice_field("precision", PROPLAB_MEMBER(device.precision), {{"fp32", "fp32"}, {"bf16", "bf16"}}),
        }},
       {"theory",
        {

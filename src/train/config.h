@@ -35,6 +35,9 @@ struct TrainConfig {
 struct DeviceConfig {
   std::string type = "auto";  // auto | cpu | cuda
   int threads = 0;            // 0: all cores
+  // Inputs of the CUDA matrix products (linear layers, convolutions): "fp32" or "bf16" (rounded operands, f32
+  // accumulation, outputs and state); bf16 needs the run to compute on the GPU.
+  std::string precision = "fp32";
 };
 
 struct ParallelConfig {

@@ -128,7 +128,10 @@ std::string device_description(Device device) {
   return "cuda:" + std::to_string(gpu.ordinal) + " " + gpu.name + " (" + format_bytes(gpu.total_bytes) + ")";
 }
 
-Device run_device(const RunSpec& spec) {
+namespace {
+
+// device.type resolved for this build, machine and run (run_device without the precision check).
+Device resolve_device_type(const RunSpec& spec) {
   const std::string& type = spec.device.type;
   if (type == "cpu") return Device::cpu;
   const bool built = cuda_built();
@@ -157,6 +160,27 @@ Device run_device(const RunSpec& spec) {
   return built && fits && cuda_available() ? Device::cuda : Device::cpu;
 }
 
+}  // namespace
+
+MatmulPrecision run_precision(const RunSpec& spec) {
+  const std::string& precision = spec.device.precision;
+  if (precision == "fp32") return MatmulPrecision::fp32;
+  if (precision == "bf16") return MatmulPrecision::bf16;
+  throw UserError("device.precision = \"" + precision + "\": unknown precision; allowed: \"fp32\" or \"bf16\"");
+}
+
+Device run_device(const RunSpec& spec) {
+  const MatmulPrecision precision = run_precision(spec);
+  const Device device = resolve_device_type(spec);
+  if (device == Device::cpu && precision == MatmulPrecision::bf16) {
+    std::string why = "device.type = \"" + spec.device.type + "\"";
+    if (spec.device.type != "cpu") why += " resolved to the CPU (no GPU this run can use)";
+    throw UserError("device.precision = \"bf16\": bf16 matrix products run only on the GPU, but " + why +
+                    "; allowed on the CPU: \"fp32\"");
+  }
+  return device;
+}
+
 namespace {
 
 // Stage 1 of a run: what the launch and the study say about the layout, checked before anything is read or
@@ -172,7 +196,8 @@ struct RunLayout {
 };
 
 RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
-  run_device(spec);  // device.type names a device this build and machine have, for a run that can use it
+  // device.type names a device this build and machine have, for a run that can use it, in a precision it has
+  run_device(spec);
   if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
@@ -371,6 +396,7 @@ void TrainingRun::open_run_file() {
   header.device = device_description(device_);
   header.threads = threads();
   header.layout = layout_text(spec_.parallel);
+  header.precision = matmul_precision_name(run_precision(spec_));
   // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
   // and read while the new one is written.
   std::filesystem::path previous_copy = summary_.run_file;
@@ -679,6 +705,8 @@ void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups) 
 RunSummary run_training(const RunSpec& spec, const RunOptions& options) {
   const RunLayout layout = check_layout(spec, options);
   set_threads(spec.device.threads);
+  // The matrix products' precision for this run's ops, restored when the run returns or throws.
+  const ScopedMatmulPrecision precision(run_precision(spec));
   // One writer per run: refused here, before anything is read or written, when another process writes this run.
   const std::optional<RunLock> lock = lock_run(options, layout.root, run_file_path(options.out_dir, spec.name));
   TrainingRun run(spec, options, layout);

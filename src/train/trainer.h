@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "core/device.h"
 #include "data/config.h"
 #include "io/run_file.h"
 #include "spec/model.h"
@@ -92,7 +93,11 @@ struct RunSummary {
 
 // Where the study's run computes: device.type "cpu", "cuda" (a UserError naming the key when this build has no
 // CUDA backend or the machine no GPU) or "auto" (the GPU when present and the run can use it, else the CPU).
+// device.precision = "bf16" needs the GPU: a run that would compute on the CPU is a UserError naming
+// device.precision.
 Device run_device(const RunSpec& spec);
+// The matrix-product precision of device.precision ("fp32" or "bf16"; a UserError naming the key otherwise).
+MatmulPrecision run_precision(const RunSpec& spec);
 // "cpu", or "cuda:0 NVIDIA H200 (139.8 GiB)" for the run file's device attribute.
 std::string device_description(Device device);
 // True when this build has the CUDA backend.

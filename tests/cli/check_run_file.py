@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 ROOT_STRINGS = ["format", "proplab_version", "config", "status", "status_detail", "start_time", "end_time", "host",
-                "device", "layout"]
+                "device", "layout", "precision"]
 ROOT_INTS = ["format_version", "threads"]
 TRAIN_COLUMNS = {"step": np.int64, "loss": np.float64, "lr": np.float64, "grad_norm": np.float64,
                  "tokens_per_s": np.float64, "wall_time": np.float64}

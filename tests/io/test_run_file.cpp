@@ -33,6 +33,7 @@ RunHeader test_header() {
   header.device = "cpu";
   header.threads = 2;
   header.layout = "dp=1 tp=1 pp=1";
+  header.precision = "bf16";
   header.start_time = "2026-11-29T12:00:00Z";
   return header;
 }
@@ -127,10 +128,11 @@ TEST(RunFile, WriteFinishAndReadBackEveryValue) {
   EXPECT_EQ(reader.attribute_string("device"), header.device);
   EXPECT_EQ(reader.attribute_int("threads"), 2);
   EXPECT_EQ(reader.attribute_string("layout"), header.layout);
+  EXPECT_EQ(reader.attribute_string("precision"), "bf16");
   const auto names = reader.attribute_names();
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()),
             (std::set<std::string>{"format", "format_version", "proplab_version", "config", "status", "status_detail",
-                                   "start_time", "end_time", "host", "device", "threads", "layout"}));
+                                   "start_time", "end_time", "host", "device", "threads", "layout", "precision"}));
 
   const TrainCurves train = reader.read_train();
   ASSERT_EQ(train.size(), 150u);
@@ -232,6 +234,9 @@ TEST(RunFile, BadArgumentsCreateNothing) {
   const auto path = dir / "sub" / "run.h5";
   RunHeader header = test_header();
   header.proplab_version.clear();
+  EXPECT_THROW(RunWriter::create(path, header, false), InternalError);
+  header = test_header();
+  header.precision = "fp16";  // only "fp32" and "bf16" are precisions
   EXPECT_THROW(RunWriter::create(path, header, false), InternalError);
   RunWriterOptions options;
   options.flush_every = 0;

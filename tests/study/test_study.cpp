@@ -113,6 +113,7 @@ void expect_same_study(const Study& a, const Study& b) {
   EXPECT_EQ(a.parallel.microbatches, b.parallel.microbatches);
   EXPECT_EQ(a.device.type, b.device.type);
   EXPECT_EQ(a.device.threads, b.device.threads);
+  EXPECT_EQ(a.device.precision, b.device.precision);
   EXPECT_EQ(a.theory.input_corr, b.theory.input_corr);
   EXPECT_EQ(a.has_sweep, b.has_sweep);
 }
@@ -444,6 +445,21 @@ threads = -2
   EXPECT_TRUE(contains(message, "test.toml:9: train.eval_batches: 0 is out of range")) << message;
   EXPECT_TRUE(contains(message, "test.toml:11: device.threads: -2 is out of range; allowed: an integer in 0..4096"))
       << message;
+  expect_well_formed(message);
+}
+
+TEST(Study, DevicePrecisionIsAChoiceOfFp32OrBf16) {
+  EXPECT_EQ(parse("name = \"x\"\n").device.precision, "fp32");
+  const Study bf16 = parse("name = \"x\"\n[device]\nprecision = \"bf16\"\n");
+  EXPECT_EQ(bf16.device.precision, "bf16");
+  EXPECT_TRUE(contains(bf16.config_toml, "\n[device]\ntype = \"auto\"\nthreads = 0\nprecision = \"bf16\"\n"))
+      << bf16.config_toml;
+  const std::string message = error_of([] { parse("name = \"x\"\n[device]\nprecision = \"fp16\"\n"); });
+  EXPECT_TRUE(contains(message, "test.toml:3: device.precision: \"fp16\" is not a choice")) << message;
+  EXPECT_TRUE(contains(message, "\"fp32\"")) << message;
+  EXPECT_TRUE(contains(message, "\"bf16\"")) << message;
+  const std::string set_message = error_of([] { parse("name = \"x\"\n", {"device.precision=\"tf32\""}); });
+  EXPECT_TRUE(contains(set_message, "device.precision: \"tf32\" is not a choice")) << set_message;
   expect_well_formed(message);
 }
 
@@ -812,7 +828,7 @@ TEST(Study, ResolvedTomlFillsEveryDefault) {
        {"seed = 0\n", "type = \"transformer\"\n", "layers = 4\n", "norm = \"pre\"\n", "activation = \"gelu\"\n",
         "norm_eps = 1e-05\n", "rule = \"standard\"\n", "std = ", "optimizer = \"adamw\"\n", "beta2 = 0.95\n",
         "lr = 0.001\n", "kind = \"markov\"\n", "markov_successors = 4\n", "forward = []\n", "on_nonfinite = \"stop\"\n",
-        "dp = 1\n", "microbatches = 1\n", "threads = 0\n"})
+        "dp = 1\n", "microbatches = 1\n", "threads = 0\n", "precision = \"fp32\"\n"})
     EXPECT_TRUE(contains(text, line)) << line << " missing from\n" << text;
   // Keys of settings not chosen are not written (they would be errors).
   EXPECT_FALSE(contains(text, "sigma_w2")) << text;
