@@ -40,8 +40,8 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-Timing time_mode(RunSpec spec, const std::string& mode, std::int64_t warmup, std::int64_t steps,
-                 double flops_per_step, double peak_tflops, const std::filesystem::path& out) {
+Timing time_mode(RunSpec spec, const std::string& mode, std::int64_t warmup, std::int64_t steps, double flops_per_step,
+                 double peak_tflops, const std::filesystem::path& out) {
   Timing t;
   t.mode = mode;
   spec.name = "bench_" + mode;
@@ -96,8 +96,7 @@ int main(int argc, char** argv) {
     RunSpec spec = to_run_spec(load_study(study_path));
     if (batch > 0) spec.train.batch = batch;
     // FLOPs of one step from the model's own count (every matrix product, forward and backward).
-    const double flops_per_step =
-        make_model(spec.model, spec.scaling, spec.seed)->train_flops(spec.train.batch);
+    const double flops_per_step = make_model(spec.model, spec.scaling, spec.seed)->train_flops(spec.train.batch);
     const GpuInfo gpu = gpu_info();
     std::printf("bench_gpu: %s on %s, batch %lld, %.3g TFLOP a step, %lld timed steps after %lld\n", spec.name.c_str(),
                 gpu.name.c_str(), static_cast<long long>(spec.train.batch), flops_per_step / 1e12,

@@ -204,9 +204,9 @@ std::vector<std::pair<std::string, Tensor*>> Resnet::buffers() {
 }
 
 void Resnet::to_device(Device device) {
-  if (device != Device::cpu && (stem_bias_ != nullptr || std::any_of(blocks_.begin(), blocks_.end(), [](const Block& k) {
-                                  return !k.bias_in.empty() || !k.bias_out.empty();
-                                })))
+  if (device != Device::cpu &&
+      (stem_bias_ != nullptr || std::any_of(blocks_.begin(), blocks_.end(),
+                                            [](const Block& k) { return !k.bias_in.empty() || !k.bias_out.empty(); })))
     throw UserError(std::string("device.type = \"") + device_name(device) +
                     "\": the scalar biases of scaling.rule = \"fixup\" do not train on it in this version; "
                     "allowed with fixup: \"cpu\"");

@@ -64,14 +64,14 @@ std::vector<std::uint16_t> convert_on_gpu(const std::vector<float>& values) {
   return bits;
 }
 
-// Bitwise against the reference; a NaN input must give a NaN of the same sign.
+// Bitwise against the reference; a NaN input must give a NaN (of either sign: the conversion may return the
+// canonical NaN 0x7fff, as CUDA's host implementation of __float2bfloat16_rn does for every NaN).
 void expect_rounded(const std::vector<float>& values, const std::vector<std::uint16_t>& bits) {
   ASSERT_EQ(values.size(), bits.size());
   std::int64_t failures = 0;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const std::uint16_t expected = bf16_bits_rne(values[i]);
-    const bool ok = bf16_is_nan(expected) ? bf16_is_nan(bits[i]) && (bits[i] & 0x8000u) == (expected & 0x8000u)
-                                          : bits[i] == expected;
+    const bool ok = bf16_is_nan(expected) ? bf16_is_nan(bits[i]) : bits[i] == expected;
     if (!ok && ++failures <= 8)
       ADD_FAILURE() << "f32 0x" << std::hex << float_bits(values[i]) << ": gpu 0x" << bits[i] << ", expected 0x"
                     << expected << std::dec;
