@@ -2,8 +2,11 @@
 
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "core/error.h"
 #include "kernels/common.cuh"
+#include "kernels/context.cuh"
 
 namespace proplab::kernels {
 namespace {
@@ -147,31 +150,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // ==== launchers ===================================================================================================
 
-// Stream-ordered device scratch (none for 0 bytes); release() frees it (checked) once the work using it is
-// enqueued. The destructor frees it only on an exception path, where a second error cannot be reported anyway.
-class DeviceScratch {
- public:
-  DeviceScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) PROPLAB_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
-  }
-  ~DeviceScratch() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
-  DeviceScratch(const DeviceScratch&) = delete;
-  DeviceScratch& operator=(const DeviceScratch&) = delete;
-  double* doubles() const { return static_cast<double*>(data_); }
-  void release() {
-    if (data_ == nullptr) return;
-    void* data = data_;
-    data_ = nullptr;
-    PROPLAB_CUDA_CHECK(cudaFreeAsync(data, stream_));
-  }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 // Grid of the residual kernels: a function of n only (see kernels/common.cuh), whichever path is taken.
 unsigned residual_grid(std::int64_t n) { return grid_blocks(n / 4 > 0 ? n / 4 : 1); }
 
@@ -208,8 +186,10 @@ void residual_backward(const float* x, const float* f, const float* d_y, float l
   const bool reduce = sum_lambda || sum_beta;
 
   // Layout of the scratch: [2 * blocks] per-block partial pairs, then the two totals.
-  DeviceScratch scratch(reduce ? (2 * static_cast<std::size_t>(blocks) + 2) * sizeof(double) : 0, stream);
-  double* block_sums = reduce ? scratch.doubles() : nullptr;
+  // From the caching pool (kernels/context.cuh), only when the sums are wanted.
+  std::optional<Scratch> scratch;
+  if (reduce) scratch.emplace((2 * static_cast<std::size_t>(blocks) + 2) * sizeof(double));
+  double* block_sums = reduce ? scratch->as<double>() : nullptr;
   if (vectorised) {
     residual_backward_kernel<true>
         <<<blocks, kBlockThreads, 0, stream>>>(x, f, d_y, lambda, beta, d_x, d_f, sum_lambda, sum_beta, block_sums, n);
@@ -219,17 +199,13 @@ void residual_backward(const float* x, const float* f, const float* d_y, float l
         <<<blocks, kBlockThreads, 0, stream>>>(x, f, d_y, lambda, beta, d_x, d_f, sum_lambda, sum_beta, block_sums, n);
     PROPLAB_CUDA_CHECK_LAUNCH("residual_backward_kernel<scalar>");
   }
-  if (!reduce) {
-    scratch.release();
-    return;
-  }
+  if (!reduce) return;
 
   double* totals = block_sums + 2 * static_cast<std::size_t>(blocks);
   residual_sum_blocks_kernel<<<1, kBlockThreads, 0, stream>>>(block_sums, blocks, totals);
   PROPLAB_CUDA_CHECK_LAUNCH("residual_sum_blocks_kernel");
   double host_totals[2] = {0.0, 0.0};
   PROPLAB_CUDA_CHECK(cudaMemcpyAsync(host_totals, totals, sizeof(host_totals), cudaMemcpyDeviceToHost, stream));
-  scratch.release();
   PROPLAB_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (sum_lambda) *d_lambda += host_totals[0];
   if (sum_beta) *d_beta += host_totals[1];

@@ -10,8 +10,10 @@
 //   geometry depends only on n, so repeated calls give bitwise identical results. Products d_y·x are formed in
 //   double (exact), so only the summation order differs from the CPU reference.
 // - Forward rounds as lambda*x and beta*f separately, then adds (no fused multiply-add), matching plain C++.
-// - All work is enqueued on `stream`; backward synchronises `stream` only when d_lambda or d_beta is requested
-//   (the host needs the sums). Every call and launch is checked (kernels/common.cuh).
+// - All work is enqueued on `stream`, which must be context().stream (kernels/context.cuh): the per-block partial
+//   sums live in a Scratch from the caching pool, whose reuse is ordered by that stream; backward synchronises `stream`
+//   only when d_lambda or d_beta is requested (the host needs the sums). Every call and launch is checked
+//   (kernels/common.cuh).
 // - Host-compilable: the ops dispatch (src/ops/residual.cpp) includes this header.
 #pragma once
 
