@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "io/run_reader.h"
@@ -35,10 +36,7 @@ struct Timing {
   std::string status;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::median;
 
 Timing time_mode(RunSpec spec, const std::string& mode, std::int64_t warmup, std::int64_t steps, double flops_per_step,
                  double peak_tflops, const std::filesystem::path& out) {

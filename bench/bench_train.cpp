@@ -37,10 +37,7 @@ namespace {
 
 using namespace proplab;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using bench::median;
 
 // One training setup: a model, its optimizer and (when recording) a recorder writing a real run file.
 struct Setup {

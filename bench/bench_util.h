@@ -3,17 +3,25 @@
 // out of its JSON. Header-only, like sgemm_rate.h.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "models/model.h"
 #include "train/recorder.h"
 
 namespace proplab::bench {
+
+// The median of the values (the upper one of an even count; 0 for none).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
 
 // Starts recording every statistic every `every` steps (> 0) of `model` into the run file DIR/every<N>.h5
 // (overwritten; the folder is created), as a study run does: sets `recorder` and `writer`.

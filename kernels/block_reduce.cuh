@@ -35,9 +35,9 @@ __device__ void block_sum(double (&values)[N], double* shared) {
   __syncthreads();
 }
 
-// The block's total of one float, in every thread (fixed tree). `shared` holds kThreads floats.
-template <int kThreads = kBlockThreads>
-__device__ float block_sum_float(float value, float* shared) {
+// The block's total of one value, in every thread (fixed tree). `shared` holds kThreads values.
+template <typename T, int kThreads = kBlockThreads>
+__device__ T block_total(T value, T* shared) {
   const int t = threadIdx.x;
   shared[t] = value;
   __syncthreads();
@@ -45,24 +45,19 @@ __device__ float block_sum_float(float value, float* shared) {
     if (t < stride) shared[t] += shared[t + stride];
     __syncthreads();
   }
-  const float total = shared[0];
+  const T total = shared[0];
   __syncthreads();
   return total;
 }
 
-// The block's total of one double, in every thread (fixed tree). `shared` holds kThreads doubles.
+template <int kThreads = kBlockThreads>
+__device__ float block_sum_float(float value, float* shared) {
+  return block_total<float, kThreads>(value, shared);
+}
+
 template <int kThreads = kBlockThreads>
 __device__ double block_sum_double(double value, double* shared) {
-  const int t = threadIdx.x;
-  shared[t] = value;
-  __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (t < stride) shared[t] += shared[t + stride];
-    __syncthreads();
-  }
-  const double total = shared[0];
-  __syncthreads();
-  return total;
+  return block_total<double, kThreads>(value, shared);
 }
 
 // The block's maximum of one float, in every thread. NaN-propagating: NaN when any thread holds NaN.

@@ -272,19 +272,16 @@ class TrainingRun {
           IoFailure{checkpoint, checkpoint ? summary_.checkpoint.string() : error.path(), error.reason(), step_};
     }
   }
-  // This replica's rows of a micro-batch (all of them for one process), on the model's device: batches are made on
-  // the host (pure functions of seed and index) and copied over.
-  // A whole batch on the model's device (evaluation: every process evaluates the whole validation batch).
-  Batch local_whole(const Batch& batch) const {
+  // A batch on the model's device: batches are made on the host (pure functions of seed and index) and copied over.
+  Batch on_device(const Batch& batch) const {
     if (device_ == Device::cpu) return batch;
     return Batch{batch.inputs.to(device_), batch.targets.to(device_)};
   }
-  Batch local(Batch batch) const {
-    if (layout_.replicas > 1)
-      batch = Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
-                    batch.targets.slice(0, layout_.first_row, layout_.local_rows)};
-    if (device_ == Device::cpu) return batch;
-    return Batch{batch.inputs.to(device_), batch.targets.to(device_)};
+  // This replica's rows of a micro-batch (all of them for one process), on the model's device.
+  Batch local(const Batch& batch) const {
+    if (layout_.replicas == 1) return on_device(batch);
+    return on_device(Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
+                           batch.targets.slice(0, layout_.first_row, layout_.local_rows)});
   }
 
   const RunSpec& spec_;
@@ -368,13 +365,8 @@ void TrainingRun::resume() {
   const auto optimizer_state = data_parallel_->optimizer_state_to_load(*optimizer_);
   std::map<std::string, Tensor> local = checkpoint_tensors(*model_, optimizer_state);
   const std::map<std::string, Tensor> targets = full_tensor_targets(model_->params(), local);
-  // Read on the host, then copied to the device's tensors.
-  std::map<std::string, Tensor> host_targets;
-  for (const auto& [key, tensor] : targets)
-    host_targets.emplace(key, tensor.device() == Device::cpu ? tensor : Tensor::empty(tensor.shape(), tensor.dtype()));
-  Checkpoint loaded = load_checkpoint(summary_.checkpoint, host_targets);
-  for (const auto& [key, tensor] : targets)
-    if (tensor.device() != Device::cpu) const_cast<Tensor&>(tensor).copy_from(host_targets.at(key));
+  // (io/checkpoint reads into tensors on any device: a run checkpointed on a GPU resumes on the CPU and back)
+  Checkpoint loaded = load_checkpoint(summary_.checkpoint, targets);
   keep_local_pieces(model_->params(), targets, local);
   data_parallel_->after_optimizer_load(*optimizer_, optimizer_state);
   if (experiment_config(loaded.string_value("config")) != experiment_config(spec_.config_toml))
@@ -457,7 +449,7 @@ double TrainingRun::evaluate() {
   double total = 0.0;
   for (int i = 0; i < tc_.eval_batches; ++i)
     total += pipeline_ ? pipeline_->evaluate(data_.batch(Split::validation, i))
-                       : model_->evaluate(local_whole(data_.batch(Split::validation, i)));
+                       : model_->evaluate(on_device(data_.batch(Split::validation, i)));
   return total / tc_.eval_batches;
 }
 
@@ -479,9 +471,6 @@ void TrainingRun::save(std::int64_t step) {
   });
   if (io_failure_) return;
   Checkpoint checkpoint;
-  // Checkpoints hold host tensors, whatever the device: a run checkpointed on a GPU resumes on the CPU and back.
-  for (auto& [key, tensor] : tensors)
-    if (tensor.device() != Device::cpu) tensor = tensor.to(Device::cpu);
   checkpoint.tensors = std::move(tensors);
   checkpoint.ints["step"] = step;
   checkpoint.ints["optimizer_steps"] = optimizer_->steps_taken();
