@@ -1,6 +1,9 @@
 #include "core/device.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <new>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -227,6 +230,45 @@ void cuda_synchronize(const char* where) {
                              "): " + cudaGetErrorName(status) + ": " + cudaGetErrorString(status));
 }
 
+bool is_device_pointer(const void* pointer) {
+  if (pointer == nullptr) return false;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // (older runtimes report plain host memory as an error)
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
+void copy_device_to_host(void* host, const void* device, std::size_t bytes) {
+  if (bytes == 0) return;
+  const auto stream = static_cast<cudaStream_t>(cuda_stream());
+  check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (device to host)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+void copy_host_to_device(void* device, const void* host, std::size_t bytes) {
+  if (bytes == 0) return;
+  const auto stream = static_cast<cudaStream_t>(cuda_stream());
+  check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (host to device)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) cudaFreeHost(data_);
+}
+
+void* PinnedBuffer::reserve(std::size_t bytes) {
+  if (bytes <= capacity_ && data_) return data_;
+  if (data_) check(cudaFreeHost(data_), "cudaFreeHost");
+  data_ = nullptr;
+  capacity_ = 0;
+  const std::size_t size = std::max<std::size_t>(bytes, 4096);
+  check(cudaHostAlloc(&data_, size, cudaHostAllocDefault), "cudaHostAlloc");
+  capacity_ = size;
+  return data_;
+}
+
 DeviceMemoryStats device_memory_stats() { return pool().stats(); }
 void reset_peak_device_memory() { pool().reset_peak(); }
 void release_cached_device_memory() { pool().release_cached(); }
@@ -250,6 +292,18 @@ void set_cuda_ordinal(int) { no_cuda(); }
 void* cuda_stream() { no_cuda(); }
 void cuda_synchronize(const char*) {}
 DeviceMemoryStats device_memory_stats() { return {}; }
+bool is_device_pointer(const void*) { return false; }
+void copy_device_to_host(void*, const void*, std::size_t) { no_cuda(); }
+void copy_host_to_device(void*, const void*, std::size_t) { no_cuda(); }
+PinnedBuffer::~PinnedBuffer() { std::free(data_); }
+void* PinnedBuffer::reserve(std::size_t bytes) {
+  if (bytes <= capacity_ && data_) return data_;
+  std::free(data_);
+  capacity_ = std::max<std::size_t>(bytes, 4096);
+  data_ = std::malloc(capacity_);
+  if (!data_) throw std::bad_alloc();
+  return data_;
+}
 void reset_peak_device_memory() {}
 void release_cached_device_memory() {}
 

@@ -56,6 +56,31 @@ void* cuda_stream();
 // Waits for everything enqueued on the compute stream; rethrows an asynchronous CUDA error naming `where`.
 void cuda_synchronize(const char* where);
 
+// True when `pointer` lies in device memory (anywhere inside an allocation): how a communicator that carries both
+// host and device buffers tells them apart. Always false in a build without CUDA.
+bool is_device_pointer(const void* pointer);
+// Copies between host and device memory on the compute stream, in order with the kernels before it, and waits for
+// the copy: the host may read (or reuse) its side on return.
+void copy_device_to_host(void* host, const void* device, std::size_t bytes);
+void copy_host_to_device(void* device, const void* host, std::size_t bytes);
+
+// Page-locked host memory (cudaHostAlloc), through which device buffers are staged for MPI; it grows on demand and
+// keeps its largest size. Plain host memory in a build without CUDA.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  // At least `bytes` bytes (the contents are not kept when it grows).
+  void* reserve(std::size_t bytes);
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
 // The pool's counters, in bytes.
 struct DeviceMemoryStats {
   std::size_t in_use = 0;               // handed out to tensors now

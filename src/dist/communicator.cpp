@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string>
+#include <unistd.h>
 #include <sstream>
 
 #include "core/error.h"
@@ -85,6 +88,24 @@ bool launched_by_mpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
     if (std::getenv(name)) return true;
   return false;
+}
+
+NodeRanks node_ranks(Communicator& world) {
+  // Every rank broadcasts its host name's hash in turn; equal hashes share a node.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::uint64_t mine = std::hash<std::string>{}(host);
+  NodeRanks out;
+  out.ranks_on_node = 0;
+  for (int r = 0; r < world.size(); ++r) {
+    std::uint64_t theirs = mine;
+    world.broadcast(&theirs, sizeof(theirs), r);
+    if (theirs == mine) {
+      if (r < world.rank()) ++out.local_rank;
+      ++out.ranks_on_node;
+    }
+  }
+  return out;
 }
 
 Coordinates coordinates_of(const Layout& layout, int world_rank) {

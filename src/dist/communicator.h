@@ -99,6 +99,13 @@ bool launched_by_mpi();
 // MPI_COMM_WORLD, initialising MPI on first use (MPI_Finalize runs at exit). `timeout_s` bounds every
 // collective. UserError when this build has no MPI backend.
 std::unique_ptr<Communicator> make_mpi_world(double timeout_s);
+// This rank's index among the world's ranks on its node (host name), and how many ranks the node has: the GPU a
+// rank computes on is its node-local rank. Collective over `world`.
+struct NodeRanks {
+  int local_rank = 0;
+  int ranks_on_node = 1;
+};
+NodeRanks node_ranks(Communicator& world);
 // Ends every rank of the MPI job with `exit_code` (MPI_Abort), after a timeout or a fatal error on one rank.
 [[noreturn]] void abort_all(int exit_code);
 

@@ -88,8 +88,8 @@ void TensorParallel::row_linear_forward(const nn::Linear& layer, const Tensor& x
 
 void TensorParallel::all_reduce(Tensor& x) const {
   if (!split()) return;
-  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32 && x.device() == Device::cpu,
-                "tensor-parallel all-reduce needs a contiguous f32 CPU tensor");
+  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32,
+                "tensor-parallel all-reduce needs a contiguous f32 tensor");
   group_->all_reduce(x.f32(), x.numel());
 }
 

@@ -90,6 +90,13 @@ void copy_shard_from_full(const ParamShard& shard, const Tensor& full, Tensor& l
   PROPLAB_CHECK(full.shape() == shard.full_shape && local.shape() == shard.local_shape() && full.is_contiguous() &&
                     local.is_contiguous(),
                 "copy_shard_from_full: shapes ", shape_string(full.shape()), " -> ", shape_string(local.shape()));
+  if (full.device() != Device::cpu || local.device() != Device::cpu) {  // through host copies
+    const Tensor host_full = full.to(Device::cpu);
+    Tensor host_local = Tensor::empty(local.shape());
+    copy_shard<false>(shard, const_cast<float*>(host_full.f32()), host_local.f32());
+    local.copy_from(host_local);
+    return;
+  }
   copy_shard<false>(shard, const_cast<float*>(full.f32()), local.f32());
 }
 
@@ -97,6 +104,13 @@ void copy_shard_into_full(const ParamShard& shard, const Tensor& local, Tensor& 
   PROPLAB_CHECK(full.shape() == shard.full_shape && local.shape() == shard.local_shape() && full.is_contiguous() &&
                     local.is_contiguous(),
                 "copy_shard_into_full: shapes ", shape_string(local.shape()), " -> ", shape_string(full.shape()));
+  if (full.device() != Device::cpu || local.device() != Device::cpu) {  // through host copies
+    const Tensor host_local = local.to(Device::cpu);
+    Tensor host_full = full.to(Device::cpu);
+    copy_shard<true>(shard, host_full.f32(), const_cast<float*>(host_local.f32()));
+    full.copy_from(host_full);
+    return;
+  }
   copy_shard<true>(shard, full.f32(), const_cast<float*>(local.f32()));
 }
 

@@ -57,6 +57,9 @@ struct ParallelConfig {
   // ZeRO stage: 0 (every replica keeps the whole optimizer state) or 1 (each keeps the state of its slice of the
   // flattened parameters: reduce-scatter gradients, update the slice, all-gather parameters).
   int zero = 0;
+  // How a CUDA run's ranks move device buffers: "nccl" (one GPU per rank), "staged" (through pinned host memory and
+  // MPI; ranks may share a GPU) or "auto" (NCCL when this build has it, else staged). CPU runs ignore it.
+  std::string comm = "auto";
 };
 
 // What to record (used by the recording module): schedule and statistic selection.

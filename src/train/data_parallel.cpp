@@ -11,7 +11,16 @@ namespace proplab {
 
 namespace {
 
-float* data_of(Parameter& p, bool gradients) { return gradients ? p.grad.f32() : p.value.f32(); }
+Tensor& data_of(Parameter& p, bool gradients) { return gradients ? p.grad : p.value; }
+
+// Copies `count` elements from flat position `from_offset` of `from` to flat position `to_offset` of `to` (either
+// tensor on either device; both contiguous).
+void copy_flat(const Tensor& to, std::int64_t to_offset, const Tensor& from, std::int64_t from_offset,
+               std::int64_t count) {
+  if (count == 0) return;
+  Tensor target = to.reshape({to.numel()}).slice(0, to_offset, count);
+  target.copy_from(from.reshape({from.numel()}).slice(0, from_offset, count));
+}
 
 // D = sqrt(spread / dp) / sqrt(mean_sq), with 0/0 = 0 (replicas that agree on a zero tensor).
 double relative_distance(double spread, double mean_sq, int replicas) {
@@ -34,6 +43,7 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
                            std::vector<bool> exchanged)
     : config_(config), group_(group), params_(params), exchanged_(std::move(exchanged)) {
   replicas_ = group_ ? group_->size() : 1;
+  if (!params_.all().empty()) device_ = params_.all().front()->value.device();
   if (config.zero == 1 && config.dp_mode != "allreduce")
     throw UserError(
         "parallel.zero = 1 shards the optimizer state of replicas that apply one common update; with "
@@ -52,8 +62,8 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
   const std::int64_t total = offsets_.back();
   if (zero_) {
     chunk_ = (total + replicas_ - 1) / replicas_;
-    flat_.assign(static_cast<std::size_t>(chunk_ * replicas_), 0.0f);
-    slice_.assign(static_cast<std::size_t>(chunk_), 0.0f);
+    flat_ = Tensor::zeros({chunk_ * replicas_}, DType::f32, device_);
+    slice_ = Tensor::zeros({chunk_}, DType::f32, device_);
   }
   if (replicas_ > 1 && !local_ && !zero_ && config.bucket_mb > 0.0) {
     const double bucket_bytes = config.bucket_mb * 1024.0 * 1024.0;
@@ -69,7 +79,7 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
       Bucket bucket;
       bucket.first = first;
       bucket.last = last;
-      bucket.buffer.resize(static_cast<std::size_t>(elements));
+      bucket.buffer = Tensor::zeros({elements}, DType::f32, device_);
       buckets_.push_back(std::move(bucket));
       last = first;
     }
@@ -86,43 +96,43 @@ ParameterShard DataParallel::optimizer_shard() const {
   return {std::min(offsets_.back(), rank * chunk_), std::min(offsets_.back(), (rank + 1) * chunk_)};
 }
 
-void DataParallel::pack(bool gradients, std::int64_t begin, std::int64_t end, float* out) const {
+void DataParallel::pack(bool gradients, std::int64_t begin, std::int64_t end, Tensor& out) const {
   auto& all = params_.all();
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::int64_t from = std::max(begin, offsets_[i]), to = std::min(end, offsets_[i + 1]);
     if (from >= to) continue;
-    std::memcpy(out + (from - begin), data_of(*all[i], gradients) + (from - offsets_[i]),
-                static_cast<std::size_t>(to - from) * sizeof(float));
+    copy_flat(out, from - begin, data_of(*all[i], gradients), from - offsets_[i], to - from);
   }
 }
 
-void DataParallel::unpack(bool gradients, std::int64_t begin, std::int64_t end, const float* in) {
+void DataParallel::unpack(bool gradients, std::int64_t begin, std::int64_t end, const Tensor& in) {
   auto& all = params_.all();
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::int64_t from = std::max(begin, offsets_[i]), to = std::min(end, offsets_[i + 1]);
     if (from >= to) continue;
-    std::memcpy(data_of(*all[i], gradients) + (from - offsets_[i]), in + (from - begin),
-                static_cast<std::size_t>(to - from) * sizeof(float));
+    copy_flat(data_of(*all[i], gradients), from - offsets_[i], in, from - begin, to - from);
   }
 }
 
-void DataParallel::pack_bucket(const Bucket& bucket, float* out) const {
+void DataParallel::pack_bucket(Bucket& bucket) const {
   auto& all = params_.all();
+  std::int64_t at = 0;
   for (std::size_t i = bucket.first; i < bucket.last; ++i) {
     if (!exchanged_[i]) continue;
     const std::int64_t count = all[i]->grad.numel();
-    std::memcpy(out, all[i]->grad.f32(), static_cast<std::size_t>(count) * sizeof(float));
-    out += count;
+    copy_flat(bucket.buffer, at, all[i]->grad, 0, count);
+    at += count;
   }
 }
 
-void DataParallel::unpack_bucket(const Bucket& bucket, const float* in) {
+void DataParallel::unpack_bucket(const Bucket& bucket) {
   auto& all = params_.all();
+  std::int64_t at = 0;
   for (std::size_t i = bucket.first; i < bucket.last; ++i) {
     if (!exchanged_[i]) continue;
     const std::int64_t count = all[i]->grad.numel();
-    std::memcpy(all[i]->grad.f32(), in, static_cast<std::size_t>(count) * sizeof(float));
-    in += count;
+    copy_flat(all[i]->grad, 0, bucket.buffer, at, count);
+    at += count;
   }
 }
 
@@ -131,8 +141,8 @@ GradientListener* DataParallel::listener_for(bool last_micro_batch) {
 }
 
 void DataParallel::start_bucket(Bucket& bucket) {
-  pack_bucket(bucket, bucket.buffer.data());
-  bucket.pending = group_->start_all_reduce(bucket.buffer.data(), static_cast<std::int64_t>(bucket.buffer.size()));
+  pack_bucket(bucket);
+  bucket.pending = group_->start_all_reduce(bucket.buffer.f32(), bucket.buffer.numel());
 }
 
 void DataParallel::gradients_final_from(std::size_t first) {
@@ -151,11 +161,11 @@ void DataParallel::finish_gradients() {
     return;
   }
   if (zero_) {
-    std::fill(flat_.begin() + offsets_.back(), flat_.end(), 0.0f);
-    pack(true, 0, offsets_.back(), flat_.data());
-    group_->reduce_scatter(flat_.data(), slice_.data(), chunk_);
+    // (the padding past N stays zero: only an all-gather of slices, whose padding is zero, writes there)
+    pack(true, 0, offsets_.back(), flat_);
+    group_->reduce_scatter(flat_.f32(), slice_.f32(), chunk_);
     const ParameterShard own = optimizer_shard();
-    unpack(true, own.begin, own.end, slice_.data());
+    unpack(true, own.begin, own.end, slice_);
     return;
   }
   if (buckets_.empty()) {
@@ -167,7 +177,7 @@ void DataParallel::finish_gradients() {
   for (Bucket& bucket : buckets_) {
     bucket.pending->wait();
     bucket.pending.reset();
-    unpack_bucket(bucket, bucket.buffer.data());
+    unpack_bucket(bucket);
   }
   next_bucket_ = 0;
 }
@@ -197,9 +207,9 @@ double DataParallel::clip_gradients(double max_norm, bool full) {
     for (Tensor& piece : pieces) ops::scale(piece, factor);
   }
   if (full) {
-    pack(true, own.begin, own.end, slice_.data());
-    group_->all_gather(slice_.data(), flat_.data(), chunk_);
-    unpack(true, 0, offsets_.back(), flat_.data());
+    pack(true, own.begin, own.end, slice_);
+    group_->all_gather(slice_.f32(), flat_.f32(), chunk_);
+    unpack(true, 0, offsets_.back(), flat_);
   }
   return norm;
 }
@@ -207,6 +217,10 @@ double DataParallel::clip_gradients(double max_norm, bool full) {
 void DataParallel::average_parameters() {
   for (auto& p : params_.all()) {
     group_->all_reduce(p->value.f32(), p->value.numel());
+    if (device_ != Device::cpu) {  // (a multiply by 1/dp: exact for dp a power of two, as the host's divide)
+      ops::scale(p->value, 1.0f / static_cast<float>(replicas_));
+      continue;
+    }
     float* v = p->value.f32();
     for (std::int64_t i = 0; i < p->value.numel(); ++i) v[i] /= static_cast<float>(replicas_);
   }
@@ -216,29 +230,43 @@ void DataParallel::mix_parameters() {
   const std::int64_t n = offsets_.back();
   const int rank = group_->rank();
   const int left = (rank + replicas_ - 1) % replicas_, right = (rank + 1) % replicas_;
-  flat_.resize(static_cast<std::size_t>(3 * n));
-  float* mine = flat_.data();
-  float* from_left = mine + n;
-  float* from_right = from_left + n;
-  pack(false, 0, n, mine);
-  if (replicas_ == 2) {
-    // W = [[1/2, 1/2], [1/2, 1/2]]: both replicas compute the same sum a + b, so they end bitwise equal.
-    group_->send_receive(mine, right, from_left, left, n, 1);
-    for (std::int64_t i = 0; i < n; ++i) mine[i] = (mine[i] + from_left[i]) * 0.5f;
+  if (mix_.numel() != 3 * n) mix_ = Tensor::zeros({3 * n}, DType::f32, device_);
+  Tensor own = mix_.slice(0, 0, n), left_part = mix_.slice(0, n, n), right_part = mix_.slice(0, 2 * n, n);
+  pack(false, 0, n, own);
+  group_->send_receive(own.f32(), right, left_part.f32(), left, n, 1);
+  if (replicas_ > 2) group_->send_receive(own.f32(), left, right_part.f32(), right, n, 2);
+  if (device_ != Device::cpu) {
+    // The host's sums in the host's order; then a multiply by 1/2 or 1/3.
+    if (replicas_ == 2) {
+      ops::axpy(1.0f, left_part, own);
+      ops::scale(own, 0.5f);
+    } else {
+      ops::axpy(1.0f, own, left_part);
+      ops::axpy(1.0f, right_part, left_part);
+      ops::scale(left_part, 1.0f / 3.0f);
+      own.copy_from(left_part);
+    }
   } else {
-    group_->send_receive(mine, right, from_left, left, n, 1);
-    group_->send_receive(mine, left, from_right, right, n, 2);
-    for (std::int64_t i = 0; i < n; ++i) mine[i] = (from_left[i] + mine[i] + from_right[i]) / 3.0f;
+    float* mine = own.f32();
+    const float* from_left = left_part.f32();
+    const float* from_right = right_part.f32();
+    if (replicas_ == 2) {
+      // W = [[1/2, 1/2], [1/2, 1/2]]: both replicas compute the same sum a + b, so they end bitwise equal.
+      for (std::int64_t i = 0; i < n; ++i) mine[i] = (mine[i] + from_left[i]) * 0.5f;
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) mine[i] = (from_left[i] + mine[i] + from_right[i]) / 3.0f;
+    }
   }
-  unpack(false, 0, n, mine);
+  unpack(false, 0, n, own);
 }
 
 void DataParallel::measure_disagreement(std::vector<double>& out) {
   // Deviations from rank 0's parameters, in double: exactly 0 while the replicas are identical, and the spread
   // Σ_r ‖θ_r − θ̄‖² is the same about any reference.
   const std::int64_t n = offsets_.back();
-  std::vector<float> reference(static_cast<std::size_t>(n));
-  pack(false, 0, n, reference.data());
+  Tensor values = Tensor::empty({n});  // on the host
+  pack(false, 0, n, values);
+  std::vector<float> reference(values.f32(), values.f32() + n);
   std::vector<double> deviation(reference.size());
   {
     std::vector<float> mine = reference;
@@ -282,10 +310,10 @@ void DataParallel::update(Optimizer& optimizer, double lr, std::int64_t step, st
       for (std::size_t i = 0; i < norms->size(); ++i) (*norms)[i] = {sums[2 * i], sums[2 * i + 1]};
     }
     const ParameterShard own = optimizer_shard();
-    std::fill(slice_.begin(), slice_.end(), 0.0f);
-    pack(false, own.begin, own.end, slice_.data());
-    group_->all_gather(slice_.data(), flat_.data(), chunk_);
-    unpack(false, 0, offsets_.back(), flat_.data());
+    ops::zero(slice_);
+    pack(false, own.begin, own.end, slice_);
+    group_->all_gather(slice_.f32(), flat_.f32(), chunk_);
+    unpack(false, 0, offsets_.back(), flat_);
   }
   const bool mixes =
       config_.dp_mode == "gossip" || (config_.dp_mode == "local_sgd" && (step + 1) % config_.sync_every == 0);
@@ -349,17 +377,15 @@ std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_sav
   for (std::size_t i = 0; i < all.size(); ++i)
     for (std::size_t k = 0; k < kinds; ++k) full.push_back(Tensor::zeros(all[i]->value.shape()));
   for (std::size_t k = 0; k < kinds; ++k) {
-    std::fill(slice_.begin(), slice_.end(), 0.0f);
+    ops::zero(slice_);
     for (std::size_t i = 0; i < all.size(); ++i) {
       const Optimizer::Piece& piece = optimizer.pieces()[i];
       if (piece.length == 0) continue;
-      std::memcpy(slice_.data() + (offsets_[i] + piece.offset - own.begin), state[i * kinds + k].second->f32(),
-                  static_cast<std::size_t>(piece.length) * sizeof(float));
+      copy_flat(slice_, offsets_[i] + piece.offset - own.begin, *state[i * kinds + k].second, 0, piece.length);
     }
-    group_->all_gather(slice_.data(), flat_.data(), chunk_);
+    group_->all_gather(slice_.f32(), flat_.f32(), chunk_);
     for (std::size_t i = 0; i < all.size(); ++i)
-      std::memcpy(full[i * kinds + k].f32(), flat_.data() + offsets_[i],
-                  static_cast<std::size_t>(all[i]->value.numel()) * sizeof(float));
+      copy_flat(full[i * kinds + k], 0, flat_, offsets_[i], all[i]->value.numel());
   }
   std::vector<std::pair<std::string, Tensor>> out;
   for (std::size_t e = 0; e < state.size(); ++e) out.emplace_back(state[e].first, full[e]);
@@ -385,8 +411,7 @@ void DataParallel::after_optimizer_load(Optimizer& optimizer,
   for (std::size_t e = 0; e < state.size(); ++e) {
     const Optimizer::Piece& piece = optimizer.pieces()[e / kinds];
     if (piece.length == 0) continue;
-    std::memcpy(state[e].second->f32(), loaded[e].second.f32() + piece.offset,
-                static_cast<std::size_t>(piece.length) * sizeof(float));
+    copy_flat(*state[e].second, 0, loaded[e].second, piece.offset, piece.length);
   }
 }
 

@@ -20,6 +20,10 @@
 // with θ̄ the replicas' mean (0 when both are 0), and the same over all parameters together; measured after the
 // step (mixing or averaging included) and before its mixing or averaging. Exactly 0 while replicas are identical.
 //
+// Device: the buffers live where the parameters do (on a GPU in a CUDA run, exchanged through the group's device
+// transport: NCCL, or staged through host memory; dist/cuda_communicator.h). The disagreement is computed in double
+// on the host from a copy of the parameters (recorded steps only).
+//
 // Every function here is collective over the data-parallel group: every replica calls it in the same order.
 #pragma once
 
@@ -88,16 +92,17 @@ class DataParallel final : public GradientListener {
  private:
   struct Bucket {
     std::size_t first = 0, last = 0;  // parameters [first, last)
-    std::vector<float> buffer;
+    Tensor buffer;                    // on the parameters' device
     std::unique_ptr<dist::PendingCollective> pending;
   };
   void start_bucket(Bucket& bucket);
-  // Flat copies between the parameters (values or gradients) and a buffer covering flat range [begin, end).
-  void pack(bool gradients, std::int64_t begin, std::int64_t end, float* out) const;
-  void unpack(bool gradients, std::int64_t begin, std::int64_t end, const float* in);
+  // Flat copies between the parameters (values or gradients) and a buffer covering flat range [begin, end) (any
+  // device on either side).
+  void pack(bool gradients, std::int64_t begin, std::int64_t end, Tensor& out) const;
+  void unpack(bool gradients, std::int64_t begin, std::int64_t end, const Tensor& in);
   // A bucket's buffer: the exchanged gradients of its parameters, back to back.
-  void pack_bucket(const Bucket& bucket, float* out) const;
-  void unpack_bucket(const Bucket& bucket, const float* in);
+  void pack_bucket(Bucket& bucket) const;
+  void unpack_bucket(const Bucket& bucket);
   void average_parameters();
   void mix_parameters();
   void measure_disagreement(std::vector<double>& out);
@@ -113,7 +118,9 @@ class DataParallel final : public GradientListener {
   std::int64_t chunk_ = 0;             // zero: elements per replica's slice (N padded to dp·chunk)
   std::vector<Bucket> buckets_;        // in start order (last parameters first)
   std::size_t next_bucket_ = 0;
-  std::vector<float> flat_, slice_;     // zero: dp·chunk and chunk; gossip: scratch
+  Device device_ = Device::cpu;         // where the parameters and every buffer below live
+  Tensor flat_, slice_;                 // zero: dp·chunk and chunk
+  Tensor mix_;                          // gossip: 3·N (own, from the left, from the right)
   std::vector<double> after_, before_;  // disagreement per parameter, then the total
   SeriesId steps_series_, after_series_, after_total_series_, before_series_, before_total_series_;
 };

@@ -90,10 +90,13 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
   model_.set_stage(first_block_, last_block_, slots_);
   chunk_rows_ = spec.train.batch / grad_accum_ / replicas_ / chunks_per_micro_;
   const std::int64_t t = spec.model.transformer().seq_len, d = spec.model.transformer().width;
+  // Micro-batch pieces and the buffers activations and gradients arrive in live on the model's device.
+  const Device device = model_.params().all().front()->value.device();
   for (int c = 0; c < microbatches_; ++c)
-    chunks_.push_back({Tensor::empty({chunk_rows_, t}, DType::i32), Tensor::empty({chunk_rows_, t}, DType::i32)});
-  for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}));
-  received_gradient_ = Tensor::empty({chunk_rows_ * t, d});
+    chunks_.push_back(
+        {Tensor::empty({chunk_rows_, t}, DType::i32, device), Tensor::empty({chunk_rows_, t}, DType::i32, device)});
+  for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}, DType::f32, device));
+  received_gradient_ = Tensor::empty({chunk_rows_ * t, d}, DType::f32, device);
   const bool last = stage_ == stage_count_ - 1;
   for (auto& p : model_.params().all()) {
     const int owner = owner_of(p->name);
@@ -173,7 +176,7 @@ double PipelineStage::finish_backward(double loss, Recorder* recorder) {
     // Both ends add the other's gradient (a + b = b + a: the two copies stay bitwise equal). The first stage
     // sends first and the last receives first, so the exchange cannot deadlock.
     Tensor& grad = model_.params().find("embed.token.weight")->grad;
-    Tensor theirs = Tensor::empty(grad.shape());
+    Tensor theirs = Tensor::empty(grad.shape(), DType::f32, grad.device());
     if (stage_ == 0) {
       stages_.send(grad.f32(), grad.numel(), last, 0);
       stages_.receive(theirs.f32(), theirs.numel(), last, 0);

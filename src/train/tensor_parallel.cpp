@@ -13,15 +13,18 @@ TensorParallelSink::TensorParallelSink(ProbeSink& recorder, const std::vector<Pr
 
 const Tensor& TensorParallelSink::whole(int probe, const Tensor& x) {
   if (!probes_[static_cast<std::size_t>(probe)].split_features) return x;
-  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32 && x.device() == Device::cpu,
-                "a split probe tensor must be contiguous f32 on the CPU");
+  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32, "a split probe tensor must be contiguous f32");
   const std::int64_t ranks = group_.size(), features = x.dim(-1), rows = x.numel() / features;
-  gathered_ = Tensor::empty({ranks * rows * features});
+  // Gathered where the pieces are (a GPU's over its device transport), then reordered on the host: rank 0 measures
+  // the whole tensor there (recorded steps only).
+  if (gathered_.numel() != ranks * rows * features || gathered_.device() != x.device())
+    gathered_ = Tensor::empty({ranks * rows * features}, DType::f32, x.device());
   group_.all_gather(x.f32(), gathered_.f32(), x.numel());
   if (group_.rank() != 0) return x;
+  const Tensor gathered = gathered_.device() == Device::cpu ? gathered_ : gathered_.to(Device::cpu);
   // Block k of the gather is rank k's [rows, F/tp]: it becomes columns [k·F/tp, (k+1)·F/tp) of every row.
   whole_ = Tensor::empty({rows, ranks * features});
-  const float* in = gathered_.f32();
+  const float* in = gathered.f32();
   float* out = whole_.f32();
 #pragma omp parallel for schedule(static) if (rows * features * ranks > (1 << 16))
   for (std::int64_t r = 0; r < rows; ++r)
@@ -122,8 +125,10 @@ std::map<std::string, Tensor> gather_full_tensors(dist::Communicator& group, con
     }
     PROPLAB_CHECK(p->shard.parts == group.size(), key, " is split into ", p->shard.parts, " pieces over ", group.size(),
                   " ranks");
+    // (on the host: checkpoints hold host tensors, and this runs only when one is written)
+    const Tensor piece_here = tensor.device() == Device::cpu ? tensor : tensor.to(Device::cpu);
     Tensor gathered = Tensor::empty({group.size() * tensor.numel()});
-    group.all_gather(tensor.f32(), gathered.f32(), tensor.numel());
+    group.all_gather(piece_here.f32(), gathered.f32(), tensor.numel());
     Tensor whole = Tensor::empty(p->shard.full_shape);
     ParamShard piece = p->shard;
     for (int k = 0; k < group.size(); ++k) {

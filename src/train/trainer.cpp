@@ -144,10 +144,6 @@ Device resolve_device_type(const RunSpec& spec) {
       throw UserError(
           "device.type = \"cuda\": the scalar biases of scaling.rule = \"fixup\" do not train on CUDA in this "
           "version; allowed with fixup: \"cpu\" or \"auto\"");
-    if (spec.parallel.dp * spec.parallel.tp * spec.parallel.pp > 1)
-      throw UserError(
-          "device.type = \"cuda\": one GPU per run in this version, so parallel.dp, parallel.tp and parallel.pp "
-          "must be 1 on CUDA; allowed with several processes: \"cpu\" or \"auto\"");
     if (!cuda_available())
       throw UserError(
           "device.type = \"cuda\": no CUDA GPU is present on this machine (the driver reports none); allowed "
@@ -155,6 +151,8 @@ Device resolve_device_type(const RunSpec& spec) {
     return Device::cuda;
   }
   // auto: the GPU when there is one and the run can use it (one process; not Fixup's scalar biases), else the CPU.
+  // A parallel layout computes on GPUs only when it asks for them (device.type = "cuda"), so that the same
+  // mpirun line means the same thing on a machine with a GPU and on one without.
   const bool fits = !(spec.model.kind() == ModelKind::resnet && spec.scaling.rule == "fixup") &&
                     spec.parallel.dp * spec.parallel.tp * spec.parallel.pp == 1;
   return built && fits && cuda_available() ? Device::cuda : Device::cpu;
@@ -388,6 +386,7 @@ void TrainingRun::open_run_file() {
   header.device = device_description(device_);
   header.threads = threads();
   header.layout = layout_text(spec_.parallel);
+  if (!options_.device_comm.empty()) header.layout += " comm=" + options_.device_comm;
   header.precision = matmul_precision_name(run_precision(spec_));
   // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
   // and read while the new one is written.

@@ -61,6 +61,10 @@ struct RunOptions {
   // Every rank of the layout, null for one process: the ranks agree over it on when to stop and on rank 0's
   // verdict about non-finite statistics.
   dist::Communicator* world = nullptr;
+  // A CUDA run with several ranks: how its device buffers travel ("nccl" or "staged", dist/cuda_communicator.h;
+  // the communicators above then carry host and device buffers). Empty otherwise. Written into the run file's
+  // layout attribute.
+  std::string device_comm;
   std::string proplab_version = "0.1.0";
   // The command that ran this study without --resume or --force ("proplab run STUDY --out DIR ..."), for the
   // message that says how to continue after an I/O failure; empty: the message names the flag only.

@@ -76,8 +76,8 @@ def run(cmd, env, allowed=()):
     return result.stdout
 
 
-def close(a, b, scale):
-    return np.all(np.abs(a - b) <= TOL * scale)
+def close(a, b, scale, tol=TOL):
+    return np.all(np.abs(a - b) <= tol * scale)
 
 
 def compare_losses(single, parallel, label, failures, dataset="train/loss", what="loss"):
@@ -88,9 +88,10 @@ def compare_losses(single, parallel, label, failures, dataset="train/loss", what
             failures.append("%s: %s %s vs %s" % (label, what, a, b))
 
 
-def compare_runs(single, parallel, label, failures, skip_params=()):
-    """Two run files: the status, the loss, every forward/backward statistic (mean within 1e-5 of the probe's rms,
-    corr within 1e-5 of 1, the rest relative) and the parameter statistics."""
+def compare_runs(single, parallel, label, failures, skip_params=(), stat_tol=TOL):
+    """Two run files: the status, the loss (within 1e-5 relative), every forward/backward statistic (mean within
+    stat_tol of the probe's rms, corr within stat_tol of 1, the rest relative; stat_tol 1e-5 unless given) and the
+    parameter statistics (stat_tol relative)."""
     with h5py.File(single, "r") as s, h5py.File(parallel, "r") as p:
         if p.attrs["status"].decode() != "completed":
             failures.append("%s: status %s" % (label, p.attrs["status"].decode()))
@@ -108,7 +109,7 @@ def compare_runs(single, parallel, label, failures, skip_params=()):
                 else:
                     scale = np.abs(a)
                 both_nan = np.isnan(a) & np.isnan(b)
-                ok = both_nan | (np.abs(a - b) <= TOL * scale + 1e-30)
+                ok = both_nan | (np.abs(a - b) <= stat_tol * scale + 1e-30)
                 if not np.all(ok):
                     where = np.argwhere(~ok)[0]
                     failures.append("%s: /%s/%s[%d, %d] %r vs %r" % (label, direction, stat, where[0], where[1],
@@ -117,7 +118,7 @@ def compare_runs(single, parallel, label, failures, skip_params=()):
             if stat == "name" or stat in skip_params:
                 continue
             a, b = s["params"][stat][()], p["params"][stat][()]
-            if not close(a, b, np.abs(a) + 1e-12):
+            if not close(a, b, np.abs(a) + 1e-12, stat_tol):
                 failures.append("%s: /params/%s differs (max rel %g)" % (label, stat,
                                                                          np.max(np.abs(a - b) / (np.abs(a) + 1e-12))))
 
