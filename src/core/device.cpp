@@ -72,6 +72,7 @@ std::size_t device_block_size(std::size_t bytes) {
 namespace {
 
 int g_ordinal = 0;
+std::atomic<bool> g_stream_made{false};  // the compute stream exists (on g_ordinal's device)
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess)
@@ -208,6 +209,8 @@ void set_cuda_ordinal(int ordinal) {
   if (ordinal < 0 || ordinal >= count)
     throw UserError("GPU " + std::to_string(ordinal) + " does not exist (this machine has " + std::to_string(count) +
                     ")");
+  PROPLAB_CHECK(!g_stream_made.load() || ordinal == g_ordinal, "set_cuda_ordinal(", ordinal,
+                ") after the compute stream was made on GPU ", g_ordinal, ": a rank chooses its GPU first");
   g_ordinal = ordinal;
   check(cudaSetDevice(ordinal), "cudaSetDevice");
 }
@@ -218,6 +221,7 @@ void* cuda_stream() {
     check(cudaSetDevice(g_ordinal), "cudaSetDevice");
     cudaStream_t s = nullptr;
     check(cudaStreamCreate(&s), "cudaStreamCreate");
+    g_stream_made.store(true);
     return s;
   }();
   return stream;
