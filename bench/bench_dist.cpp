@@ -12,7 +12,12 @@
 // evaluation and the final checkpoint cancel out. Bytes are the payload every communicator of the layout (data,
 // tensor, pipeline groups) counted, on rank 0 and summed over all ranks. ms/step is the median over the longer
 // run's unrecorded steps (rank 0's run file). With --reference-ms T1 (the one-process ms/step at one thread) it
-// also prints the parallel efficiency T1 / (ranks · T).
+// also prints the parallel efficiency T1 / (ranks · T). Every layout also reports the gradient exchange's exposed
+// time: host seconds per step spent completing it after backward (allreduce mode). With --overlap the longer run is
+// repeated with every bucket started after backward instead of during it (the same buckets, the same sums), and the
+// measured overlap is 1 − exposed(during) / exposed(after): the fraction of the exchange that backward hid.
+//
+// CUDA ranks: --set device.type=cuda (and parallel.comm=nccl|staged) under mpirun, as `proplab run` does.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -24,7 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "dist/communicator.h"
+#include "dist/cuda_communicator.h"
 #include "io/run_reader.h"
 #include "models/model.h"
 #include "study/run_spec.h"
@@ -118,10 +125,13 @@ int main(int argc, char** argv) {
   double reference_ms = 0.0;
   std::vector<std::string> settings;
   std::string out = "bench_dist_runs";
+  bool overlap = false;
   app.add_option("--steps", steps, "steps of the longer run (the shorter has a third)")->check(CLI::Range(6, 100000));
   app.add_option("--threads", threads, "threads per process (0: all cores)");
   app.add_option("--set", settings, "study overrides, e.g. parallel.dp=2");
   app.add_option("--out", out, "folder for the run files");
+  app.add_flag("--overlap", overlap,
+               "repeat the longer run with every bucket started after backward: prints the measured overlap");
   app.add_option("--reference-ms", reference_ms,
                  "one-process ms/step at one thread: prints the efficiency T1 / (ranks * ms/step)")
       ->check(CLI::PositiveNumber);
@@ -136,7 +146,13 @@ int main(int argc, char** argv) {
     // The communicators whose bytes count (each once; the world carries the stop flag).
     std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
-      groups.emplace(dist::make_process_groups(dist::make_mpi_world(base.parallel.timeout_s),
+      std::unique_ptr<dist::Communicator> world = dist::make_mpi_world(base.parallel.timeout_s);
+      if (world->size() > 1 && run_device(to_run_spec(base)) == Device::cuda) {  // as `proplab run` does
+        dist::CudaRanks chosen;
+        world = dist::make_cuda_world(std::move(world), base.parallel.comm, base.parallel.timeout_s, &chosen);
+        options.device_comm = dist::device_transport_name(chosen.transport);
+      }
+      groups.emplace(dist::make_process_groups(std::move(world),
                                                dist::Layout{base.parallel.dp, base.parallel.tp, base.parallel.pp}));
       use_process_groups(options, *groups);
       counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
@@ -156,22 +172,26 @@ int main(int argc, char** argv) {
     };
     double counted[2][dist::kTrafficKinds] = {};
     const std::int64_t lengths[2] = {steps / 3, steps};
-    std::vector<double> seconds;
-    for (int run = 0; run < 2; ++run) {
+    std::vector<double> seconds, serial_seconds;
+    double exposed[2] = {0.0, 0.0};  // exchange seconds per step: buckets during backward, then after it
+    for (int run = 0; run < (overlap ? 3 : 2); ++run) {
+      options.overlap_buckets = run < 2;
       std::vector<std::string> run_overrides = overrides;
-      run_overrides.push_back("train.steps=" + std::to_string(lengths[run]));
+      run_overrides.push_back("train.steps=" + std::to_string(lengths[std::min(run, 1)]));
       const Study study = parse_study(kStudy, "bench_dist", ".", run_overrides);
       std::int64_t before[dist::kTrafficKinds] = {};
       for (int k = 0; k < dist::kTrafficKinds; ++k) before[k] = bytes_now(static_cast<dist::Traffic>(k));
       const RunSummary summary = run_training(to_run_spec(study), options);
       if (summary.status != RunStatus::completed) throw UserError("bench_dist: the run ended " + summary.detail);
-      for (int k = 0; k < dist::kTrafficKinds; ++k)
-        counted[run][k] = static_cast<double>(bytes_now(static_cast<dist::Traffic>(k)) - before[k]);
-      if (root && run == 1) {
+      if (run < 2)
+        for (int k = 0; k < dist::kTrafficKinds; ++k)
+          counted[run][k] = static_cast<double>(bytes_now(static_cast<dist::Traffic>(k)) - before[k]);
+      if (run >= 1) exposed[run - 1] = summary.gradient_exchange_s / static_cast<double>(steps);
+      if (root && run >= 1) {
         const RunReader reader = RunReader::open(summary.run_file);
         const TrainCurves train = reader.read_train();
         for (std::size_t i = 2; i + 1 < train.size(); ++i)  // unrecorded steps (0 and the last are recorded)
-          seconds.push_back(train.wall_time[i] - train.wall_time[i - 1]);
+          (run == 1 ? seconds : serial_seconds).push_back(train.wall_time[i] - train.wall_time[i - 1]);
       }
     }
     const double counted_steps = static_cast<double>(steps - steps / 3);
@@ -188,6 +208,17 @@ int main(int argc, char** argv) {
         layout.dp, layout.tp, layout.pp, layout.microbatches, layout.dp_mode.c_str(), layout.zero, layout.bucket_mb,
         threads);
     std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), ms);
+    if (layout.dp > 1 && layout.dp_mode == "allreduce") {
+      std::printf("  exchange after backward: %.2f ms/step (rank 0; buckets started during backward)\n",
+                  1e3 * exposed[0]);
+      if (overlap) {
+        std::printf("  exchange after backward: %.2f ms/step with every bucket started after backward (%.1f ms/step)\n",
+                    1e3 * exposed[1], 1e3 * median(serial_seconds));
+        if (exposed[1] > 0.0)
+          std::printf("  overlap         %.2f = 1 - %.2f / %.2f (the share of the exchange backward hid)\n",
+                      1.0 - exposed[0] / exposed[1], 1e3 * exposed[0], 1e3 * exposed[1]);
+      }
+    }
     double total = 0.0, total_all = 0.0;
     for (int k = 0; k < dist::kTrafficKinds; ++k) {
       total += per_step[k];

@@ -1,10 +1,12 @@
 #include "train/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <utility>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace proplab {
@@ -137,7 +139,7 @@ void DataParallel::unpack_bucket(const Bucket& bucket) {
 }
 
 GradientListener* DataParallel::listener_for(bool last_micro_batch) {
-  return last_micro_batch && !buckets_.empty() ? this : nullptr;
+  return last_micro_batch && overlap_ && !buckets_.empty() ? this : nullptr;
 }
 
 void DataParallel::start_bucket(Bucket& bucket) {
@@ -154,6 +156,14 @@ void DataParallel::gradients_final_from(std::size_t first) {
 
 void DataParallel::finish_gradients() {
   if (replicas_ == 1) return;
+  // (on a GPU the host first waits for backward's kernels, so the time below is the exchange's alone)
+  if (device_ != Device::cpu) cuda_synchronize("the end of backward");
+  const auto begin = std::chrono::steady_clock::now();
+  struct Timed {  // adds the time spent here, however the function returns
+    double& total;
+    std::chrono::steady_clock::time_point begin;
+    ~Timed() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count(); }
+  } timed{exchange_seconds_, begin};
   auto& all = params_.all();
   if (local_) {
     // The replica's own mean gradient: its share times dp (probes keep the single-process scale).

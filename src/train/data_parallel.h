@@ -59,8 +59,12 @@ class DataParallel final : public GradientListener {
   ParameterShard optimizer_shard() const;
 
   // The listener for one micro-batch's backward: only the step's last micro-batch makes gradients final. Null
-  // when nothing is overlapped (one process, unbucketed, local modes, zero).
+  // when nothing is overlapped (one process, unbucketed, local modes, zero, or set_overlap(false)).
   GradientListener* listener_for(bool last_micro_batch);
+  // false: buckets start after backward (in finish_gradients), not during it; the sums are the same.
+  void set_overlap(bool overlap) { overlap_ = overlap; }
+  // Host seconds spent in finish_gradients so far: the exchange that backward did not hide.
+  double exchange_seconds() const { return exchange_seconds_; }
   // After the step's backward passes: completes the gradient exchange (the sum of the shares, its reduce-scatter
   // with zero = 1, or — local modes — the replica's own mean gradient: its share times dp).
   void finish_gradients();
@@ -118,6 +122,8 @@ class DataParallel final : public GradientListener {
   std::int64_t chunk_ = 0;             // zero: elements per replica's slice (N padded to dp·chunk)
   std::vector<Bucket> buckets_;        // in start order (last parameters first)
   std::size_t next_bucket_ = 0;
+  bool overlap_ = true;
+  double exchange_seconds_ = 0.0;
   Device device_ = Device::cpu;         // where the parameters and every buffer below live
   Tensor flat_, slice_;                 // zero: dp·chunk and chunk
   Tensor mix_;                          // gossip: 3·N (own, from the left, from the right)

@@ -338,6 +338,7 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
   // (a stage's replicas exchange only the gradients it updates)
   data_parallel_.emplace(spec.parallel, layout_.group, model_->params(),
                          pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{});
+  data_parallel_->set_overlap(options.overlap_buckets);
   optimizer_.emplace(tc_, model_->params(), data_parallel_->optimizer_shard());
   recorder_.emplace(spec.record, model_->probes(), model_->params(), tc_.steps);
   recorder_->set_tensor_parallel(layout_.tensor);
@@ -644,6 +645,7 @@ void TrainingRun::train() {
 
 RunSummary TrainingRun::finish() {
   summary_.steps_done = step_;
+  summary_.gradient_exchange_s = data_parallel_->exchange_seconds();
   if (options_.world && !summary_.collective_timeout) {
     // Rank 0's write failures in the last step reach the others here (earlier ones stopped the loop).
     double failed = io_failure_ ? 1.0 : 0.0;

@@ -65,6 +65,9 @@ struct RunOptions {
   // the communicators above then carry host and device buffers). Empty otherwise. Written into the run file's
   // layout attribute.
   std::string device_comm;
+  // Data parallel (allreduce, bucket_mb > 0): false starts every bucket after backward instead of during it, the
+  // same buckets without overlap (for bench_dist's overlap measurement; runs give the same results either way).
+  bool overlap_buckets = true;
   std::string proplab_version = "0.1.0";
   // The command that ran this study without --resume or --force ("proplab run STUDY --out DIR ..."), for the
   // message that says how to continue after an I/O failure; empty: the message names the flag only.
@@ -93,6 +96,9 @@ struct RunSummary {
   // The GPU ran out of memory during a step: status failed, detail names the allocation, its size and the free
   // memory; the records so far are in the run file and no checkpoint was taken after the last good one.
   bool out_of_memory = false;
+  // Data parallel (allreduce): the host seconds spent completing the gradient exchange after backward, summed over
+  // the run's steps — the part of the exchange backward did not hide (bench_dist's overlap measurement).
+  double gradient_exchange_s = 0.0;
 };
 
 // Where the study's run computes: device.type "cpu", "cuda" (a UserError naming the key when this build has no
