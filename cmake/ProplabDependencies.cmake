@@ -48,7 +48,7 @@ target_compile_definitions(proplab_hdf5 INTERFACE ${HDF5_DEFINITIONS})
 
 # CUDA: AUTO builds kernels/ whenever nvcc is found; ON requires it; OFF never looks. EMULATE builds kernels/ as host
 # C++ against an emulated GPU (kernels/emulation: fake cudart and cuBLASLt, fibers for the threads of a block): it
-# needs only the CUDA headers, and PROPLAB_HAVE_CUDA holds for the rest of the build, except NCCL.
+# needs only the CUDA headers, and PROPLAB_HAVE_CUDA holds for the rest of the build (NCCL is emulated too, below).
 # PROPLAB_CUDART names what links the CUDA runtime: CUDA::cudart, or proplab_cuda_emu when emulated.
 set(PROPLAB_HAVE_CUDA OFF)
 set(PROPLAB_CUDA_EMULATED OFF)
@@ -88,13 +88,21 @@ else()
   message(STATUS "proplab: CUDA backend ${PROPLAB_HAVE_CUDA}")
 endif()
 message(STATUS "proplab: MPI backend ${MPI_C_FOUND}")
-# NCCL (the dist module's GPU backend) ships with the CUDA toolkit here; built when CUDA is (never emulated).
+# NCCL (the dist module's GPU backend) ships with the CUDA toolkit here; built when CUDA is. On the emulated GPU it
+# is emulated over MPI (kernels/emulation/nccl.cpp, against the real nccl.h): built when MPI is found, and then
+# PROPLAB_NCCL_LIBRARY names the emulation (proplab_nccl_emu) in place of libnccl.
 set(PROPLAB_HAVE_NCCL OFF)
 if(PROPLAB_HAVE_CUDA AND NOT PROPLAB_CUDA_EMULATED)
   find_library(PROPLAB_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
   find_path(PROPLAB_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
   if(PROPLAB_NCCL_LIBRARY AND PROPLAB_NCCL_INCLUDE)
     set(PROPLAB_HAVE_NCCL ON)
+  endif()
+elseif(PROPLAB_CUDA_EMULATED AND MPI_C_FOUND)
+  find_path(PROPLAB_NCCL_INCLUDE nccl.h HINTS ${PROPLAB_CUDA_INCLUDE} /usr/local/cuda/include /usr/include)
+  if(PROPLAB_NCCL_INCLUDE)
+    set(PROPLAB_HAVE_NCCL ON)
+    set(PROPLAB_NCCL_LIBRARY proplab_nccl_emu)
   endif()
 endif()
 message(STATUS "proplab: NCCL backend ${PROPLAB_HAVE_NCCL}")

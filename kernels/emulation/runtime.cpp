@@ -1,12 +1,19 @@
-// kernels/emulation/runtime.cpp: the CUDA runtime functions proplab calls, for the emulated GPU (one device, its
-// memory on the host). Declared by the real <cuda_runtime_api.h> (C linkage), so nothing else changes.
+// kernels/emulation/runtime.cpp: the CUDA runtime functions proplab calls, for the emulated GPU (one device by
+// default, its memory on the host). Declared by the real <cuda_runtime_api.h> (C linkage), so nothing else changes.
 //
 // Invariants:
-// - Device 0 is "proplab CUDA emulator", compute capability 9.0. Its memory is host memory (256-byte aligned);
-//   the total is PROPLAB_EMU_MEMORY_MB MiB (default 8192), and an allocation beyond what is free fails with
-//   cudaErrorMemoryAllocation as on a full GPU.
+// - There are PROPLAB_EMU_DEVICES devices (default 1), each "proplab CUDA emulator", compute capability 9.0; the
+//   current device is per host thread (cudaSetDevice, as in the CUDA runtime), device 0 at first. Their memory is
+//   one pool of host memory (256-byte aligned) that every device shares and reports as its own: the total is
+//   PROPLAB_EMU_MEMORY_MB MiB (default 8192), and an allocation beyond what is free fails with
+//   cudaErrorMemoryAllocation as on a full GPU. Each allocation remembers the device current when it was made
+//   (cudaPointerGetAttributes reports it). Several emulated GPUs on one node are several processes (mpirun -np 4
+//   with PROPLAB_EMU_DEVICES=4), each with its own emulator.
+// - Pinned host memory (cudaHostAlloc, cudaMallocHost) is ordinary host memory that is tracked, so that
+//   cudaPointerGetAttributes can tell it from unregistered host memory; it does not count against the device pool.
 // - Every operation completes before it returns (kernels included, kernels/emulation/emu.cpp): streams and events
-//   are tokens, synchronisation is a no-op, cudaStreamQuery always answers cudaSuccess.
+//   are tokens, synchronisation is a no-op, cudaStreamQuery always answers cudaSuccess, and cudaEventElapsedTime
+//   reports 0 ms (the emulator knows nothing about GPU time). Every stream has priority 0, the only one there is.
 // - Copies and fills check their device side: each device range must lie inside one live allocation, and for
 //   host-to-device / device-to-host copies the host side must not; a violation prints what it was and fails with
 //   cudaErrorInvalidValue (a GPU would fault or corrupt memory).
@@ -26,7 +33,26 @@ namespace proplab::emu::detail {
 namespace {
 
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local int current_device = 0;
 constexpr std::size_t kAlignment = 256;
+constexpr int kMaxDevices = 64;
+
+// PROPLAB_EMU_DEVICES, read once: 1 when unset; a value outside 1..kMaxDevices is reported and taken as 1.
+int device_count() {
+  static const int count = [] {
+    const char* text = std::getenv("PROPLAB_EMU_DEVICES");
+    if (text == nullptr || *text == '\0') return 1;
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 1 || value > kMaxDevices) {
+      std::fprintf(stderr, "proplab CUDA emulator: PROPLAB_EMU_DEVICES=%s is not a device count in 1..%d; using 1\n",
+                   text, kMaxDevices);
+      return 1;
+    }
+    return static_cast<int>(value);
+  }();
+  return count;
+}
 
 cudaError_t fail(cudaError_t error) {
   last_error = error;
@@ -42,6 +68,12 @@ class Memory {
     total_ = megabytes << 20;
   }
 
+  // What an address lies in.
+  struct Found {
+    cudaMemoryType type = cudaMemoryTypeUnregistered;
+    int device = 0;
+  };
+
   cudaError_t allocate(void** pointer, std::size_t bytes) {
     if (pointer == nullptr) return fail(cudaErrorInvalidValue);
     *pointer = nullptr;
@@ -50,10 +82,46 @@ class Memory {
     if (bytes > total_ - used_) return fail(cudaErrorMemoryAllocation);
     void* memory = ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
     if (memory == nullptr) return fail(cudaErrorMemoryAllocation);
-    blocks_.emplace(reinterpret_cast<std::uintptr_t>(memory), bytes);
+    blocks_.emplace(reinterpret_cast<std::uintptr_t>(memory), Block{bytes, current_device});
     used_ += bytes;
     *pointer = memory;
     return cudaSuccess;
+  }
+
+  // Pinned host memory: tracked, not counted against the device pool.
+  cudaError_t allocate_host(void** pointer, std::size_t bytes) {
+    if (pointer == nullptr) return fail(cudaErrorInvalidValue);
+    *pointer = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    void* memory = ::operator new (bytes, std::align_val_t{kAlignment}, std::nothrow);
+    if (memory == nullptr) return fail(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lock(mutex_);
+    host_blocks_.emplace(reinterpret_cast<std::uintptr_t>(memory), Block{bytes, current_device});
+    *pointer = memory;
+    return cudaSuccess;
+  }
+
+  cudaError_t release_host(void* pointer) {
+    if (pointer == nullptr) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = host_blocks_.find(reinterpret_cast<std::uintptr_t>(pointer));
+    if (found == host_blocks_.end()) {
+      std::fprintf(stderr, "proplab CUDA emulator: cudaFreeHost of %p, which is not a live pinned allocation\n",
+                   pointer);
+      return fail(cudaErrorInvalidValue);
+    }
+    host_blocks_.erase(found);
+    ::operator delete (pointer, std::align_val_t{kAlignment});
+    return cudaSuccess;
+  }
+
+  // The live allocation (device or pinned host) holding `pointer`, interior addresses included.
+  Found find(const void* pointer) {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (const Block* block = holding(blocks_, address)) return {cudaMemoryTypeDevice, block->device};
+    if (const Block* block = holding(host_blocks_, address)) return {cudaMemoryTypeHost, block->device};
+    return {};
   }
 
   cudaError_t release(void* pointer) {
@@ -64,7 +132,7 @@ class Memory {
       std::fprintf(stderr, "proplab CUDA emulator: cudaFree of %p, which is not a live device allocation\n", pointer);
       return fail(cudaErrorInvalidValue);
     }
-    used_ -= found->second;
+    used_ -= found->second.bytes;
     blocks_.erase(found);
     ::operator delete (pointer, std::align_val_t{kAlignment});
     return cudaSuccess;
@@ -77,8 +145,8 @@ class Memory {
     auto after = blocks_.upper_bound(address);
     if (after == blocks_.begin()) return false;
     --after;
-    return address >= after->first && address - after->first + bytes <= after->second &&
-           (bytes > 0 || address < after->first + after->second);
+    return address >= after->first && address - after->first + bytes <= after->second.bytes &&
+           (bytes > 0 || address < after->first + after->second.bytes);
   }
 
   void info(std::size_t* free_bytes, std::size_t* total_bytes) {
@@ -88,8 +156,21 @@ class Memory {
   }
 
  private:
+  struct Block {
+    std::size_t bytes;
+    int device;  // current when it was allocated
+  };
+  using Blocks = std::map<std::uintptr_t, Block>;
+
+  static const Block* holding(const Blocks& blocks, std::uintptr_t address) {
+    auto after = blocks.upper_bound(address);
+    if (after == blocks.begin()) return nullptr;
+    --after;
+    return address - after->first < after->second.bytes ? &after->second : nullptr;
+  }
+
   std::mutex mutex_;
-  std::map<std::uintptr_t, std::size_t> blocks_;
+  Blocks blocks_, host_blocks_;  // device allocations; pinned host allocations
   std::size_t total_ = 0, used_ = 0;
 };
 
@@ -166,6 +247,8 @@ void set_last_error(cudaError_t error) { last_error = error; }
 
 }  // namespace proplab::emu::detail
 
+using proplab::emu::detail::current_device;
+using proplab::emu::detail::device_count;
 using proplab::emu::detail::fail;
 using proplab::emu::detail::memory;
 
@@ -173,13 +256,13 @@ extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (count == nullptr) return fail(cudaErrorInvalidValue);
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (prop == nullptr) return fail(cudaErrorInvalidValue);
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof prop->name, "proplab CUDA emulator");
   memory().info(nullptr, &prop->totalGlobalMem);
@@ -204,14 +287,19 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->unifiedAddressing = 1;
   prop->managedMemory = 0;
   prop->concurrentKernels = 0;
+  prop->pciBusID = device;  // tells the devices apart
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDevice(int* device) {
   if (device == nullptr) return fail(cudaErrorInvalidValue);
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 
@@ -224,6 +312,23 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) { return memory().allocate(
 cudaError_t cudaFree(void* pointer) { return memory().release(pointer); }
 cudaError_t cudaMallocAsync(void** pointer, size_t bytes, cudaStream_t) { return memory().allocate(pointer, bytes); }
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t) { return memory().release(pointer); }
+cudaError_t cudaMallocHost(void** pointer, size_t bytes) { return memory().allocate_host(pointer, bytes); }
+cudaError_t cudaHostAlloc(void** pointer, size_t bytes, unsigned int) { return memory().allocate_host(pointer, bytes); }
+cudaError_t cudaFreeHost(void* pointer) { return memory().release_host(pointer); }
+
+// As the CUDA runtime (unified addressing, CUDA >= 11): device memory has only a device pointer, pinned host memory
+// both (it is mapped), other host memory is unregistered and has neither. The pointers are `pointer` itself.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
+  if (attributes == nullptr) return fail(cudaErrorInvalidValue);
+  const auto found = memory().find(pointer);
+  *attributes = cudaPointerAttributes{};
+  attributes->type = found.type;
+  attributes->device = found.type == cudaMemoryTypeUnregistered ? cudaInvalidDeviceId : found.device;
+  void* address = const_cast<void*>(pointer);
+  attributes->devicePointer = found.type == cudaMemoryTypeUnregistered ? nullptr : address;
+  attributes->hostPointer = found.type == cudaMemoryTypeDevice ? nullptr : address;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   return proplab::emu::detail::copy(dst, src, bytes, kind, "cudaMemcpy");
@@ -253,6 +358,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) { retu
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamGetPriority(cudaStream_t, int* priority) {
+  if (priority == nullptr) return fail(cudaErrorInvalidValue);
+  *priority = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = 0;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
@@ -266,6 +381,12 @@ cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+// Work completes when it is issued, so no GPU time passes between two events: 0 ms.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
+  *ms = 0.0f;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError(void) {
   const cudaError_t error = proplab::emu::detail::last_error;

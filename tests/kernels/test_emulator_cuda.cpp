@@ -124,6 +124,69 @@ TEST(CudaEmulator, RuntimeChecksMemory) {
   EXPECT_EQ(prop.major, 9);
 }
 
+// cudaPointerGetAttributes tells device memory (interior pointers included) from pinned and unregistered host
+// memory as the CUDA runtime does; the devices are PROPLAB_EMU_DEVICES (1 unless the test environment sets it).
+TEST(CudaEmulator, RuntimeKnowsPointersDevicesAndEvents) {
+  int devices = 0, device = -1;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GE(devices, 1);
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  EXPECT_EQ(device, 0);
+  EXPECT_EQ(cudaSetDevice(devices), cudaErrorInvalidDevice);
+  cudaDeviceProp prop{};
+  EXPECT_EQ(cudaGetDeviceProperties(&prop, devices), cudaErrorInvalidDevice);
+  cudaGetLastError();
+
+  void *d = nullptr, *pinned = nullptr, *mapped = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 1000), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
+  ASSERT_EQ(cudaHostAlloc(&mapped, 64, cudaHostAllocMapped), cudaSuccess);
+  std::vector<char> plain(16);
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(d) + 999), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  EXPECT_EQ(a.device, 0);
+  EXPECT_EQ(a.devicePointer, static_cast<char*>(d) + 999);
+  EXPECT_EQ(a.hostPointer, nullptr);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(d) + 1000), cudaSuccess);  // one past the end
+  EXPECT_NE(a.type, cudaMemoryTypeDevice);
+  for (void* host : {pinned, mapped}) {
+    ASSERT_EQ(cudaPointerGetAttributes(&a, host), cudaSuccess);
+    EXPECT_EQ(a.type, cudaMemoryTypeHost);
+    EXPECT_EQ(a.devicePointer, host);
+    EXPECT_EQ(a.hostPointer, host);
+  }
+  ASSERT_EQ(cudaPointerGetAttributes(&a, plain.data()), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+  EXPECT_EQ(a.devicePointer, nullptr);
+  EXPECT_EQ(a.hostPointer, plain.data());
+  // Pinned memory is host memory to copies and does not count against the device's memory.
+  std::size_t free_before = 0, free_after = 0;
+  cudaMemGetInfo(&free_before, nullptr);
+  void* more = nullptr;
+  ASSERT_EQ(cudaMallocHost(&more, 1 << 20), cudaSuccess);
+  cudaMemGetInfo(&free_after, nullptr);
+  EXPECT_EQ(free_before, free_after);
+  EXPECT_EQ(cudaMemcpy(d, pinned, 64, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(more), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(mapped), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(plain.data()), cudaErrorInvalidValue);
+  cudaGetLastError();
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+
+  cudaEvent_t start = nullptr, end = nullptr;
+  ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&end), cudaSuccess);
+  float ms = -1.0f;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_EQ(ms, 0.0f);
+  int least = -1, greatest = -1;
+  EXPECT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  EXPECT_EQ(least, 0);
+  EXPECT_EQ(greatest, 0);
+}
+
 // kernels::gemm against a naive row-major product, for every transpose pair, padded leading dimensions, alpha,
 // beta and bias.
 TEST(CudaEmulator, GemmMatchesANaiveProduct) {
