@@ -14,6 +14,9 @@
 # In the bundle: OUT/gpu-check.sh runs the CUDA checks and writes gpu-report.md/json (nothing is built there);
 # OUT/run BINARY [ARGS...] runs bin/BINARY with LD_LIBRARY_PATH = OUT/lib + the CUDA library
 # folders it finds, after checking with ldd that every library resolves (it names each one that does not).
+# OUT/mpirun is this machine's Open MPI launcher carried along (OUT/mpi: its programs, components, help files and
+# libraries, relocated with OPAL_PREFIX), since the bundle's libmpi needs its own runtime and the GPU machine may
+# have none; OUT/proplab runs the bundle's proplab (for the multi-rank checks, OUT/tests/dist/*.py).
 # On the GPU machine: carry gpu-bundle.tar.xz (the unpacked folder is larger), then
 #   tar -xJf gpu-bundle.tar.xz && ./gpu-bundle/gpu-check.sh
 # Environment: BUNDLE_MAX_MIB (default 40), the most the compressed bundle may weigh.
@@ -64,6 +67,17 @@ EOF
   env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" test_kernels --gtest_brief=1
   echo "== ${out}/run test_gpu"
   env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" test_gpu --gtest_brief=1
+  echo "== ${out}/mpirun: 2 ranks of test_cuda_communicator_mpi with the carried Open MPI runtime"
+  local mpi_check=("${out}/mpirun" -np 2 --oversubscribe "${out}/run" test_cuda_communicator_mpi --gtest_brief=1)
+  mkdir -p "${work}/empty"
+  if [[ "$(id -u)" == 0 ]] && unshare -m true 2> /dev/null; then
+    # This machine's own Open MPI hidden (a private mount namespace), so only the carried runtime can serve.
+    local hide="" dir
+    for dir in $(cat "${out}/mpi/system-dirs"); do [[ -d "${dir}" ]] && hide+="mount --bind '${work}/empty' '${dir}'; "; done
+    env -i PATH=/usr/bin:/bin HOME="${work}" unshare -m bash -c "${hide} exec \"\$@\"" hide "${mpi_check[@]}"
+  else
+    env -i PATH=/usr/bin:/bin HOME="${work}" "${mpi_check[@]}"
+  fi
   echo "== ${out}/run bench_gpu (refuses without a GPU)"
   local status=0
   env -i PATH=/usr/bin:/bin HOME="${work}" "${out}/run" bench_gpu "${out}/studies/gpt2_124m.toml" || status=$?
@@ -82,7 +96,11 @@ fi
 build_dir="$(cd "${1:-${source_dir}/build}" && pwd)"
 out="${2:-${source_dir}/gpu-bundle}"
 binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}/tests/test_gpu"
-  "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train")
+  "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train" "${build_dir}/tests/test_cuda_communicator_mpi")
+# Built only where the build has NCCL.
+for optional in "${build_dir}/tests/test_nccl_collectives_mpi" "${build_dir}/bench/bench_nccl"; do
+  if [[ -x "${optional}" ]]; then binaries+=("${optional}"); fi
+done
 for binary in "${binaries[@]}"; do
   [[ -x "${binary}" ]] || { echo "gpu-bundle: ${binary} is missing: build with CUDA first (cmake --preset default && cmake --build --preset default)" >&2; exit 2; }
 done
@@ -101,6 +119,69 @@ ldd "${binaries[@]}" | awk '/=> \// {print $1, $3}' | sort -u | while read -r na
   if [[ ! "${name}" =~ ${system_pattern} ]]; then cp -L "${path}" "${out}/lib/${name}"; fi
 done
 cp -r "${source_dir}/studies" "${out}/studies"
+mkdir -p "${out}/tests/dist"
+cp "${source_dir}/tests/dist/check_cuda_parity.py" "${source_dir}/tests/dist/check_fault.py" \
+  "${source_dir}/tests/dist/parity_util.py" "${out}/tests/dist/"
+
+# This machine's Open MPI runtime, laid out under OUT/mpi as under its install prefix so that OPAL_PREFIX relocates
+# it: the launcher and its daemon, libdir (libraries and components), the help files, PMIx with its components, and
+# every library those load that is not the C library's.
+command -v ompi_info > /dev/null || { echo "gpu-bundle: ompi_info not found: install Open MPI (scripts/setup-debian.sh)" >&2; exit 2; }
+ompi_path() { ompi_info --parsable --path "$1" | awk -F: -v key="$1" '$2 == key {print $3; exit}'; }
+mpi_prefix="$(ompi_path prefix)"
+mpi_libdir="$(ompi_path libdir)"
+mpi_datadir="$(ompi_path pkgdatadir)"
+mpi_bindir="$(ompi_path bindir)"
+pmix_library="$(ldd "${mpi_libdir}/libopen-pal.so.40" | awk '$1 ~ /^libpmix/ {print $3}' | head -n 1)"
+pmix_libdir=""
+if [[ -n "${pmix_library}" ]]; then pmix_libdir="$(dirname "$(readlink -f "${pmix_library}")")"; fi
+relative() { echo "${1#"${mpi_prefix}"/}"; }
+mkdir -p "${out}/mpi/bin" "${out}/mpi/deps" "${out}/mpi/$(relative "${mpi_libdir}")" \
+  "${out}/mpi/$(dirname "$(relative "${mpi_datadir}")")"
+cp -L "${mpi_bindir}/orterun" "${mpi_bindir}/orted" "${out}/mpi/bin/"
+ln -s orterun "${out}/mpi/bin/mpirun"
+# (libraries and components only: no headers, static libraries, or Fortran, Java and C++ bindings)
+find "${mpi_libdir}" -maxdepth 2 -name '*.so*' ! -name '*mpifh*' ! -name '*java*' ! -name '*mpi_cxx*' \
+  ! -name '*usempi*' -printf '%P\n' | while read -r file; do
+  mkdir -p "${out}/mpi/$(relative "${mpi_libdir}")/$(dirname "${file}")"
+  cp -L "${mpi_libdir}/${file}" "${out}/mpi/$(relative "${mpi_libdir}")/${file}"
+done
+cp -r "${mpi_datadir}" "${out}/mpi/$(relative "${mpi_datadir}")"
+system_dirs=("${mpi_libdir}" "${mpi_datadir}")
+pmix_path=""
+if [[ -n "${pmix_libdir}" ]]; then
+  pmix_path="$(relative "${pmix_libdir}")"
+  mkdir -p "${out}/mpi/${pmix_path}"
+  cp -L "${pmix_libdir}"/libpmix.so* "${out}/mpi/${pmix_path}/"
+  if [[ -d "${pmix_libdir}/pmix" ]]; then cp -rL "${pmix_libdir}/pmix" "${out}/mpi/${pmix_path}/"; fi
+  system_dirs+=("$(dirname "${pmix_libdir}")")
+fi
+printf '%s\n' "${system_dirs[@]}" > "${out}/mpi/system-dirs"
+find "${out}/mpi/bin" "${out}/mpi/$(relative "${mpi_libdir}")" ${pmix_path:+"${out}/mpi/${pmix_path}"} -type f \
+  \( -name '*.so*' -o -perm -u+x \) -exec ldd {} + 2> /dev/null | awk '/=> \// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    if [[ ! "${name}" =~ ${system_pattern} && ! "${name}" =~ ^(libmpi|libopen-|libpmix|libmca_common) ]]; then
+      cp -L "${path}" "${out}/mpi/deps/${name}"
+    fi
+  done
+mpi_libraries="\${here}/mpi/$(relative "${mpi_libdir}")${pmix_path:+:\${here}/mpi/${pmix_path}}:\${here}/mpi/deps"
+cat > "${out}/mpirun" <<MPIRUN
+#!/usr/bin/env bash
+# Open MPI's launcher as carried in this bundle (relocated with OPAL_PREFIX): mpirun ARGS... as usual.
+here="\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)"
+export OPAL_PREFIX="\${here}/mpi"
+export PATH="\${here}/mpi/bin:\${PATH}"
+export LD_LIBRARY_PATH="${mpi_libraries}:\${here}/lib\${LD_LIBRARY_PATH:+:\${LD_LIBRARY_PATH}}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec "\${here}/mpi/bin/orterun" "\$@"
+MPIRUN
+chmod +x "${out}/mpirun"
+cat > "${out}/proplab" <<'PROPLAB'
+#!/usr/bin/env bash
+# The bundle's proplab (through OUT/run, with the bundle's and this machine's CUDA libraries).
+exec "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/run" proplab "$@"
+PROPLAB
+chmod +x "${out}/proplab"
 cp "${source_dir}/scripts/gpu-check.sh" "${out}/gpu-check.sh"
 mkdir -p "${out}/bench"
 cp "${source_dir}/bench/torch_gpu_reference.py" "${out}/bench/"
