@@ -369,6 +369,8 @@ def markdown(p, rows):
     t1 = one_gpu_step_s(p) * 1e3
     how = "given" if p.get("step_ms") is not None else (
         f"FLOP estimate {flops_per_step(p) / 1e12:.2f} TFLOP / ({p['peak_tflops']:g} TFLOP/s x MFU {p['mfu']:g})")
+    lines.append("Model output of scripts/comm_model.py (alpha-beta), not a measurement.")
+    lines.append("")
     lines.append(f"One GPU: {t1:.1f} ms per step of {p['batch']} x {p['seq_len']} tokens ({how}); "
                  f"{p['params']:,} parameters; weak scaling ({p['batch']} sequences per data-parallel replica).")
     lines.append("")
