@@ -83,6 +83,8 @@ build_dir="$(cd "${1:-${source_dir}/build}" && pwd)"
 out="${2:-${source_dir}/gpu-bundle}"
 binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}/tests/test_gpu"
   "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train")
+# bench_nccl when the build has NCCL (one rank without a launcher: NCCL's per-call latency on one GPU).
+if [[ -x "${build_dir}/bench/bench_nccl" ]]; then binaries+=("${build_dir}/bench/bench_nccl"); fi
 for binary in "${binaries[@]}"; do
   [[ -x "${binary}" ]] || { echo "gpu-bundle: ${binary} is missing: build with CUDA first (cmake --preset default && cmake --build --preset default)" >&2; exit 2; }
 done
