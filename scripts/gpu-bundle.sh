@@ -96,7 +96,8 @@ fi
 build_dir="$(cd "${1:-${source_dir}/build}" && pwd)"
 out="${2:-${source_dir}/gpu-bundle}"
 binaries=("${build_dir}/proplab" "${build_dir}/tests/test_kernels" "${build_dir}/tests/test_gpu"
-  "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train" "${build_dir}/tests/test_cuda_communicator_mpi")
+  "${build_dir}/bench/bench_gpu" "${build_dir}/bench/bench_train" "${build_dir}/bench/bench_dist"
+  "${build_dir}/tests/test_cuda_communicator_mpi")
 # Built only where the build has NCCL.
 for optional in "${build_dir}/tests/test_nccl_collectives_mpi" "${build_dir}/bench/bench_nccl"; do
   if [[ -x "${optional}" ]]; then binaries+=("${optional}"); fi

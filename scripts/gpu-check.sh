@@ -17,6 +17,8 @@
 #   9. cuda_parity_nccl    check_cuda_parity.py nccl: the layouts over NCCL with one GPU per rank, or (fewer GPUs
 #                          than 4) the refusal naming parallel.comm
 #  10. cuda_fault          check_fault.py with CUDA ranks (staged): a stalled rank ends the job within timeout_s
+#  11. bench_dist_cuda     bench_dist on 2 CUDA ranks sharing the GPU (staged): ms/step, bytes/step against the
+#                          formula, and the measured overlap of the bucketed exchange with backward (--overlap)
 # Writes OUT/gpu-report.md (every failure with its numbers, the benchmark tables) and OUT/gpu-report.json (one
 # object: verdict, per-stage results, every benchmark line), plus one log per stage.
 #
@@ -67,7 +69,7 @@ else
     cmake -S "${source_dir}" -B "${build_dir}" -G Ninja -DPROPLAB_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
       "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90}" || exit 1
   fi
-  cmake --build "${build_dir}" --target proplab test_kernels test_gpu bench_gpu test_cuda_communicator_mpi \
+  cmake --build "${build_dir}" --target proplab test_kernels test_gpu bench_gpu bench_dist test_cuda_communicator_mpi \
     -j "${JOBS:-$(nproc)}" || exit 1
   cmake --build "${build_dir}" --target test_nccl_collectives_mpi bench_nccl -j "${JOBS:-$(nproc)}" 2> /dev/null || true
   out_dir="$(cd "${build_dir}" && pwd)"
@@ -219,6 +221,8 @@ multi_stages() {
       "${mpiexec}" "${out_dir}/cuda-parity-nccl" nccl
     run_stage cuda_fault 60 "${checks_python}" "${dist_checks}/check_fault.py" "${proplab_program}" "${mpiexec}" \
       "${out_dir}/cuda-fault" --set device.type=cuda --set parallel.comm=staged
+    run_stage bench_dist_cuda 120 "${mpiexec}" -np 2 --oversubscribe "${runner}" bench_dist --steps 12 --threads 1 \
+      --set device.type=cuda --set parallel.dp=2 --set parallel.comm=staged --overlap --out "${out_dir}/bench-dist-runs"
   else
     stage_names+=("cuda_parity")
     stage_results+=("not run: no python3 with h5py and numpy")
@@ -250,7 +254,7 @@ verdict=OK
     echo
     gtest_section "${name}.log"
   done
-  for name in bench_gpt2 deep1000 cuda_parity_staged bench_nccl_one_rank cuda_parity_nccl cuda_fault; do
+  for name in bench_gpt2 deep1000 cuda_parity_staged bench_nccl_one_rank cuda_parity_nccl cuda_fault bench_dist_cuda; do
     [[ -f "${name}.log" ]] || continue
     echo
     echo "## ${name}"
