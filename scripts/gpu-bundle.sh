@@ -124,53 +124,53 @@ mkdir -p "${out}/tests/dist"
 cp "${source_dir}/tests/dist/check_cuda_parity.py" "${source_dir}/tests/dist/check_fault.py" \
   "${source_dir}/tests/dist/parity_util.py" "${out}/tests/dist/"
 
-# This machine's Open MPI runtime, laid out under OUT/mpi as under its install prefix so that OPAL_PREFIX relocates
-# it: the launcher and its daemon, libdir (libraries and components), the help files, PMIx with its components, and
-# every library those load that is not the C library's.
+# This machine's Open MPI runtime, laid out under OUT/mpi as under its install prefix so that OPAL_PREFIX (and
+# PMIX_INSTALL_PREFIX) relocate it: the launcher and its daemon, the components (dlopen'ed from pkglibdir), the help
+# files, PMIx's plugins and help files, and every library those load that is not the C library's (OUT/mpi/deps).
 command -v ompi_info > /dev/null || { echo "gpu-bundle: ompi_info not found: install Open MPI (scripts/setup-debian.sh)" >&2; exit 2; }
 ompi_path() { ompi_info --parsable --path "$1" | awk -F: -v key="$1" '$2 == key {print $3; exit}'; }
 mpi_prefix="$(ompi_path prefix)"
 mpi_libdir="$(ompi_path libdir)"
+mpi_components="$(ompi_path pkglibdir)"
 mpi_datadir="$(ompi_path pkgdatadir)"
 mpi_bindir="$(ompi_path bindir)"
-pmix_library="$(ldd "${mpi_libdir}/libopen-pal.so.40" | awk '$1 ~ /^libpmix/ {print $3}' | head -n 1)"
-pmix_libdir=""
-if [[ -n "${pmix_library}" ]]; then pmix_libdir="$(dirname "$(readlink -f "${pmix_library}")")"; fi
 relative() { echo "${1#"${mpi_prefix}"/}"; }
-mkdir -p "${out}/mpi/bin" "${out}/mpi/deps" "${out}/mpi/$(relative "${mpi_libdir}")" \
+mkdir -p "${out}/mpi/bin" "${out}/mpi/deps" "${out}/mpi/$(dirname "$(relative "${mpi_components}")")" \
   "${out}/mpi/$(dirname "$(relative "${mpi_datadir}")")"
 cp -L "${mpi_bindir}/orterun" "${mpi_bindir}/orted" "${out}/mpi/bin/"
 ln -s orterun "${out}/mpi/bin/mpirun"
-# (libraries and components only: no headers, static libraries, or Fortran, Java and C++ bindings)
-find "${mpi_libdir}" -maxdepth 2 -name '*.so*' ! -name '*mpifh*' ! -name '*java*' ! -name '*mpi_cxx*' \
-  ! -name '*usempi*' -printf '%P\n' | while read -r file; do
-  mkdir -p "${out}/mpi/$(relative "${mpi_libdir}")/$(dirname "${file}")"
-  cp -L "${mpi_libdir}/${file}" "${out}/mpi/$(relative "${mpi_libdir}")/${file}"
-done
-cp -r "${mpi_datadir}" "${out}/mpi/$(relative "${mpi_datadir}")"
+cp -rL "${mpi_components}" "${out}/mpi/$(relative "${mpi_components}")"
+cp -rL "${mpi_datadir}" "${out}/mpi/$(relative "${mpi_datadir}")"
 system_dirs=("${mpi_libdir}" "${mpi_datadir}")
+# PMIx (an external one, as Debian's): its prefix holds lib/pmix (plugins) and share/pmix (help files).
+pmix_library="$(ldd "${mpi_components}"/mca_pmix_*.so 2> /dev/null | awk '$1 ~ /^libpmix/ {print $3}' | head -n 1)"
 pmix_path=""
-if [[ -n "${pmix_libdir}" ]]; then
-  pmix_path="$(relative "${pmix_libdir}")"
-  mkdir -p "${out}/mpi/${pmix_path}"
-  cp -L "${pmix_libdir}"/libpmix.so* "${out}/mpi/${pmix_path}/"
-  if [[ -d "${pmix_libdir}/pmix" ]]; then cp -rL "${pmix_libdir}/pmix" "${out}/mpi/${pmix_path}/"; fi
-  system_dirs+=("$(dirname "${pmix_libdir}")")
-fi
-printf '%s\n' "${system_dirs[@]}" > "${out}/mpi/system-dirs"
-find "${out}/mpi/bin" "${out}/mpi/$(relative "${mpi_libdir}")" ${pmix_path:+"${out}/mpi/${pmix_path}"} -type f \
-  \( -name '*.so*' -o -perm -u+x \) -exec ldd {} + 2> /dev/null | awk '/=> \// {print $1, $3}' | sort -u |
-  while read -r name path; do
-    if [[ ! "${name}" =~ ${system_pattern} && ! "${name}" =~ ^(libmpi|libopen-|libpmix|libmca_common) ]]; then
-      cp -L "${path}" "${out}/mpi/deps/${name}"
+if [[ -n "${pmix_library}" ]]; then
+  pmix_prefix="$(dirname "$(dirname "$(readlink -f "${pmix_library}")")")"
+  pmix_path="$(relative "${pmix_prefix}")"
+  for part in lib/pmix share/pmix; do
+    if [[ -d "${pmix_prefix}/${part}" ]]; then
+      mkdir -p "${out}/mpi/${pmix_path}/$(dirname "${part}")"
+      cp -rL "${pmix_prefix}/${part}" "${out}/mpi/${pmix_path}/${part}"
     fi
   done
-mpi_libraries="\${here}/mpi/$(relative "${mpi_libdir}")${pmix_path:+:\${here}/mpi/${pmix_path}}:\${here}/mpi/deps"
+  system_dirs+=("${pmix_prefix}")
+fi
+printf '%s\n' "${system_dirs[@]}" > "${out}/mpi/system-dirs"
+find "${out}/mpi/bin" "${out}/mpi/$(relative "${mpi_components}")" ${pmix_path:+"${out}/mpi/${pmix_path}"} -type f \
+  \( -name '*.so*' -o -perm -u+x \) -exec ldd {} + 2> /dev/null | awk '/=> \// {print $1, $3}' | sort -u |
+  while read -r name path; do
+    if [[ ! "${name}" =~ ${system_pattern} ]]; then cp -L "${path}" "${out}/mpi/deps/${name}"; fi
+  done
+mpi_libraries="\${here}/mpi/deps"
+pmix_line=""
+if [[ -n "${pmix_path}" ]]; then pmix_line="export PMIX_INSTALL_PREFIX=\"\${here}/mpi/${pmix_path}\""; fi
 cat > "${out}/mpirun" <<MPIRUN
 #!/usr/bin/env bash
 # Open MPI's launcher as carried in this bundle (relocated with OPAL_PREFIX): mpirun ARGS... as usual.
 here="\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)"
 export OPAL_PREFIX="\${here}/mpi"
+${pmix_line}
 export PATH="\${here}/mpi/bin:\${PATH}"
 export LD_LIBRARY_PATH="${mpi_libraries}:\${here}/lib\${LD_LIBRARY_PATH:+:\${LD_LIBRARY_PATH}}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -91,14 +91,14 @@ def main():
     failures = []
     deadline = time.time() + 120
     ranks = {}
-    while time.time() < deadline and (len(ranks) < 2 or not os.path.exists(run_file)):
+    while time.time() < deadline and job.poll() is None and (len(ranks) < 2 or not os.path.exists(run_file)):
         time.sleep(0.2)
         ranks = rank_pids(study)
     if len(ranks) < 2 or not os.path.exists(run_file):
         job.kill()
         output = job.communicate()[0]
         if sets and ("no CUDA backend" in output or "no CUDA GPU" in output):
-            print("skipped: the run was refused: " + output.strip().splitlines()[-1])
+            print("skipped: the run was refused: " + next(line for line in output.splitlines() if "CUDA" in line))
             sys.exit(77)
         sys.exit("the job did not start: ranks %s, run file %s\n%s" % (ranks, os.path.exists(run_file), output))
     time.sleep(2.0)  # a few steps in
