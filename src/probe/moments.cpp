@@ -520,6 +520,38 @@ void MomentSums::clear() {
   feature_sum_sq.clear();
 }
 
+void MomentSums::recentre(double new_shift) {
+  const double h = new_shift - shift;
+  shift = new_shift;
+  if (empty() || h == 0.0) return;
+  const Needs needs = needs_for(selection);
+  if (!needs.sums) return;
+  const double T = static_cast<double>(tokens_per_sequence);
+  const double n = static_cast<double>(count);
+  // The sums were of e = x - old shift; now of d = x - new shift = e - h (each line uses the old sums only).
+  const double h2 = h * h, h3 = h2 * h, h4 = h2 * h2;
+  const double s1 = sum, s2 = sum_sq, s3 = sum_cube, s4 = sum_quad;
+  sum = s1 - n * h;
+  sum_sq = s2 - 2.0 * h * s1 + n * h2;
+  if (needs.higher) {
+    sum_cube = s3 - 3.0 * h * s2 + 3.0 * h2 * s1 - n * h3;
+    sum_quad = s4 - 4.0 * h * s3 + 6.0 * h2 * s2 - 4.0 * h3 * s1 + n * h4;
+  }
+  if (needs.seq) {
+    // Σ_b ‖S_b - T·h·1‖² = Σ_b ‖S_b‖² - 2·T·h·Σe + B·T²·F·h².
+    seq_sum_norm_sq = seq_sum_norm_sq - 2.0 * T * h * s1 +
+                      static_cast<double>(sequences) * T * T * static_cast<double>(features) * h2;
+  }
+  if (needs.features) {
+    const double per_feature = static_cast<double>(sequences) * T;
+    for (std::size_t f = 0; f < feature_sum.size(); ++f) {
+      const double f1 = feature_sum[f];
+      feature_sum[f] = f1 - per_feature * h;
+      feature_sum_sq[f] = feature_sum_sq[f] - 2.0 * h * f1 + per_feature * h * h;
+    }
+  }
+}
+
 void MomentSums::merge(const MomentSums& other) {
   if (other.empty()) return;
   if (empty()) {
@@ -531,43 +563,25 @@ void MomentSums::merge(const MomentSums& other) {
                 ", F ", features, " vs ", other.features);
   PROPLAB_CHECK(selection == other.selection, "merged moment sums must hold the same statistics");
   const Needs needs = needs_for(selection);
-  const double T = static_cast<double>(tokens_per_sequence);
-  const double n = static_cast<double>(other.count);
-  // other's sums are of e = x - other.shift; ours of d = x - shift = e - h.
-  const double h = shift - other.shift;
+  // other's sums about our shift, then added.
+  MomentSums about_ours;
+  const MomentSums* add = &other;
+  if (needs.sums && other.shift != shift) {
+    about_ours = other;
+    about_ours.recentre(shift);
+    add = &about_ours;
+  }
   if (needs.sums) {
-    if (h == 0.0) {
-      sum += other.sum;
-      sum_sq += other.sum_sq;
-      sum_cube += other.sum_cube;
-      sum_quad += other.sum_quad;
-      seq_sum_norm_sq += other.seq_sum_norm_sq;
-    } else {
-      const double h2 = h * h, h3 = h2 * h, h4 = h2 * h2;
-      sum += other.sum - n * h;
-      sum_sq += other.sum_sq - 2.0 * h * other.sum + n * h2;
-      if (needs.higher) {
-        sum_cube += other.sum_cube - 3.0 * h * other.sum_sq + 3.0 * h2 * other.sum - n * h3;
-        sum_quad += other.sum_quad - 4.0 * h * other.sum_cube + 6.0 * h2 * other.sum_sq - 4.0 * h3 * other.sum + n * h4;
-      }
-      if (needs.seq) {
-        // Σ_b ‖S_b - T·h·1‖² = Σ_b ‖S_b‖² - 2·T·h·Σe + B·T²·F·h².
-        seq_sum_norm_sq += other.seq_sum_norm_sq - 2.0 * T * h * other.sum +
-                           static_cast<double>(other.sequences) * T * T * static_cast<double>(features) * h2;
-      }
-    }
-    if (needs.features) {
-      const double per_feature = static_cast<double>(other.sequences) * T;
+    sum += add->sum;
+    sum_sq += add->sum_sq;
+    sum_cube += add->sum_cube;
+    sum_quad += add->sum_quad;
+    seq_sum_norm_sq += add->seq_sum_norm_sq;
+    if (needs.features)
       for (std::size_t f = 0; f < feature_sum.size(); ++f) {
-        if (h == 0.0) {
-          feature_sum[f] += other.feature_sum[f];
-          feature_sum_sq[f] += other.feature_sum_sq[f];
-        } else {
-          feature_sum[f] += other.feature_sum[f] - per_feature * h;
-          feature_sum_sq[f] += other.feature_sum_sq[f] - 2.0 * h * other.feature_sum[f] + per_feature * h * h;
-        }
+        feature_sum[f] += add->feature_sum[f];
+        feature_sum_sq[f] += add->feature_sum_sq[f];
       }
-    }
   }
   if (needs.max) max_abs = max_abs_merge(max_abs, other.max_abs);
   nonfinite += other.nonfinite;

@@ -95,6 +95,9 @@ struct MomentSums {
   void clear();
   // Adds other's sums into these. Both must agree in T, F and selection (unless one is empty); sequences add.
   void merge(const MomentSums& other);
+  // The same sums about another shift (exact algebra: Σ(x − s') = Σ(x − s) − n·(s' − s), and so on for every power
+  // and the per-feature and per-sequence sums). Empty sums only take the new shift.
+  void recentre(double new_shift);
 };
 
 // Raw power sums of values that have no [B, T, F] structure, gathered where they are computed (the attention

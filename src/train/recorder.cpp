@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "core/device.h"
 #include "ops/ops.h"
 #include "train/tensor_parallel.h"
 
@@ -160,73 +162,105 @@ void Recorder::accumulate_into(probe::MomentSums& sums, const Tensor& x, std::in
     probe::accumulate(x, sequences, sums, which);  // on the GPU: only the finished sums come back
 }
 
-namespace {
-
-// MomentSums as doubles: [seen, count, sequences, T, F, selection, shift, sum, sum_sq, sum_cube, sum_quad,
-// max_abs, nonfinite, seq_sum_norm_sq, feature_sum[F'], feature_sum_sq[F'']] with their lengths before them.
-void pack(const probe::MomentSums& s, bool seen, std::vector<double>& out) {
-  out.insert(out.end(), {seen ? 1.0 : 0.0, static_cast<double>(s.count), static_cast<double>(s.sequences),
-                         static_cast<double>(s.tokens_per_sequence), static_cast<double>(s.features),
-                         static_cast<double>(s.selection.bits()), s.shift, s.sum, s.sum_sq, s.sum_cube, s.sum_quad,
-                         s.max_abs, static_cast<double>(s.nonfinite), s.seq_sum_norm_sq,
-                         static_cast<double>(s.feature_sum.size()), static_cast<double>(s.feature_sum_sq.size())});
-  out.insert(out.end(), s.feature_sum.begin(), s.feature_sum.end());
-  out.insert(out.end(), s.feature_sum_sq.begin(), s.feature_sum_sq.end());
-}
-
-const double* unpack(const double* in, probe::MomentSums& s, bool& seen) {
-  seen = in[0] != 0.0;
-  s.count = static_cast<std::int64_t>(in[1]);
-  s.sequences = static_cast<std::int64_t>(in[2]);
-  s.tokens_per_sequence = static_cast<std::int64_t>(in[3]);
-  s.features = static_cast<std::int64_t>(in[4]);
-  s.selection = probe::StatSelection::from_bits(static_cast<std::uint32_t>(in[5]));
-  s.shift = in[6];
-  s.sum = in[7];
-  s.sum_sq = in[8];
-  s.sum_cube = in[9];
-  s.sum_quad = in[10];
-  s.max_abs = in[11];
-  s.nonfinite = static_cast<std::int64_t>(in[12]);
-  s.seq_sum_norm_sq = in[13];
-  const auto sums = static_cast<std::size_t>(in[14]), squares = static_cast<std::size_t>(in[15]);
-  in += 16;
-  s.feature_sum.assign(in, in + sums);
-  in += sums;
-  s.feature_sum_sq.assign(in, in + squares);
-  return in + squares;
-}
-
-}  // namespace
-
 void Recorder::merge_replicas(dist::Communicator& group) {
   const int ranks = group.size();
   if (ranks == 1) return;
-  std::vector<double> mine;
-  for (std::size_t p = 0; p < probes_.size(); ++p) {
-    pack(forward_sums_[p], forward_seen_[p], mine);
-    pack(backward_sums_[p], backward_seen_[p], mine);
+  const int rank = group.rank();
+  // Slot k: probe k / 2, forward (even) or backward (odd).
+  const std::size_t slots = 2 * probes_.size();
+  auto sums_of = [&](std::size_t k) -> probe::MomentSums& {
+    return (k % 2 == 0 ? forward_sums_ : backward_sums_)[k / 2];
+  };
+  auto seen = [&](std::size_t k) { return static_cast<bool>((k % 2 == 0 ? forward_seen_ : backward_seen_)[k / 2]); };
+
+  // 1. What each slot holds on the ranks that saw it (maxima: the others send zeros), and the first rank that saw
+  //    it (as ranks − rank, so that the largest is the lowest rank), whose shift the merged sums are about.
+  constexpr std::size_t kShape = 6;  // T, F, selection bits, feature_sum and feature_sum_sq lengths, first rank
+  std::vector<double> shape(slots * kShape, 0.0);
+  for (std::size_t k = 0; k < slots; ++k) {
+    if (!seen(k)) continue;
+    const probe::MomentSums& s = sums_of(k);
+    double* row = &shape[k * kShape];
+    row[0] = static_cast<double>(s.tokens_per_sequence);
+    row[1] = static_cast<double>(s.features);
+    row[2] = static_cast<double>(s.selection.bits());
+    row[3] = static_cast<double>(s.feature_sum.size());
+    row[4] = static_cast<double>(s.feature_sum_sq.size());
+    row[5] = static_cast<double>(ranks - rank);
   }
-  // Every rank's block in a zero-filled buffer, summed: each rank ends with all blocks, exactly.
-  double longest = static_cast<double>(mine.size());
-  group.all_reduce(&longest, 1, dist::ReduceOp::max);
-  const auto block = static_cast<std::size_t>(longest);
-  std::vector<double> all(block * static_cast<std::size_t>(ranks), 0.0);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(block * group.rank()));
-  group.all_reduce(all.data(), static_cast<std::int64_t>(all.size()), dist::ReduceOp::sum);
-  if (group.rank() != 0) return;
-  for (int r = 1; r < ranks; ++r) {
-    const double* in = all.data() + block * static_cast<std::size_t>(r);
-    for (std::size_t p = 0; p < probes_.size(); ++p) {
-      for (int direction = 0; direction < 2; ++direction) {
-        probe::MomentSums theirs;
-        bool seen = false;
-        in = unpack(in, theirs, seen);
-        if (!seen) continue;
-        (direction == 0 ? forward_sums_ : backward_sums_)[p].merge(theirs);
-        (direction == 0 ? forward_seen_ : backward_seen_)[p] = true;
-      }
-    }
+  group.all_reduce(shape.data(), static_cast<std::int64_t>(shape.size()), dist::ReduceOp::max);
+  std::vector<double> shift(slots, 0.0);
+  for (std::size_t k = 0; k < slots; ++k)
+    if (seen(k) && shape[k * kShape + 5] == static_cast<double>(ranks - rank)) shift[k] = sums_of(k).shift;
+  group.all_reduce(shift.data(), static_cast<std::int64_t>(slots), dist::ReduceOp::sum);  // (one rank adds)
+
+  // 2. Every rank's sums about that shift, added: one sum over a block whose size does not grow with the ranks
+  //    (on the GPU in a CUDA run: through the group's device transport), and one maximum of max |x| (a NaN there
+  //    travels as a count).
+  constexpr std::size_t kFixed = 9;  // count, sequences, sum, sum_sq, sum_cube, sum_quad, seq, nonfinite, NaN max
+  std::vector<std::size_t> offset(slots + 1, 0);
+  for (std::size_t k = 0; k < slots; ++k)
+    offset[k + 1] =
+        offset[k] + (shape[k * kShape + 5] > 0.0 ? kFixed + static_cast<std::size_t>(shape[k * kShape + 3]) +
+                                                       static_cast<std::size_t>(shape[k * kShape + 4])
+                                                 : 0);
+  std::vector<double> added(offset.back(), 0.0), largest(slots, 0.0);
+  for (std::size_t k = 0; k < slots; ++k) {
+    if (!seen(k)) continue;
+    probe::MomentSums s = sums_of(k);
+    s.recentre(shift[k]);
+    double* out = &added[offset[k]];
+    const double fixed[kFixed] = {static_cast<double>(s.count),
+                                  static_cast<double>(s.sequences),
+                                  s.sum,
+                                  s.sum_sq,
+                                  s.sum_cube,
+                                  s.sum_quad,
+                                  s.seq_sum_norm_sq,
+                                  static_cast<double>(s.nonfinite),
+                                  std::isnan(s.max_abs) ? 1.0 : 0.0};
+    std::copy(fixed, fixed + kFixed, out);
+    std::copy(s.feature_sum.begin(), s.feature_sum.end(), out + kFixed);
+    std::copy(s.feature_sum_sq.begin(), s.feature_sum_sq.end(), out + kFixed + s.feature_sum.size());
+    largest[k] = std::isnan(s.max_abs) ? 0.0 : s.max_abs;
+  }
+  if (device_ != Device::cpu && !added.empty()) {
+    // (f32 storage of twice the length holds the doubles on the GPU)
+    Tensor on_device = Tensor::empty({2 * static_cast<std::int64_t>(added.size())}, DType::f32, device_);
+    copy_host_to_device(on_device.raw(), added.data(), added.size() * sizeof(double));
+    group.all_reduce(static_cast<double*>(on_device.raw()), static_cast<std::int64_t>(added.size()),
+                     dist::ReduceOp::sum);
+    copy_device_to_host(added.data(), on_device.raw(), added.size() * sizeof(double));
+  } else {
+    group.all_reduce(added.data(), static_cast<std::int64_t>(added.size()), dist::ReduceOp::sum);
+  }
+  group.all_reduce(largest.data(), static_cast<std::int64_t>(slots), dist::ReduceOp::max);
+  if (rank != 0) return;
+
+  // 3. Rank 0 holds the merged sums.
+  for (std::size_t k = 0; k < slots; ++k) {
+    const double* row = &shape[k * kShape];
+    if (row[5] == 0.0) continue;  // no rank saw it
+    probe::MomentSums merged;
+    const double* in = &added[offset[k]];
+    merged.count = static_cast<std::int64_t>(in[0]);
+    merged.sequences = static_cast<std::int64_t>(in[1]);
+    merged.tokens_per_sequence = static_cast<std::int64_t>(row[0]);
+    merged.features = static_cast<std::int64_t>(row[1]);
+    merged.selection = probe::StatSelection::from_bits(static_cast<std::uint32_t>(row[2]));
+    merged.shift = shift[k];
+    merged.sum = in[2];
+    merged.sum_sq = in[3];
+    merged.sum_cube = in[4];
+    merged.sum_quad = in[5];
+    merged.seq_sum_norm_sq = in[6];
+    merged.nonfinite = static_cast<std::int64_t>(in[7]);
+    merged.max_abs = in[8] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : largest[k];
+    const auto sums = static_cast<std::size_t>(row[3]), squares = static_cast<std::size_t>(row[4]);
+    merged.feature_sum.assign(in + kFixed, in + kFixed + sums);
+    merged.feature_sum_sq.assign(in + kFixed + sums, in + kFixed + sums + squares);
+    sums_of(k) = std::move(merged);
+    (k % 2 == 0 ? forward_seen_ : backward_seen_)[k / 2] = true;
   }
 }
 

@@ -63,9 +63,14 @@ class Recorder final : public ProbeSink {
   // non-finite, e.g. "blocks.3.attn.out (forward)".
   std::string write_record(RunWriter& writer, std::int64_t step);
 
-  // Data parallel: merges every replica's probe sums into rank 0's, in rank order (exactly: sums add). Call on
-  // every rank of the data-parallel group after the step's backward passes; then rank 0 writes the record.
+  // Data parallel (and pipeline stages): merges every rank's probe sums into rank 0's. Each probe's sums are
+  // re-centred on the shift of the lowest rank that saw it and added in one sum over the group, whose size does not
+  // grow with the ranks (power sums add exactly; a probe a rank did not see adds zeros); max |x| in one maximum.
+  // In a CUDA run (set_device) the sum runs on device buffers, over NCCL when the group has it. Call on every rank
+  // of the group after the step's backward passes; then rank 0 writes the record.
   void merge_replicas(dist::Communicator& group);
+  // Where the run computes: the sums are merged through device buffers on a GPU.
+  void set_device(Device device) { device_ = device; }
   // The parameter statistics of the step, [stat][parameter] (pipeline stages fill in the rows they own).
   std::vector<std::vector<double>>& param_rows() { return param_rows_; }
   // Tensor parallelism: parameters split over `group` (ParamShard) get their statistics from the full tensors
@@ -87,6 +92,7 @@ class Recorder final : public ProbeSink {
   std::vector<ProbeInfo> probes_;
   ParameterStore& params_;
   dist::Communicator* tensor_group_ = nullptr;
+  Device device_ = Device::cpu;
   std::int64_t total_steps_;
   probe::StatSelection forward_stats_, backward_stats_;
   std::vector<ParamStat> param_stats_;

@@ -342,6 +342,7 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
   optimizer_.emplace(tc_, model_->params(), data_parallel_->optimizer_shard());
   recorder_.emplace(spec.record, model_->probes(), model_->params(), tc_.steps);
   recorder_->set_tensor_parallel(layout_.tensor);
+  recorder_->set_device(device_);
   if (layout_.tensor) tensor_sink_.emplace(*recorder_, model_->probes(), *layout_.tensor);
   sink_ = layout_.tensor ? static_cast<ProbeSink*>(&*tensor_sink_) : &*recorder_;
   if (layout_.root) {

@@ -193,6 +193,36 @@ TEST(Moments, LargeOffsetKeepsCentralMoments) {
   expect_moments_close(one_shot(x, s), reference(x, s), 1e-10, "offset 1000");
 }
 
+TEST(Moments, RecentredSumsAreTheSumsAboutTheNewShift) {
+  // The sums of one tensor about another shift equal the sums accumulated about that shift from the start (within
+  // rounding), every finished statistic is unchanged, and an empty accumulator only takes the shift.
+  const Shape3 s{3, 17, 33};
+  const std::vector<float> x = make_tensor(s, 21, 0.7, 1.3, 0.3);
+  MomentSums sums;
+  accumulate(x.data(), s.sequences, s.tokens, s.features, sums, StatSelection::all());
+  const Moments before = finalize(sums);
+  for (double shift : {0.0, 2.5, -40.0}) {
+    MomentSums moved = sums;
+    moved.recentre(shift);
+    EXPECT_EQ(moved.shift, shift);
+    expect_moments_close(finalize(moved), before, 1e-9, "recentred on " + std::to_string(shift));
+    double direct = 0.0, direct_sq = 0.0;
+    for (float v : x) {
+      direct += v - shift;
+      direct_sq += (v - shift) * (v - shift);
+    }
+    expect_close(moved.sum, direct, 1e-10, "Σ(x - s)");
+    expect_close(moved.sum_sq, direct_sq, 1e-10, "Σ(x - s)²");
+    // Back where it was: the same sums (within rounding).
+    moved.recentre(sums.shift);
+    expect_close(moved.sum_quad, sums.sum_quad, 1e-9, "Σd⁴ after a round trip");
+  }
+  MomentSums empty;
+  empty.recentre(3.0);
+  EXPECT_EQ(empty.shift, 3.0);
+  EXPECT_TRUE(empty.empty());
+}
+
 TEST(Moments, SingleTokenCorrIsNaN) {
   const Shape3 s{50, 1, 64};
   const std::vector<float> x = make_tensor(s, 3, 0.4, 1.0, 0.0);
