@@ -1,7 +1,7 @@
 // The [device] table at the command line: "cuda" without a CUDA build or a GPU, or for a run that cannot use one
-// (a Fixup ResNet), is bad input (exit 2, naming device.type, nothing written); "auto" trains on the GPU when there is one and on the
-// CPU otherwise, and the run file says which. device.precision = "bf16" needs the GPU: on the CPU (asked for, or
-// what auto resolves to) it is bad input naming device.precision; the run file's precision attribute says which
+// (a Fixup ResNet), is bad input (exit 2, naming device.type, nothing written); "auto" trains on the GPU when there is
+// one and on the CPU otherwise, and the run file says which. device.precision = "bf16" needs the GPU: on the CPU (asked
+// for, or what auto resolves to) it is bad input naming device.precision; the run file's precision attribute says which
 // precision a run's matrix products used.
 #include "cli/cli_test_support.h"
 #include "core/tensor.h"
