@@ -6,6 +6,9 @@ packages=(
   libopenblas-dev libopenblas-openmp-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-h5py python3-numpy
+  # The Python package (python/proplab: run files as pandas DataFrames) and its test, which also installs it with pip
+  # into a temporary virtual environment.
+  python3-pandas python3-pip python3-venv
   # Multi-process runs and tests (src/dist): Open MPI.
   libopenmpi-dev openmpi-bin
   # ResNet image data (src/data/images.h): gzip'd IDX files read through zlib; Fashion-MNIST for the depth study.

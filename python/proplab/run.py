@@ -3,8 +3,9 @@
 A run file can be read while its run is still going and after its writer was killed, the way the C++ RunReader
 (src/io/run_reader.h) reads it:
 
-- The file is opened read-only in HDF5 SWMR-read mode, which reads a file that a writer has open (or that a killed
-  writer left marked open for write); a file SWMR cannot open is opened plainly.
+- The file is opened read-only: plainly first, and in HDF5 SWMR-read mode when that fails because a writer has it
+  open (or a killed writer left it marked open for write; `proplab recover` clears that mark). `Run.swmr` says
+  which.
 - In SWMR mode every dataset is refreshed before it is read, so each call sees every row the writer has flushed.
   `Run.refresh()` reopens the file, which also re-reads the root attributes (`status` changes when the run ends).
 - A reader beside the writer may see `/steps` and the series (or the `/train` columns) at different lengths for a
@@ -86,7 +87,7 @@ class Run:
             raise RunFileError("'%s' is a folder, not a proplab run file (open_sweep reads a sweep folder)" % self.path)
         errors = []
         handle, swmr = None, False
-        for use_swmr in (True, False):
+        for use_swmr in (False, True):
             try:
                 if use_swmr:
                     handle = h5py.File(self.path, "r", libver="latest", swmr=True)
