@@ -5,13 +5,13 @@ Every DataFrame is checked against the file's datasets read independently with h
 (which reads through the C++ RunReader, src/io/run_reader.h): the depth tables of every statistic, both directions,
 at several steps, and the summary lines. Also: a run file read while its run is going (more rows appear; the status
 changes on refresh() once the run stops), a run killed with SIGKILL (read as it was left, then after `proplab
-recover`), a ResNet's stage layout (when Debian's Fashion-MNIST is installed), a 2-point sweep through open_sweep,
+recover`), a data-parallel run's /replicas (with MPIEXEC), a ResNet's stage layout (when Debian's Fashion-MNIST is installed), a 2-point sweep through open_sweep,
 the errors for files that are not run files, the version against the project's, and `pip install ./python` into a
 temporary virtual environment (offline: --no-index; skipped with a message when venv has no pip).
 
 The package is imported from the source tree, so nothing needs installing.
 
-usage: test_proplab_package.py PROPLAB WORKDIR
+usage: test_proplab_package.py PROPLAB WORKDIR [MPIEXEC]   (with MPIEXEC also a data-parallel run's /replicas)
 """
 import concurrent.futures
 import math
@@ -42,6 +42,7 @@ from proplab._toml import parse_toml, parse_toml_minimal  # noqa: E402
 
 PROPLAB = None
 WORKDIR = None
+MPIEXEC = None
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 INSPECT_TOLERANCE = 1e-6  # inspect prints %.6e: 7 significant digits
 
@@ -340,6 +341,28 @@ class OtherModels(unittest.TestCase):
             self.assertEqual(inside["stage"].tolist(), [blocks["stage"][b] for b in inside["block"]])
             self.assertTrue((probes[probes["block"] < 0]["stage"] == -1).all())
 
+    def test_data_parallel_replicas(self):
+        if not MPIEXEC:
+            self.skipTest("no mpirun given: no data-parallel run")
+        study = write_study("dp", TRANSFORMER.format(name="dp", steps=4))
+        out = os.path.join(WORKDIR, "dp")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        result = subprocess.run([MPIEXEC, "-np", "2", "--oversubscribe", PROPLAB, "run", study, "--set",
+                                 "parallel.dp=2", "--set", "parallel.dp_mode=gossip", "--out", out, "--force"],
+                                capture_output=True, text=True, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        path = os.path.join(out, "dp.h5")
+        with proplab.open_run(path) as run, h5py.File(path, "r") as f:
+            replicas = run.replicas()
+            names = h5_strings(f["params/name"]) + [proplab.ALL_PARAMS]
+            steps = f["replicas/steps"][()]
+            self.assertEqual(replicas["param"].tolist(), names * len(steps))
+            self.assertEqual(replicas["step"].tolist(), np.repeat(steps, len(names)).tolist())
+            for column in ("disagreement", "disagreement_before_mix"):
+                expected = np.concatenate([f["replicas"][column][()], f["replicas"][column + "_total"][()]], axis=1)
+                assert_same(self, replicas[column].to_numpy().reshape(len(steps), -1), expected, "replicas/" + column)
+            self.assertTrue((replicas["disagreement_before_mix"] > 0).any(), "gossip replicas drift apart")
+
 
 def start_long_run(name):
     study = write_study(name, TRANSFORMER.format(name=name, steps=1000000))
@@ -531,10 +554,11 @@ class Packaging(unittest.TestCase):
 
 
 def main():
-    global PROPLAB, WORKDIR
+    global PROPLAB, WORKDIR, MPIEXEC
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     PROPLAB, WORKDIR = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    MPIEXEC = sys.argv[3] if len(sys.argv) > 3 else None
     shutil.rmtree(WORKDIR, ignore_errors=True)
     os.makedirs(WORKDIR)
     loader = unittest.TestLoader()
