@@ -14,6 +14,7 @@ The package is imported from the source tree, so nothing needs installing.
 usage: test_proplab_package.py PROPLAB WORKDIR [MPIEXEC]   (with MPIEXEC also a data-parallel run's /replicas)
 """
 import concurrent.futures
+import importlib.util
 import math
 import os
 import re
@@ -32,9 +33,7 @@ import numpy as np
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(SOURCE, "python"))
 
-try:
-    import pandas  # noqa: F401
-except ImportError:
+if importlib.util.find_spec("pandas") is None:
     sys.exit("test_proplab_package.py: pandas is missing (Debian: python3-pandas; scripts/setup-debian.sh installs it)")
 
 import proplab  # noqa: E402
@@ -452,6 +451,10 @@ class SweepFolder(unittest.TestCase):
         result = subprocess.run([PROPLAB, "sweep", study, "--jobs", "1", "--out", out], capture_output=True,
                                 text=True)
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        with open(study) as handle:  # the fallback TOML parser (Python < 3.11) on a [sweep] table's inline tables
+            text = handle.read()
+        self.assertEqual(parse_toml_minimal(text), parse_toml(text))
+        self.assertEqual(parse_toml_minimal(text)["sweep"]["grid"], {"model.layers": [1, 2]})
         with proplab.open_sweep(out) as sweep:
             index = sweep.index
             self.assertEqual(sweep.keys, ["model.layers"])
