@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gui/data/depth_axis.h"
 #include "gui/data/run_groups.h"
 #include "gui/data/run_library.h"
 #include "gui/plot/plot.h"
@@ -64,7 +65,11 @@ struct AppState {
   bool playing = false;
   double play_clock_s = 0.0;
   float play_rate = 4.0f;  // records per second
-  std::string probe_kind;  // empty: every probe
+  // The probe kinds the depth, heatmap and compare views show; empty: every probe. nullopt until chosen: then the
+  // depth and compare views show default_kinds (the residual stream) and the heatmap every probe.
+  std::optional<std::vector<std::string>> kind_filter;
+  // The depth profile's x axis: nullopt until chosen (then default_depth_axis: by block, l/L when depths differ).
+  std::optional<DepthAxis> depth_axis;
   bool depth_log_y = true;
   bool show_theory = true;
 

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "gui/app/app_state.h"
 #include "gui/app/headless.h"
+#include "gui/data/depth_axis.h"
+#include "gui/plot/plot_math.h"
 
 namespace {
 
@@ -25,13 +27,14 @@ struct Options {
   std::string view = "depth";
   std::string stat;
   bool backward = false;
-  std::string kind;
+  std::string kind, kinds, x_axis;
   long long record = -1;
   std::string group;
   std::string compare_plot = "depth";
   bool linear = false;
   bool full = false;
   std::string size = "1280x800";
+  bool size_given = false;  // else the window fills the screen's work area
   long long frames = 0;
 };
 
@@ -55,7 +58,15 @@ void apply_options(const Options& options, AppState& state) {
   state.compare_plot = *compare_plot;
   if (!options.stat.empty()) state.stat = options.stat;
   state.direction = options.backward ? Direction::backward : Direction::forward;
-  state.probe_kind = options.kind;
+  if (!options.kind.empty() && !options.kinds.empty()) throw UserError("--kind and --kinds: give one of them");
+  if (!options.kind.empty()) state.kind_filter = parse_kinds(options.kind);
+  if (!options.kinds.empty())
+    state.kind_filter = options.kinds == "all" ? std::vector<std::string>{} : parse_kinds(options.kinds);
+  if (!options.x_axis.empty()) {
+    const auto axis = parse_depth_axis(options.x_axis);
+    if (!axis) throw UserError("--x " + options.x_axis + ": expected block, depth (l/L) or probe");
+    state.depth_axis = *axis;
+  }
   state.record = options.record;
   if (!options.group.empty()) state.compare_key = options.group;
   if (options.linear) {
@@ -117,12 +128,29 @@ int run_window(const Options& options, AppState& state) {
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 3);
   glfwWindowHint(GLFW_OPENGL_PROFILE, GLFW_OPENGL_CORE_PROFILE);
+  // Without --size the window fills the primary monitor's work area (maximised, so that a window manager fits its
+  // decorations in too).
+  PixelRect placed{0.0, 0.0, static_cast<double>(width), static_cast<double>(height)};
+  if (!options.size_given) {
+    PixelRect work_area;
+    if (GLFWmonitor* monitor = glfwGetPrimaryMonitor()) {
+      int x = 0, y = 0, w = 0, h = 0;
+      glfwGetMonitorWorkarea(monitor, &x, &y, &w, &h);
+      work_area = PixelRect{static_cast<double>(x), static_cast<double>(y), static_cast<double>(x + w),
+                            static_cast<double>(y + h)};
+    }
+    placed = initial_window_rect(work_area, width, height);
+    width = static_cast<int>(placed.width());
+    height = static_cast<int>(placed.height());
+    glfwWindowHint(GLFW_MAXIMIZED, GLFW_TRUE);
+  }
   GLFWwindow* window = glfwCreateWindow(width, height, "proplab-gui", nullptr, nullptr);
   if (window == nullptr) {
     std::cerr << "proplab-gui: could not open an OpenGL 3.3 window\n";
     glfwTerminate();
     return 1;
   }
+  if (!options.size_given) glfwSetWindowPos(window, static_cast<int>(placed.x0), static_cast<int>(placed.y0));
   glfwMakeContextCurrent(window);
   glfwSwapInterval(1);
   IMGUI_CHECKVERSION();
@@ -158,6 +186,8 @@ int run_window(const Options& options, AppState& state) {
     if (options.frames > 0 && state.library_state.initial_scan_done && ++frames_after_load >= options.frames) break;
   }
   const std::size_t shown = selected_runs(state).size();
+  int window_width = 0, window_height = 0;
+  glfwGetWindowSize(window, &window_width, &window_height);
   for (auto& pending : state.exports) pending.wait();
   release_gpu_resources(state);
   ImGui_ImplOpenGL3_Shutdown();
@@ -166,7 +196,7 @@ int run_window(const Options& options, AppState& state) {
   glfwDestroyWindow(window);
   glfwTerminate();
   std::cout << "proplab-gui: closed after " << frames_after_load << " frames with " << state.library_state.runs.size()
-            << " runs, " << shown << " shown\n";
+            << " runs, " << shown << " shown; window " << window_width << "x" << window_height << "\n";
   return 0;
 }
 
@@ -181,12 +211,18 @@ int main(int argc, char** argv) {
   app.add_option("--stat", options.stat, "statistic to show (default var)");
   app.add_flag("--backward", options.backward, "show the gradients' statistics");
   app.add_option("--kind", options.kind, "only probes of this kind (e.g. residual)");
+  app.add_option("--kinds", options.kinds,
+                 "only probes of these kinds, e.g. residual,branch, or all (default: the residual stream in the depth "
+                 "and compare views, every probe in the heatmap)");
+  app.add_option("--x", options.x_axis,
+                 "depth axis: block | depth (l/L) | probe (default: block, l/L when depths differ)");
   app.add_option("--record", options.record, "record index (default: the last)");
   app.add_option("--group", options.group, "compare: config key to group by (default scaling.rule)");
   app.add_option("--compare-plot", options.compare_plot, "compare: depth | dynamics | heatmap")->capture_default_str();
   app.add_flag("--linear", options.linear, "linear y axes and colour scale");
   app.add_flag("--full", options.full, "--screenshot of the whole window (runs panel, details and the view)");
-  app.add_option("--size", options.size, "WIDTHxHEIGHT")->capture_default_str();
+  CLI::Option* size_option =
+      app.add_option("--size", options.size, "WIDTHxHEIGHT (default: the screen's work area; --screenshot 1280x800)");
   app.add_option("--frames", options.frames, "quit after N frames once the runs are loaded (tests)");
   try {
     app.parse(argc, argv);
@@ -194,6 +230,7 @@ int main(int argc, char** argv) {
     // Bad command lines exit 2, as the proplab CLI's do (--help exits 0).
     return app.exit(error) == 0 ? 0 : 2;
   }
+  options.size_given = size_option->count() > 0;
 
   try {
     std::vector<std::filesystem::path> roots(options.paths.begin(), options.paths.end());

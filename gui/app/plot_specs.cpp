@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gui/data/block_axis.h"
+#include "gui/data/depth_axis.h"
 
 namespace proplab::gui {
 
@@ -38,6 +39,14 @@ std::int64_t record_of(const RunSnapshot& run, std::int64_t record) {
   return record < 0 ? records - 1 : std::min(record, records - 1);
 }
 
+std::vector<std::string> shown_kinds(const AppState& state, const RunList& runs) {
+  return state.kind_filter ? *state.kind_filter : default_kinds(runs);
+}
+
+DepthAxis shown_depth_axis(const AppState& state, const RunList& runs) {
+  return state.depth_axis ? *state.depth_axis : default_depth_axis(runs);
+}
+
 namespace {
 
 std::string stat_title(const AppState& state) {
@@ -49,10 +58,10 @@ bool by_block(const RunList& runs) {
   return !runs.empty() && std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
 }
 
-// Where the stages of `runs` begin on the block axis: a dashed line at each transition and a "stage s" label for
-// every stage. One set in the marker colour when every run has the same layout; else one per run, in its colour,
-// on its own label row.
-std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs) {
+// Where the stages of `runs` begin on the block or l/L axis: a dashed line at each transition and a "stage s" label
+// for every stage. One set in the marker colour when every run has the same layout; else one per run, in its
+// colour, on its own label row.
+std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs, DepthAxis axis) {
   const auto same_layout = [&](const RunSnapshot& run) {
     const auto& first = runs.front()->blocks;
     return std::equal(
@@ -64,7 +73,7 @@ std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs
   for (std::size_t i = 0; i < (shared ? std::min<std::size_t>(1, runs.size()) : runs.size()); ++i) {
     for (const auto& start : stage_starts(runs[i]->blocks)) {
       AxisMarker marker;
-      marker.value = start.position;
+      marker.value = block_position_on(start.position, block_count(runs[i]->probes), axis);
       marker.label = stage_label(start.stage);
       marker.line = start.transition;
       if (!shared) {
@@ -79,37 +88,38 @@ std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs
 
 }  // namespace
 
-// The depth profile of `runs` (a subset of the selection) at the state's record: against probe depth, or against
-// the block (with the stages marked) when every run has a stage layout.
+// The depth profile of `runs` (a subset of the selection) at the state's record, on the chosen or default depth
+// axis (depth_axis.h), the stages marked when every run has a stage layout (ResNets) and the axis is by block or
+// l/L. Every point carries its read-out (probe, block, step, value).
 PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
   PlotSpec spec;
-  const bool blocks = by_block(runs);
-  spec.x_label = blocks ? "block" : "probe depth";
-  if (blocks) spec.x_markers = stage_markers(state, runs);
+  const DepthAxis axis = shown_depth_axis(state, runs);
+  const std::vector<std::string> kinds = shown_kinds(state, runs);
+  spec.x_label = depth_axis_title(axis);
+  if (axis != DepthAxis::probe && by_block(runs)) spec.x_markers = stage_markers(state, runs, axis);
   spec.y_label = stat_title(state);
   spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
   for (const auto& run : runs) {
     const Dataset2D* matrix = run->stat(state.direction, state.stat);
     const std::int64_t record = record_of(*run, state.record);
     if (matrix == nullptr || record < 0) continue;
+    const std::int64_t step = run->record_steps[static_cast<std::size_t>(record)];
     const ImU32 colour = series_colour(colour_index(state, *run));
     const float thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
     PlotSeries measured;
     measured.label = run->name;
     measured.colour = colour;
     measured.thickness = thickness;
-    const auto probes = probes_of_kind(run->probes, state.probe_kind);
-    std::vector<double> x_of(run->probes.size());
-    if (blocks) {
-      x_of = block_axis_positions(run->probes);
-    } else {
-      for (std::size_t p = 0; p < run->probes.size(); ++p) x_of[p] = static_cast<double>(run->probes[p].depth);
-    }
+    const auto probes = probes_of_kinds(run->probes, kinds);
+    const std::vector<double> x_of = depth_axis_positions(run->probes, axis);
     for (const std::size_t p : probes) {
+      const double value = matrix->at(record, static_cast<std::int64_t>(p));
       measured.x.push_back(x_of[p]);
-      measured.y.push_back(matrix->at(record, static_cast<std::int64_t>(p)));
+      measured.y.push_back(value);
+      measured.point_labels.push_back(probe_point_text(run->probes[p], step, spec.y_label, value));
     }
     spec.series.push_back(std::move(measured));
+    // The prediction at initialisation, in either direction: dashed in the run's colour wherever the file has one.
     const std::vector<double>* theory = run->theory(state.direction, state.stat);
     if (state.show_theory && theory != nullptr) {
       PlotSeries predicted;
@@ -117,9 +127,12 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
       predicted.colour = colour;
       predicted.dashed = true;
       predicted.thickness = thickness;
+      const std::int64_t first_step = run->record_steps.front();
       for (const std::size_t p : probes) {
         predicted.x.push_back(x_of[p]);
         predicted.y.push_back((*theory)[p]);
+        predicted.point_labels.push_back(
+            probe_point_text(run->probes[p], first_step, "predicted " + spec.y_label, (*theory)[p]));
       }
       if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
         spec.series.push_back(std::move(predicted));
@@ -221,25 +234,30 @@ HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) {
   spec.colour_scale = state.heatmap_log ? AxisScale::log : AxisScale::linear;
   const Dataset2D* matrix = run.stat(state.direction, state.stat);
   if (matrix == nullptr || run.records() == 0) return spec;
-  const auto probes = probes_of_kind(run.probes, state.probe_kind);
+  // Every probe until kinds are chosen (the depth and compare views open on the residual stream instead).
+  const auto probes = probes_of_kinds(run.probes, state.kind_filter.value_or(std::vector<std::string>{}));
   spec.rows = static_cast<std::int64_t>(probes.size());
   spec.columns = static_cast<std::int64_t>(run.records());
   spec.values.resize(static_cast<std::size_t>(spec.rows * spec.columns));
   for (std::size_t i = 0; i < probes.size(); ++i) {
-    spec.row_labels.push_back(run.probes[probes[i]].name);
+    spec.row_labels.push_back(probe_description(run.probes[probes[i]]));
     for (std::int64_t r = 0; r < spec.columns; ++r) {
       spec.values[i * static_cast<std::size_t>(spec.columns) + static_cast<std::size_t>(r)] =
           matrix->at(r, static_cast<std::int64_t>(probes[i]));
     }
   }
   for (const auto step : run.record_steps) spec.column_values.push_back(static_cast<double>(step));
-  if (has_block_axis(run)) {
-    // By block: block numbers at the middle of their rows, the stages' starts dashed and labelled.
+  // By block, for every model with blocks: block numbers at the middle of their rows; a ResNet's stages' starts
+  // dashed and labelled.
+  const auto rows_of_blocks = block_rows(run.probes, probes);
+  if (!rows_of_blocks.empty()) {
     spec.y_label = "block";
-    for (const auto& rows : block_rows(run.probes, probes)) {
+    for (const auto& rows : rows_of_blocks) {
       spec.row_ticks.push_back(
           Tick{0.5 * static_cast<double>(rows.first + rows.end), std::to_string(rows.block), true});
     }
+  }
+  if (has_block_axis(run)) {
     for (const auto& start : stage_starts_in_rows(run.probes, run.blocks, probes)) {
       AxisMarker marker;
       marker.value = start.position;

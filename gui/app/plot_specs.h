@@ -15,6 +15,10 @@ std::size_t colour_index(const AppState& state, const RunSnapshot& run);
 std::int64_t max_records(const RunList& runs);
 // The record of `run` shown for the state's record index (clamped to the run's last); -1 without records.
 std::int64_t record_of(const RunSnapshot& run, std::int64_t record);
+// The kinds the views show for `runs`: the chosen ones, else default_kinds (the residual stream).
+std::vector<std::string> shown_kinds(const AppState& state, const RunList& runs);
+// The depth profile's x axis for `runs`: the chosen one, else default_depth_axis (block; l/L when depths differ).
+DepthAxis shown_depth_axis(const AppState& state, const RunList& runs);
 // The chosen probes' statistic against the training step, one series per run and probe.
 PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs);
 

@@ -79,7 +79,8 @@ void attach_texture(AppState& state, const std::string& panel, const RunSnapshot
   if (spec.rows <= 0 || spec.columns <= 0) return;
   const std::string key = detail::concat(
       run.path.string(), "|", run.modified.time_since_epoch().count(), "|", run.file_size, "|", run.records(), "|",
-      direction_name(state.direction), "|", state.stat, "|", state.probe_kind, "|", state.heatmap_log, "|",
+      direction_name(state.direction), "|", state.stat, "|",
+      state.kind_filter ? kinds_summary(*state.kind_filter) : "default", "|", state.heatmap_log, "|",
       spec.value_range ? spec.value_range->min : 0.0, "|", spec.value_range ? spec.value_range->max : 0.0);
   AppState::HeatmapTexture& texture = state.heatmap_textures[panel];
   if (texture.key != key) {
@@ -99,15 +100,44 @@ void attach_texture(AppState& state, const std::string& panel, const RunSnapshot
   spec.texture = reinterpret_cast<ImTextureID>(static_cast<std::uintptr_t>(texture.texture));
 }
 
-void probe_kind_combo(AppState& state, const RunList& runs) {
+// The kind filter: a multi-select over the kinds the runs have, "all probes" clearing it.
+void probe_kinds_combo(AppState& state, const RunList& runs, const std::vector<std::string>& shown) {
   std::vector<std::string> kinds;
   for (const auto& run : runs) {
     for (const auto& kind : probe_kinds(run->probes)) {
       if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) kinds.push_back(kind);
     }
   }
-  ImGui::SetNextItemWidth(120);
-  combo_strings("##kind", state.probe_kind, kinds, "all probes");
+  ImGui::SetNextItemWidth(150);
+  if (!ImGui::BeginCombo("##kinds", kinds_summary(shown).c_str())) return;
+  if (ImGui::Selectable("all probes", shown.empty(), ImGuiSelectableFlags_DontClosePopups))
+    state.kind_filter = std::vector<std::string>{};
+  for (const auto& kind : kinds) {
+    bool chosen = std::find(shown.begin(), shown.end(), kind) != shown.end();
+    if (ImGui::Checkbox(kind.c_str(), &chosen)) {
+      std::vector<std::string> next;
+      // In the runs' order of kinds, so that the summary reads the same whatever the clicks' order.
+      for (const auto& other : kinds) {
+        const bool keep = other == kind ? chosen : std::find(shown.begin(), shown.end(), other) != shown.end();
+        if (keep) next.push_back(other);
+      }
+      state.kind_filter = next;
+    }
+  }
+  ImGui::EndCombo();
+}
+
+// The depth profile's x axis: block, l/L or probe index ("auto" follows default_depth_axis).
+void depth_axis_combo(AppState& state, const RunList& runs) {
+  const DepthAxis shown = shown_depth_axis(state, runs);
+  const std::string preview = std::string("x: ") + depth_axis_title(shown) + (state.depth_axis ? "" : " (auto)");
+  ImGui::SetNextItemWidth(170);
+  if (!ImGui::BeginCombo("##x_axis", preview.c_str())) return;
+  if (ImGui::Selectable("auto: block, l/L when depths differ", !state.depth_axis)) state.depth_axis.reset();
+  for (const DepthAxis axis : {DepthAxis::block, DepthAxis::depth, DepthAxis::probe}) {
+    if (ImGui::Selectable(depth_axis_title(axis), state.depth_axis == axis)) state.depth_axis = axis;
+  }
+  ImGui::EndCombo();
 }
 
 // Begins a tiled window at a fixed place, or the only window, full size, for a headless frame.
@@ -276,7 +306,9 @@ void draw_depth_window(AppState& state) {
   ImGui::SameLine();
   stat_combo(state, runs);
   ImGui::SameLine();
-  probe_kind_combo(state, runs);
+  probe_kinds_combo(state, runs, shown_kinds(state, runs));
+  ImGui::SameLine();
+  depth_axis_combo(state, runs);
   record_controls(state, runs);
   ImGui::SameLine();
   ImGui::Checkbox("log y", &state.depth_log_y);
@@ -360,7 +392,7 @@ void draw_heatmap_window(AppState& state) {
   ImGui::SameLine();
   stat_combo(state, runs);
   ImGui::SameLine();
-  probe_kind_combo(state, runs);
+  probe_kinds_combo(state, runs, state.kind_filter.value_or(std::vector<std::string>{}));
   ImGui::SameLine();
   ImGui::Checkbox("log colour", &state.heatmap_log);
   empty_hint(runs);
@@ -391,7 +423,13 @@ void draw_compare_window(AppState& state) {
   ImGui::SameLine();
   stat_combo(state, runs);
   ImGui::SameLine();
-  probe_kind_combo(state, runs);
+  probe_kinds_combo(state, runs,
+                    state.compare_plot == View::heatmap ? state.kind_filter.value_or(std::vector<std::string>{})
+                                                        : shown_kinds(state, runs));
+  if (state.compare_plot == View::depth) {
+    ImGui::SameLine();
+    depth_axis_combo(state, runs);
+  }
   record_controls(state, runs);
   empty_hint(runs);
   if (!runs.empty()) draw_compare_panels(state, runs);

@@ -14,6 +14,8 @@ constexpr float dash_on_px = 7.0f;
 constexpr float dash_off_px = 5.0f;
 constexpr float hover_radius_px = 24.0f;
 constexpr std::size_t legend_max_entries = 14;
+// The share of the data area's width (or height) a legend beside it must leave to the data.
+constexpr double legend_min_area_share = 0.6;
 constexpr float marker_dash_on_px = 6.0f;
 constexpr float marker_dash_off_px = 4.0f;
 constexpr float marker_thickness_px = 2.0f;
@@ -133,30 +135,47 @@ void draw_series(ImDrawList* draw, const PlotSeries& series, const AxisTransform
   flush();
 }
 
-// The legend in the top-right corner of the data area; a click on an entry toggles its series.
-void draw_legend(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spec, PlotState& state, bool hovered,
-                 bool& legend_under_mouse) {
+// The series listed in the legend.
+std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec) {
   std::vector<const PlotSeries*> entries;
+  if (!spec.legend) return entries;
   for (const auto& series : spec.series) {
     if (series.in_legend) entries.push_back(&series);
   }
-  legend_under_mouse = false;
-  if (!spec.legend || entries.empty()) return;
+  return entries;
+}
+
+constexpr float legend_swatch_px = 22.0f;
+
+// The legend's box size with every entry it lists (at most legend_max_entries, then "+n more").
+ImVec2 legend_size(const std::vector<const PlotSeries*>& entries) {
+  if (entries.empty()) return ImVec2(0, 0);
   const std::size_t shown = std::min(entries.size(), legend_max_entries);
-  const float line = ImGui::GetTextLineHeight();
   float width = 0.0f;
   for (std::size_t i = 0; i < shown; ++i) width = std::max(width, ImGui::CalcTextSize(entries[i]->label.c_str()).x);
+  if (entries.size() > shown) width = std::max(width, ImGui::CalcTextSize("+999 more").x);
+  const float lines = static_cast<float>(shown) + (entries.size() > shown ? 1.0f : 0.0f);
+  return ImVec2(width + legend_swatch_px + 14.0f, lines * ImGui::GetTextLineHeight() + 8.0f);
+}
+
+// The legend in its box beside the data area (place_legend); a click on an entry toggles its series. Lists as many
+// entries as the box holds, then "+n more".
+void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const PlotSeries*>& entries,
+                 PlotState& state, bool hovered, bool& legend_under_mouse) {
+  legend_under_mouse = false;
+  if (entries.empty() || box.width() <= 0.0 || box.height() <= 0.0) return;
+  const float line = ImGui::GetTextLineHeight();
+  const auto room = static_cast<std::size_t>(std::max(0.0, (box.height() - 8.0) / line));
+  std::size_t shown = std::min({entries.size(), legend_max_entries, room});
+  if (shown < entries.size() && shown == room && shown > 0) --shown;  // a line for "+n more"
   char more_text[48] = "";
   if (entries.size() > shown) std::snprintf(more_text, sizeof(more_text), "+%zu more", entries.size() - shown);
   const std::string more = more_text;
-  if (!more.empty()) width = std::max(width, ImGui::CalcTextSize(more.c_str()).x);
-  const float swatch = 22.0f;
-  const float box_width = width + swatch + 14.0f;
-  const float box_height = (static_cast<float>(shown) + (more.empty() ? 0.0f : 1.0f)) * line + 8.0f;
-  const ImVec2 box_min(layout.area_max.x - box_width - 6.0f, layout.area_min.y + 6.0f);
-  const ImVec2 box_max(box_min.x + box_width, box_min.y + box_height);
+  const ImVec2 box_min(static_cast<float>(box.x0), static_cast<float>(box.y0));
+  const ImVec2 box_max(static_cast<float>(box.x1), static_cast<float>(box.y1));
   draw->AddRectFilled(box_min, box_max, ImGui::GetColorU32(ImGuiCol_PopupBg, 0.85f));
   draw->AddRect(box_min, box_max, ImGui::GetColorU32(ImGuiCol_Border));
+  draw->PushClipRect(box_min, box_max, true);
   const ImVec2 mouse = ImGui::GetIO().MousePos;
   legend_under_mouse =
       hovered && mouse.x >= box_min.x && mouse.x <= box_max.x && mouse.y >= box_min.y && mouse.y <= box_max.y;
@@ -172,7 +191,7 @@ void draw_legend(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spe
     } else {
       draw->AddLine(ImVec2(box_min.x + 5.0f, mid), ImVec2(box_min.x + 21.0f, mid), colour, 2.0f);
     }
-    draw->AddText(ImVec2(box_min.x + swatch + 6.0f, top),
+    draw->AddText(ImVec2(box_min.x + legend_swatch_px + 6.0f, top),
                   ImGui::GetColorU32(hidden ? ImGuiCol_TextDisabled : ImGuiCol_Text), series.label.c_str());
     if (legend_under_mouse && ImGui::IsMouseClicked(ImGuiMouseButton_Left) && mouse.y >= top && mouse.y < top + line) {
       if (hidden) {
@@ -183,9 +202,10 @@ void draw_legend(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spe
     }
   }
   if (!more.empty()) {
-    draw->AddText(ImVec2(box_min.x + swatch + 6.0f, box_min.y + 4.0f + static_cast<float>(shown) * line),
+    draw->AddText(ImVec2(box_min.x + legend_swatch_px + 6.0f, box_min.y + 4.0f + static_cast<float>(shown) * line),
                   ImGui::GetColorU32(ImGuiCol_TextDisabled), more.c_str());
   }
+  draw->PopClipRect();
 }
 
 // A dashed straight line. Ends are put on pixel centres (ImGui adds half a pixel) so that the line's core is crisp.
@@ -340,6 +360,11 @@ void draw_hover(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spec
                     static_cast<float>(y.to_pixel(best_series->y[best_index])));
     draw->AddCircle(at, 5.0f, best_series->colour, 12, 2.0f);
     ImGui::TextColored(ImGui::ColorConvertU32ToFloat4(best_series->colour), "%s", best_series->label.c_str());
+    if (best_index < best_series->point_labels.size()) {
+      ImGui::TextUnformatted(best_series->point_labels[best_index].c_str());
+      ImGui::EndTooltip();
+      return;
+    }
     ImGui::Text("%s = %s", spec.x_label.empty() ? "x" : spec.x_label.c_str(),
                 format_value(best_series->x[best_index]).c_str());
     ImGui::Text("%s = %s", spec.y_label.empty() ? "y" : spec.y_label.c_str(),
@@ -354,8 +379,22 @@ void draw_hover(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spec
 
 void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 size) {
   ImGui::PushID(id);
-  const PlotLayout layout = make_layout(size, !spec.title.empty() || !spec.y_label.empty(), 10.0f);
+  PlotLayout layout = make_layout(size, !spec.title.empty() || !spec.y_label.empty(), 10.0f);
+  // The legend goes beside the data area (right, else below), never over it.
+  const auto entries = legend_entries(spec);
+  PixelRect legend_box;
+  if (!entries.empty()) {
+    const ImVec2 legend = legend_size(entries);
+    const float line = ImGui::GetTextLineHeight();
+    const LegendPlacement placement =
+        place_legend(PixelRect{layout.area_min.x, layout.area_min.y, layout.area_max.x, layout.area_max.y}, legend.x,
+                     legend.y, 2.0 * line + 8.0, 8.0, legend_min_area_share);
+    layout.area_max = ImVec2(static_cast<float>(placement.area.x1), static_cast<float>(placement.area.y1));
+    legend_box = placement.legend;
+  }
   remember_rect(state.export_request, layout, spec.title.empty() ? id : spec.title);
+  state.area = PixelRect{layout.area_min.x, layout.area_min.y, layout.area_max.x, layout.area_max.y};
+  state.legend = legend_box;
   ImGui::InvisibleButton("plot", size, ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
   const bool hovered = ImGui::IsItemHovered();
   const bool active = ImGui::IsItemActive();
@@ -393,7 +432,7 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   for (const auto& series : spec.series) {
     if (!state.hidden.count(series.label)) draw_series(draw, series, x, y, scratch);
   }
-  // Labels along the bottom of the data area (the legend holds the top right), on a backing that dims the lines
+  // Labels along the bottom of the data area, on a backing that dims the lines
   // beneath them.
   for (std::size_t m = 0; m < spec.x_markers.size(); ++m) {
     if (!marker_placements[m].label) continue;
@@ -416,7 +455,7 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
                         ImGui::GetColorU32(ImGuiCol_TextSelectedBg, 0.5f));
   }
   draw->PopClipRect();
-  draw_legend(draw, layout, spec, state, hovered, legend_under_mouse);
+  draw_legend(draw, legend_box, entries, state, hovered, legend_under_mouse);
 
   if (in_area && !legend_under_mouse && !state.box_active) draw_hover(draw, layout, spec, state, x, y, mouse);
   context_menu("menu", state.export_request, &state);

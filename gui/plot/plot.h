@@ -4,7 +4,8 @@
 // Interaction (when the mouse is over the plot): wheel zooms about the mouse (Shift: x only, Ctrl: y only),
 // left drag pans, right drag draws a zoom box, double-click fits the data again, a right click (no drag) opens a
 // menu (fit, save PNG), clicking a legend entry hides or shows that series; the crosshair follows the mouse and
-// the nearest point's series, x and y are shown.
+// the nearest point's series and its read-out (PlotSeries::point_labels, else x and y) are shown. The legend sits
+// beside the data area, never over it (place_legend).
 //
 // Invariants:
 // - Everything a plot remembers between frames lives in its PlotState / HeatmapState, owned by the caller (the
@@ -37,6 +38,9 @@ struct PlotSeries {
   bool dashed = false;
   float thickness = 2.0f;
   bool in_legend = true;
+  // When non-empty, one read-out per point (e.g. probe_point_text: probe, block, step, value): the hover shows it
+  // under the series' label instead of the point's x and y.
+  std::vector<std::string> point_labels;
 };
 
 ImU32 marker_colour(float alpha = 1.0f);
@@ -79,6 +83,7 @@ struct PlotState {
   bool box_active = false;
   float box_x = 0, box_y = 0;  // where the zoom box started
   ExportRequest export_request;
+  PixelRect area, legend;  // the data area and the legend's box as last drawn (screen pixels; no legend: empty)
 };
 
 // Draws a line plot of `size` pixels at the cursor of the current window.

@@ -324,4 +324,37 @@ std::vector<DashPiece> dash_pieces(const std::vector<double>& segment_lengths, d
   return pieces;
 }
 
+bool overlaps(const PixelRect& a, const PixelRect& b) {
+  return a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+}
+
+LegendPlacement place_legend(PixelRect area, double legend_width, double legend_height, double below, double gap,
+                             double min_share) {
+  LegendPlacement placement;
+  const double width = area.width(), height = area.height();
+  const auto right_of = [&](double legend_w) {
+    placement.right = true;
+    placement.area = area;
+    placement.area.x1 = area.x1 - legend_w - gap;
+    placement.legend = PixelRect{placement.area.x1 + gap, area.y0, area.x1, area.y0 + std::min(legend_height, height)};
+    return placement;
+  };
+  if (width - legend_width - gap >= min_share * width) return right_of(legend_width);
+  if (height - legend_height - below - gap >= min_share * height) {
+    placement.right = false;
+    placement.area = area;
+    placement.area.y1 = area.y1 - legend_height - below - gap;
+    const double top = placement.area.y1 + below + gap;
+    placement.legend = PixelRect{area.x0, top, area.x0 + std::min(legend_width, width), top + legend_height};
+    return placement;
+  }
+  return right_of(std::max(0.0, (1.0 - min_share) * width - gap));
+}
+
+PixelRect initial_window_rect(PixelRect work_area, int fallback_width, int fallback_height) {
+  if (work_area.width() < 320.0 || work_area.height() < 240.0)
+    return PixelRect{0.0, 0.0, static_cast<double>(fallback_width), static_cast<double>(fallback_height)};
+  return work_area;
+}
+
 }  // namespace proplab::gui

@@ -115,6 +115,34 @@ std::array<float, 3> viridis(double t);
 // Where `value` falls in [min, max] on a linear or log colour scale, clamped to [0, 1]; NaN when not plottable.
 double colour_position(double value, double min, double max, AxisScale scale);
 
+// A screen rectangle in pixels, top-left origin: [x0, x1) × [y0, y1).
+struct PixelRect {
+  double x0 = 0.0, y0 = 0.0, x1 = 0.0, y1 = 0.0;
+  double width() const { return x1 - x0; }
+  double height() const { return y1 - y0; }
+};
+// True when the rectangles share an interior point (touching edges do not overlap).
+bool overlaps(const PixelRect& a, const PixelRect& b);
+
+// Where a plot's legend of `legend_width` × `legend_height` pixels goes so that it never hides the data: outside the
+// data area `area`, never over it. To its right (the area narrows by the legend and `gap`) when the area keeps at
+// least `min_share` of its width; else below the `below` pixels of x-axis labels under it (the area shortens by the
+// legend, `below` and `gap` are kept under it) when the area keeps `min_share` of its height; else to its right,
+// narrowed so that the area keeps `min_share` of its width (the legend's text is clipped). A legend taller than the
+// room beside the area is cut to that room (the widget then lists fewer entries).
+struct LegendPlacement {
+  PixelRect area;     // the data area that is left
+  PixelRect legend;   // the legend's box
+  bool right = true;  // beside the area (else below it)
+};
+LegendPlacement place_legend(PixelRect area, double legend_width, double legend_height, double below, double gap,
+                             double min_share);
+
+// The window's first rectangle on a monitor whose work area (the screen less panels and docks) is `work_area`: the
+// whole work area. A work area smaller than 320 × 240 pixels (unknown, or a tiny virtual screen) gives
+// `fallback_width` × `fallback_height` at the origin.
+PixelRect initial_window_rect(PixelRect work_area, int fallback_width, int fallback_height);
+
 // Alternating on/off lengths (pixels) along a polyline: the dashes of a dashed series. Returns the pieces
 // as (start, end) fractions of each segment, for segment i of lengths[i].
 struct DashPiece {

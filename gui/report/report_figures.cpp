@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "gui/app/app_state.h"
 #include "gui/app/headless.h"
+#include "gui/app/plot_specs.h"
 #include "gui/data/block_axis.h"
 #include "gui/report/report.h"
 
@@ -32,11 +33,11 @@ void begin_figure(const std::string& heading, const std::string& note) {
 }
 
 // Only the residual stream when every run has one (the curves the theory describes), else every probe.
-std::string depth_probe_kind(const RunList& runs) {
+std::vector<std::string> depth_probe_kinds(const RunList& runs) {
   for (const auto& run : runs) {
-    if (probes_of_kind(run->probes, "residual").size() < 2) return "";
+    if (probes_of_kind(run->probes, "residual").size() < 2) return {};
   }
-  return "residual";
+  return {"residual"};
 }
 
 std::string step_text(const RunList& runs, bool last) {
@@ -48,12 +49,13 @@ std::string step_text(const RunList& runs, bool last) {
 // 2 × 2 depth profiles: forward (top) and backward (bottom), record 0 (left) and last (right), each row on one
 // y range so that the change during training shows.
 void draw_depth_figure(AppState& state, const RunList& runs, const std::string& label) {
-  state.probe_kind = depth_probe_kind(runs);
+  state.kind_filter = depth_probe_kinds(runs);
   const bool by_block = std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
   begin_figure("Depth profiles of var: " + label,
-               (state.probe_kind.empty() ? std::string("every probe") : "residual-stream probes") +
-                   "; one colour per run, dashed: theory at initialisation" +
-                   (by_block ? "; x: block, vertical dashed lines: stage transitions" : ""));
+               (state.kind_filter->empty() ? std::string("every probe") : "residual-stream probes") +
+                   "; one colour per run, dashed: theory at initialisation; x: " +
+                   depth_axis_title(shown_depth_axis(state, runs)) +
+                   (by_block ? ", vertical dashed lines: stage transitions" : ""));
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const ImVec2 panel((avail.x - panel_gap) / 2, (avail.y - panel_gap) / 2);
   for (const Direction direction : {Direction::forward, Direction::backward}) {
@@ -91,7 +93,7 @@ void draw_loss_figure(AppState& state, const RunList& runs, const std::string& l
 
 // Forward and backward var of one run side by side.
 void draw_heatmap_figure(AppState& state, const RunSnapshot& run) {
-  state.probe_kind.clear();
+  state.kind_filter = std::vector<std::string>{};
   begin_figure("Heatmaps of var: " + run.name,
                has_block_axis(run) ? "every probe (y, by block; dashed: stage transitions) x records (x, by step); log "
                                      "colour scale"

@@ -141,12 +141,37 @@ TEST_F(PlotWidgetTest, LeftDragPansAndRightDragZoomsToABox) {
   EXPECT_LT(state_.y.max, before_y.max);
 }
 
+TEST_F(PlotWidgetTest, TheLegendNeverCoversTheData) {
+  frame(-100, -100);
+  EXPECT_GT(state_.legend.width(), 0.0);
+  EXPECT_GT(state_.legend.height(), 0.0);
+  EXPECT_FALSE(overlaps(state_.legend, state_.area));
+  EXPECT_GE(state_.legend.x0, state_.area.x1) << "beside the data, on its right";
+  EXPECT_LE(state_.legend.x1, state_.export_request.x1);
+  // Every point of the data lies inside the data area, which the legend leaves alone.
+  const AxisTransform x(state_.x, AxisScale::linear, state_.area.x0, state_.area.x1);
+  const AxisTransform y(state_.y, AxisScale::linear, state_.area.y1, state_.area.y0);
+  for (const auto& series : spec_.series) {
+    for (std::size_t i = 0; i < series.x.size(); ++i) {
+      const double px = x.to_pixel(series.x[i]), py = y.to_pixel(series.y[i]);
+      EXPECT_FALSE(px >= state_.legend.x0 && px <= state_.legend.x1 && py >= state_.legend.y0 && py <= state_.legend.y1)
+          << series.label << " point " << i << " under the legend";
+    }
+  }
+  // Without a legend the data area takes the room.
+  const double with_legend = state_.area.width();
+  spec_.legend = false;
+  frame(-100, -100);
+  EXPECT_GT(state_.area.width(), with_legend);
+  EXPECT_EQ(state_.legend.width(), 0.0);
+}
+
 TEST_F(PlotWidgetTest, ClickingALegendEntryHidesAndShowsItsSeries) {
   frame(-100, -100);
-  // The legend sits in the data area's top-right corner; its first entry is the first line of text in it.
+  // The legend sits right of the data area, level with its top; its first entry is the first line of text in it.
   const float area_right = state_.export_request.x1 - 10.0f;
   const float area_top = state_.export_request.y0 + ImGui::GetTextLineHeight() + 6.0f;
-  const float first_entry = area_top + 6.0f + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
+  const float first_entry = area_top + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
   frame(area_right - 12.0f, first_entry, true);
   frame(area_right - 12.0f, first_entry, false);
   EXPECT_EQ(state_.hidden, (std::set<std::string>{"line"}));

@@ -119,6 +119,40 @@ TEST_F(GuiScreenshotTest, DepthProfileShowsBothRulesAndTheDashedTheory) {
   EXPECT_LT(most_dashes_in_a_row(plain, colour_of(0)), 4);
 }
 
+// The gradients' prediction is drawn as the forward one is: a dashed line in each run's colour.
+TEST_F(GuiScreenshotTest, BackwardDepthProfileShowsTheDashedTheory) {
+  write_two_runs();
+  const auto result = screenshot("backward.png", {"--backward", (work_ / "runs").string()});
+  const Image image = expect_image("backward.png", result);
+  ASSERT_FALSE(image.rgb.empty());
+  EXPECT_GE(most_dashes_in_a_row(image, colour_of(0)), 10);
+  EXPECT_GE(most_dashes_in_a_row(image, colour_of(1)), 10);
+}
+
+// The depth axis and the kinds on the command line (`--x`, `--kinds`), and their mistakes.
+TEST_F(GuiScreenshotTest, DepthAxisAndKindsOptions) {
+  write_two_runs();
+  for (const std::string axis : {"block", "depth", "probe"}) {
+    SCOPED_TRACE(axis);
+    const auto result =
+        screenshot("x_" + axis + ".png", {"--x", axis, "--kinds", "residual,branch", (work_ / "runs").string()});
+    const Image image = expect_image("x_" + axis + ".png", result);
+    if (image.rgb.empty()) continue;
+    EXPECT_GT(count_colour(image, colour_of(0)), 100u);
+    EXPECT_GT(count_colour(image, colour_of(1)), 100u);
+  }
+  const auto all = screenshot("all.png", {"--kinds", "all", "--view", "compare", (work_ / "runs").string()});
+  expect_image("all.png", all);
+  const auto axis = screenshot("noaxis.png", {"--x", "sideways", (work_ / "runs").string()});
+  EXPECT_EQ(axis.exit_code, 2) << describe(axis);
+  EXPECT_NE(axis.err.find("block, depth (l/L) or probe"), std::string::npos) << describe(axis);
+  EXPECT_FALSE(fs::exists(work_ / "noaxis.png"));
+  const auto kinds = screenshot("nokinds.png", {"--kinds", "residual,resid", (work_ / "runs").string()});
+  EXPECT_EQ(kinds.exit_code, 2) << describe(kinds);
+  EXPECT_NE(kinds.err.find("unknown probe kind 'resid'"), std::string::npos) << describe(kinds);
+  EXPECT_FALSE(fs::exists(work_ / "nokinds.png"));
+}
+
 TEST_F(GuiScreenshotTest, EveryViewRendersHeadless) {
   write_two_runs();
   for (const std::string view : {"dynamics", "compare"}) {
@@ -270,7 +304,19 @@ TEST_F(GuiScreenshotTest, StartsShowsARunAndQuitsUnderXvfb) {
   const auto result = run_program(xvfb_run, {"-a", "-s", "-screen 0 1024x768x24", gui_.string(), "--frames", "5",
                                              "--size", "1024x700", (work_ / "runs" / "a.h5").string()});
   EXPECT_EQ(result.exit_code, 0) << describe(result);
-  EXPECT_NE(result.out.find("closed after 5 frames with 1 runs, 1 shown"), std::string::npos) << describe(result);
+  EXPECT_NE(result.out.find("closed after 5 frames with 1 runs, 1 shown; window 1024x700"), std::string::npos)
+      << describe(result);
+}
+
+// Without --size the window fills the screen's work area (under Xvfb without a window manager: the whole screen).
+TEST_F(GuiScreenshotTest, WindowFillsTheWorkAreaUnderXvfb) {
+  const fs::path xvfb_run = find_on_path("xvfb-run");
+  if (xvfb_run.empty()) GTEST_SKIP() << "xvfb-run is not installed (Debian: xvfb xauth)";
+  write_two_runs();
+  const auto result = run_program(xvfb_run, {"-a", "-s", "-screen 0 1152x720x24", gui_.string(), "--frames", "3",
+                                             (work_ / "runs" / "a.h5").string()});
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_NE(result.out.find("window 1152x720"), std::string::npos) << describe(result);
 }
 
 }  // namespace
