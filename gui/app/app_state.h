@@ -104,6 +104,8 @@ struct AppState {
   };
   std::map<std::string, HeatmapTexture> heatmap_textures;
   std::vector<std::future<std::string>> exports;  // each yields a message
+  // The focused view's window as last drawn, and a pending PNG of it (Export menu, request_view_export).
+  ExportRequest view_export;
   std::filesystem::path export_directory = ".";
   int export_count = 0;
   bool quit_requested = false;
@@ -143,6 +145,11 @@ void attach_heatmap_texture(AppState& state, const std::string& panel, const Run
 
 // Deletes the heatmap textures; call while the OpenGL context is still current.
 void release_gpu_resources(AppState& state);
+
+// Exports the focused view into export_directory under a generated name: "svg" and "csv" (its figure, view_figure,
+// written off the frame thread), "png" (the view's window, read back after the next frame). The status line says
+// where it went. Ctrl+E and the Export menu call it.
+void request_view_export(AppState& state, const std::string& format);
 
 // After rendering a frame into the current framebuffer (of `framebuffer_height` pixels): reads back the plots
 // whose export was requested and writes them as PNGs off the frame thread; collects finished exports.

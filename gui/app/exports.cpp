@@ -1,4 +1,6 @@
-// PNG export of single plots: pixels are read back on the frame thread (GL), encoded and written by a task.
+// Exports: PNGs of single plots and of the focused view (pixels read back on the frame thread, GL; encoded and
+// written by a task), SVG and CSV of the focused view (its figure built on the frame thread, written by a task).
+// Every file is written atomically (write_file_atomically).
 #include <GL/gl.h>
 
 #include <algorithm>
@@ -6,6 +8,8 @@
 #include <cmath>
 
 #include "gui/app/app_state.h"
+#include "gui/app/plot_specs.h"
+#include "gui/plot/figure_export.h"
 
 namespace proplab::gui {
 
@@ -46,14 +50,35 @@ void export_rect(AppState& state, ExportRequest& request, int framebuffer_width,
       std::copy_n(pixels.begin() + static_cast<std::ptrdiff_t>((height - 1 - y) * row), row,
                   top_down.begin() + static_cast<std::ptrdiff_t>(y * row));
     }
-    return write_png(path.string(), width, height, top_down) ? "saved " + path.string()
-                                                             : "could not write " + path.string();
+    const std::string error = write_file_atomically(path.string(), encode_png(width, height, top_down));
+    return error.empty() ? "saved " + path.string() : "could not write " + path.string() + ": " + error;
   }));
 }
 
 }  // namespace
 
+void request_view_export(AppState& state, const std::string& format) {
+  if (format == "png") {
+    state.view_export.requested = true;
+    state.view_export.name = view_name(state.view);
+    return;
+  }
+  const double width = std::max(320.0, static_cast<double>(state.view_export.x1 - state.view_export.x0));
+  const double height = std::max(240.0, static_cast<double>(state.view_export.y1 - state.view_export.y0));
+  Figure figure = view_figure(state, width, height);
+  const std::filesystem::path path =
+      state.export_directory / (std::string(view_name(state.view)) + "_" + std::to_string(++state.export_count) + "." +
+                                (format == "csv" ? "csv" : "svg"));
+  const bool csv = format == "csv";
+  state.status_message = "writing " + path.string();
+  state.exports.push_back(std::async(std::launch::async, [path, csv, figure = std::move(figure)] {
+    const std::string error = write_file_atomically(path.string(), csv ? figure_csv(figure) : figure_svg(figure));
+    return error.empty() ? "saved " + path.string() : "could not write " + path.string() + ": " + error;
+  }));
+}
+
 void process_exports(AppState& state, int framebuffer_width, int framebuffer_height) {
+  if (state.view_export.requested) export_rect(state, state.view_export, framebuffer_width, framebuffer_height);
   for (auto& [name, plot] : state.plots) {
     if (plot.export_request.requested) export_rect(state, plot.export_request, framebuffer_width, framebuffer_height);
   }

@@ -1,5 +1,6 @@
 // proplab-gui [RUN.h5 | DIR]...: view, compare and follow propagation plots (docs/gui.md).
 //   --screenshot OUT.png renders one frame offscreen (EGL, no display server) and exits.
+//   --export OUT.svg|OUT.png|OUT.csv writes the focused view (--view) as SVG, PNG or CSV of its data and exits.
 //   --frames N quits after N frames once the first scan has loaded (tests).
 #include <GLFW/glfw3.h>
 #include <backends/imgui_impl_glfw.h>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "gui/app/app_state.h"
 #include "gui/app/headless.h"
+#include "gui/app/plot_specs.h"
 #include "gui/data/depth_axis.h"
 #include "gui/plot/plot_math.h"
 
@@ -24,6 +26,7 @@ using namespace proplab::gui;
 struct Options {
   std::vector<std::string> paths;
   std::string screenshot;
+  std::string export_path;
   std::string view = "depth";
   std::string stat;
   bool backward = false;
@@ -49,6 +52,9 @@ void parse_size(const std::string& text, int& width, int& height) {
 // The command line's choices, applied to a fresh state.
 void apply_options(const Options& options, AppState& state) {
   const auto view = parse_view(options.view);
+  if (!view && options.view == "grid") {
+    throw UserError("--view grid: not available in this proplab-gui (views: depth, dynamics, heatmap, compare)");
+  }
   if (!view) throw UserError("--view " + options.view + ": expected depth, dynamics, heatmap or compare");
   state.view = *view;
   const auto compare_plot = parse_view(options.compare_plot);
@@ -109,6 +115,76 @@ int run_screenshot(const Options& options, AppState& state) {
   std::cout << "proplab-gui: wrote " << options.screenshot << " (" << width << "x" << height << ", "
             << view_name(state.view) << ", " << selected_runs(state).size() << " runs; " << renderer.description()
             << ")\n";
+  return 0;
+}
+
+enum class ExportFormat { svg, png, csv };
+
+// The format named by OUT's extension; UserError for any other, or when OUT's folder does not exist.
+ExportFormat export_format(const std::string& path) {
+  const std::filesystem::path out(path);
+  std::string extension = out.extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  ExportFormat format;
+  if (extension == ".svg") {
+    format = ExportFormat::svg;
+  } else if (extension == ".png") {
+    format = ExportFormat::png;
+  } else if (extension == ".csv") {
+    format = ExportFormat::csv;
+  } else {
+    throw UserError("--export " + path + ": expected a file ending in .svg, .png or .csv");
+  }
+  const std::filesystem::path folder = out.parent_path().empty() ? std::filesystem::path(".") : out.parent_path();
+  if (!std::filesystem::is_directory(folder)) {
+    throw UserError("--export " + path + ": folder '" + folder.string() + "' does not exist");
+  }
+  return format;
+}
+
+// An export shows exactly the runs it was given: a path that is missing, holds no run, or a run file that cannot
+// be read is an error naming it (the first one), before anything is written.
+void check_export_runs(const AppState& state) {
+  const LibrarySnapshot snapshot = state.library->snapshot();
+  if (!snapshot.problems.empty()) throw UserError(snapshot.problems.front());
+  for (const auto& run : snapshot.runs) {
+    if (!run->ok()) throw UserError(run->path.string() + ": cannot be read: " + run->error);
+  }
+  if (snapshot.runs.empty()) throw UserError("no run files to export");
+}
+
+int run_export(const Options& options, AppState& state) {
+  const ExportFormat format = export_format(options.export_path);
+  int width = 0, height = 0;
+  parse_size(options.size, width, height);
+  if (width < 16 || height < 16 || width > 16384 || height > 16384) {
+    throw UserError(detail::concat("--size ", options.size, ": width and height must be 16..16384"));
+  }
+  if (!state.library->wait_for_initial_scan(300.0)) throw UserError("the runs did not load within 300 s");
+  check_export_runs(state);
+  // Every given run is shown (the window selects the first few automatically), in the library's order.
+  for (const auto& run : state.library->snapshot().runs) state.selection.push_back(run->path);
+  state.selection_touched = true;
+  refresh_from_library(state);
+  sync_selection(state);
+  check_stat(options, state);
+  std::string contents;
+  if (format == ExportFormat::png) {
+    HeadlessRenderer renderer(width, height);
+    state.single_view = true;
+    // ImGui settles window and table sizes over the first frames.
+    for (int frame = 0; frame < 3; ++frame) renderer.render_frame(state);
+    contents = encode_png(width, height, renderer.read_rgba());
+    release_gpu_resources(state);
+  } else {
+    const Figure figure = view_figure(state, width, height);
+    contents = format == ExportFormat::svg ? figure_svg(figure) : figure_csv(figure);
+  }
+  if (contents.empty()) throw UserError("--export " + options.export_path + ": nothing to write");
+  const std::string error = write_file_atomically(options.export_path, contents);
+  if (!error.empty()) throw UserError("--export " + options.export_path + ": " + error);
+  std::cout << "proplab-gui: wrote " << options.export_path << " (" << width << "x" << height << ", "
+            << view_name(state.view) << ", " << selected_runs(state).size() << " runs)\n";
   return 0;
 }
 
@@ -207,6 +283,8 @@ int main(int argc, char** argv) {
   Options options;
   app.add_option("paths", options.paths, "run files (.h5) and folders (searched recursively)");
   app.add_option("--screenshot", options.screenshot, "render one frame offscreen to this PNG and exit");
+  app.add_option("--export", options.export_path,
+                 "write the view to OUT.svg (vector), OUT.png or OUT.csv (the plotted data) and exit");
   app.add_option("--view", options.view, "depth | dynamics | heatmap | compare")->capture_default_str();
   app.add_option("--stat", options.stat, "statistic to show (default var)");
   app.add_flag("--backward", options.backward, "show the gradients' statistics");
@@ -238,6 +316,13 @@ int main(int argc, char** argv) {
     AppState state;
     apply_options(options, state);
     state.library = std::make_unique<RunLibrary>(roots);
+    if (!options.export_path.empty() && !options.screenshot.empty()) {
+      throw UserError("--export and --screenshot: give one of them");
+    }
+    if (!options.export_path.empty()) {
+      export_format(options.export_path);  // a bad OUT is said before any run is read
+      return run_export(options, state);
+    }
     return options.screenshot.empty() ? run_window(options, state) : run_screenshot(options, state);
   } catch (const UserError& error) {
     std::cerr << "proplab-gui: " << error.what() << "\n";

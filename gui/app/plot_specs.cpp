@@ -108,6 +108,7 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
     const float thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
     PlotSeries measured;
     measured.label = run->name;
+    measured.run = run->name;
     measured.colour = colour;
     measured.thickness = thickness;
     const auto probes = probes_of_kinds(run->probes, kinds);
@@ -117,6 +118,7 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
       measured.x.push_back(x_of[p]);
       measured.y.push_back(value);
       measured.point_labels.push_back(probe_point_text(run->probes[p], step, spec.y_label, value));
+      measured.point_probes.push_back(run->probes[p].name);
     }
     spec.series.push_back(std::move(measured));
     // The prediction at initialisation, in either direction: dashed in the run's colour wherever the file has one.
@@ -124,6 +126,7 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
     if (state.show_theory && theory != nullptr) {
       PlotSeries predicted;
       predicted.label = run->name + " (theory, init)";
+      predicted.run = run->name;
       predicted.colour = colour;
       predicted.dashed = true;
       predicted.thickness = thickness;
@@ -131,6 +134,7 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
       for (const std::size_t p : probes) {
         predicted.x.push_back(x_of[p]);
         predicted.y.push_back((*theory)[p]);
+        predicted.point_probes.push_back(run->probes[p].name);
         predicted.point_labels.push_back(
             probe_point_text(run->probes[p], first_step, "predicted " + spec.y_label, (*theory)[p]));
       }
@@ -175,6 +179,8 @@ PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs) {
     for (std::size_t k = 0; k < probes.size(); ++k) {
       PlotSeries series;
       series.label = run->name + " · " + run->probes[probes[k]].name;
+      series.run = run->name;
+      series.probe = run->probes[probes[k]].name;
       // The first probe in the run's own colour, later ones fainter.
       series.colour = series_colour(colour, std::max(0.35f, 1.0f - 0.3f * static_cast<float>(k)));
       series.thickness = runs.size() > thin_line_runs ? 1.0f : 2.0f;
@@ -207,6 +213,7 @@ PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char*
     const ImU32 colour = series_colour(colour_index(state, *run));
     PlotSeries series;
     series.label = run->name;
+    series.run = run->name;
     series.colour = colour;
     series.thickness = 1.5f;
     series.x.assign(run->train.step.begin(), run->train.step.end());
@@ -215,6 +222,7 @@ PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char*
     if (std::string(which) == "loss" && run->eval.size() > 0) {
       PlotSeries eval;
       eval.label = run->name + " (eval)";
+      eval.run = run->name;
       eval.colour = colour;
       eval.dashed = true;
       eval.x.assign(run->eval.step.begin(), run->eval.step.end());
@@ -228,6 +236,7 @@ PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char*
 HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) {
   HeatmapSpec spec;
   spec.title = run.name;
+  spec.run = run.name;
   spec.x_label = "step";
   spec.y_label = "probe depth";
   spec.value_label = stat_title(state);
@@ -241,6 +250,7 @@ HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) {
   spec.values.resize(static_cast<std::size_t>(spec.rows * spec.columns));
   for (std::size_t i = 0; i < probes.size(); ++i) {
     spec.row_labels.push_back(probe_description(run.probes[probes[i]]));
+    spec.row_probes.push_back(run.probes[probes[i]].name);
     for (std::int64_t r = 0; r < spec.columns; ++r) {
       spec.values[i * static_cast<std::size_t>(spec.columns) + static_cast<std::size_t>(r)] =
           matrix->at(r, static_cast<std::int64_t>(probes[i]));

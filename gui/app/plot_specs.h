@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "gui/app/app_state.h"
+#include "gui/plot/figure_export.h"
 
 namespace proplab::gui {
 
@@ -21,5 +22,23 @@ std::vector<std::string> shown_kinds(const AppState& state, const RunList& runs)
 DepthAxis shown_depth_axis(const AppState& state, const RunList& runs);
 // The chosen probes' statistic against the training step, one series per run and probe.
 PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs);
+// The run the heatmap view shows: state.heatmap_run when selected, else the first of `runs`; null without runs.
+const RunSnapshot* heatmap_run_of(const AppState& state, const RunList& runs);
+
+// The compare view's small multiples: one panel per group of `runs` by state.compare_key (in group order), titled
+// "key = value", in `columns` columns; line plots share both axes' ranges, heatmaps (of each group's first run)
+// one colour range.
+struct ComparePanels {
+  int columns = 1;
+  std::vector<std::string> values;               // each panel's group value
+  std::vector<PlotSpec> plots;                   // when state.compare_plot is not the heatmap
+  std::vector<HeatmapSpec> heatmaps;             // when it is
+  std::vector<const RunSnapshot*> heatmap_runs;  // the run of each heatmap
+};
+ComparePanels compare_panels(const AppState& state, const RunList& runs);
+
+// The focused view (state.view) of the selected runs as a figure of `width` × `height` pixels laid out as the
+// view's window lays out its plots (without its controls), for SVG, PNG and CSV exports (figure_export.h).
+Figure view_figure(const AppState& state, double width, double height);
 
 }  // namespace proplab::gui

@@ -26,8 +26,9 @@ namespace fs = std::filesystem;
 constexpr std::size_t auto_select_limit = 8;  // runs selected automatically when nothing is chosen yet
 // Above this many runs in one plot, lines are drawn 1 px wide, so that many overlaid profiles stay apart.
 constexpr std::size_t thin_line_runs = 16;
-// ImGui 1.86 indexes io.KeysDown by the backend's key codes: GLFW's (GLFW_KEY_O, GLFW_KEY_F1).
+// ImGui 1.86 indexes io.KeysDown by the backend's key codes: GLFW's (GLFW_KEY_O, GLFW_KEY_E, GLFW_KEY_F1).
 constexpr int key_o = 79;
+constexpr int key_e = 69;
 constexpr int key_f1 = 290;
 constexpr const char* view_names[] = {"depth", "dynamics", "heatmap", "compare"};
 
@@ -141,79 +142,48 @@ void depth_axis_combo(AppState& state, const RunList& runs) {
 }
 
 // Begins a tiled window at a fixed place, or the only window, full size, for a headless frame.
+// The focused view's window is the one an Export of the view reads back (PNG) or sizes its figure by (SVG, CSV).
 bool begin_view_window(AppState& state, const char* title) {
   const ImGuiIO& io = ImGui::GetIO();
-  if (state.single_view) {
-    ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
-    ImGui::SetNextWindowSize(io.DisplaySize, ImGuiCond_Always);
-    return ImGui::Begin(title, nullptr, tiled_window | ImGuiWindowFlags_NoTitleBar);
+  ImVec2 position(0, 0), size = io.DisplaySize;
+  if (!state.single_view) {
+    const float top = ImGui::GetFrameHeight();
+    const float left = std::max(380.0f, io.DisplaySize.x * 0.32f);
+    position = ImVec2(left, top);
+    size = ImVec2(io.DisplaySize.x - left, io.DisplaySize.y - top);
   }
-  const float top = ImGui::GetFrameHeight();
-  const float left = std::max(380.0f, io.DisplaySize.x * 0.32f);
-  ImGui::SetNextWindowPos(ImVec2(left, top), ImGuiCond_Always);
-  ImGui::SetNextWindowSize(ImVec2(io.DisplaySize.x - left, io.DisplaySize.y - top), ImGuiCond_Always);
-  return ImGui::Begin(title, nullptr, tiled_window);
+  state.view_export.x0 = position.x;
+  state.view_export.y0 = position.y;
+  state.view_export.x1 = position.x + size.x;
+  state.view_export.y1 = position.y + size.y;
+  ImGui::SetNextWindowPos(position, ImGuiCond_Always);
+  ImGui::SetNextWindowSize(size, ImGuiCond_Always);
+  return ImGui::Begin(title, nullptr, state.single_view ? tiled_window | ImGuiWindowFlags_NoTitleBar : tiled_window);
 }
 
 void empty_hint(const RunList& runs) {
   if (runs.empty()) ImGui::TextDisabled("No run selected: pick runs in the Runs panel (or open a folder, Ctrl+O).");
 }
 
-// Small multiples over the groups of `runs` by the compare key, with shared axes.
+// Small multiples over the groups of `runs` by the compare key, with shared axes (compare_panels).
 void draw_compare_panels(AppState& state, const RunList& runs) {
-  std::vector<std::size_t> all(runs.size());
-  for (std::size_t i = 0; i < runs.size(); ++i) all[i] = i;
-  const auto groups = group_runs(runs, all, state.compare_key);
-  if (groups.empty()) return;
-  const int columns = std::max(1, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(groups.size())))));
-  const int rows = static_cast<int>((groups.size() + columns - 1) / columns);
+  ComparePanels panels = compare_panels(state, runs);
+  if (panels.values.empty()) return;
+  const int columns = panels.columns;
+  const int rows = static_cast<int>((panels.values.size() + columns - 1) / columns);
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const ImVec2 panel((avail.x - (columns - 1) * 6.0f) / columns,
                      std::max(120.0f, (avail.y - (rows - 1) * 6.0f) / rows));
-
-  if (state.compare_plot == View::heatmap) {
-    // One heatmap per group (its first run), on one shared colour scale.
-    std::vector<HeatmapSpec> specs;
-    std::vector<ValueSpan> values;
-    for (const auto& group : groups) specs.push_back(heatmap_plot_spec(state, *runs[group.members.front()]));
-    for (const auto& spec : specs) values.push_back({spec.values.data(), spec.values.size()});
-    const AxisRange shared = fit_range(values, state.heatmap_log ? AxisScale::log : AxisScale::linear, 0.0);
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      if (g % columns != 0) ImGui::SameLine(0, 6.0f);
-      const RunSnapshot& run = *runs[groups[g].members.front()];
-      HeatmapSpec& spec = specs[g];
-      spec.value_range = shared;
-      attach_texture(state, "compare/" + groups[g].value, run, spec);
-      spec.title = state.compare_key + " = " + groups[g].value + " (" + spec.title + ")";
-      draw_heatmap(("compare_heatmap_" + groups[g].value).c_str(), state.heatmaps["compare/" + groups[g].value], spec,
-                   panel);
-    }
-    return;
-  }
-  std::vector<PlotSpec> specs;
-  std::vector<ValueSpan> xs, ys;
-  for (const auto& group : groups) {
-    RunList members;
-    for (const auto index : group.members) members.push_back(runs[index]);
-    PlotSpec spec =
-        state.compare_plot == View::dynamics ? dynamics_plot_spec(state, members) : depth_plot_spec(state, members);
-    spec.title = state.compare_key + " = " + group.value + (spec.title.empty() ? "" : ", " + spec.title);
-    specs.push_back(std::move(spec));
-  }
-  for (const auto& spec : specs) {
-    for (const auto& series : spec.series) {
-      xs.push_back({series.x.data(), series.x.size()});
-      ys.push_back({series.y.data(), series.y.size()});
-    }
-  }
-  const AxisRange x_range = fit_range(xs, specs.front().x_scale, 0.02);
-  const AxisRange y_range = fit_range(ys, specs.front().y_scale, 0.05);
-  for (std::size_t g = 0; g < specs.size(); ++g) {
+  for (std::size_t g = 0; g < panels.values.size(); ++g) {
     if (g % columns != 0) ImGui::SameLine(0, 6.0f);
-    specs[g].x_range = x_range;
-    specs[g].y_range = y_range;
-    specs[g].legend = true;
-    draw_plot(("compare_" + groups[g].value).c_str(), state.plots["compare/" + groups[g].value], specs[g], panel);
+    const std::string& value = panels.values[g];
+    if (!panels.heatmaps.empty()) {
+      attach_texture(state, "compare/" + value, *panels.heatmap_runs[g], panels.heatmaps[g]);
+      draw_heatmap(("compare_heatmap_" + value).c_str(), state.heatmaps["compare/" + value], panels.heatmaps[g],
+                   panel);
+    } else {
+      draw_plot(("compare_" + value).c_str(), state.plots["compare/" + value], panels.plots[g], panel);
+    }
   }
 }
 
@@ -375,11 +345,7 @@ void draw_heatmap_window(AppState& state) {
     return;
   }
   const RunList runs = selected_runs(state);  // a copy: a click may change the selection
-  const RunSnapshot* run = nullptr;
-  for (const auto& candidate : runs) {
-    if (candidate->path == state.heatmap_run) run = candidate.get();
-  }
-  if (run == nullptr && !runs.empty()) run = runs.front().get();
+  const RunSnapshot* run = heatmap_run_of(state, runs);
   ImGui::SetNextItemWidth(200);
   if (ImGui::BeginCombo("##run", run ? run->name.c_str() : "(no run)")) {
     for (const auto& candidate : runs) {
@@ -446,6 +412,7 @@ void draw_help_window(AppState& state) {
         "Left / Right     previous / next record\n"
         "Space            play / pause through the records\n"
         "Ctrl+O           open a run file or folder\n"
+        "Ctrl+E           export the view as SVG (Export menu: PNG, CSV)\n"
         "F1 or ?          this help\n"
         "\n"
         "In a plot: wheel zooms (Shift: x only, Ctrl: y only), left drag pans,\n"
@@ -474,6 +441,7 @@ void handle_keyboard(AppState& state) {
     if (state.playing && current >= records - 1) state.record = 0;
   }
   if (io.KeyCtrl && ImGui::IsKeyPressed(key_o, false)) state.open_folder_requested = true;
+  if (io.KeyCtrl && ImGui::IsKeyPressed(key_e, false)) request_view_export(state, "svg");
   if (ImGui::IsKeyPressed(key_f1, false)) state.show_help = !state.show_help;
   for (const ImWchar c : io.InputQueueCharacters) {
     if (c == '?') state.show_help = !state.show_help;
@@ -515,6 +483,12 @@ void draw_frame(AppState& state) {
   if (ImGui::BeginMainMenuBar()) {
     if (ImGui::BeginMenu("File")) {
       if (ImGui::MenuItem("Open file or folder...", "Ctrl+O")) state.open_folder_requested = true;
+      ImGui::EndMenu();
+    }
+    if (ImGui::BeginMenu("Export")) {
+      if (ImGui::MenuItem("View as SVG", "Ctrl+E")) request_view_export(state, "svg");
+      if (ImGui::MenuItem("View as PNG")) request_view_export(state, "png");
+      if (ImGui::MenuItem("View's data as CSV")) request_view_export(state, "csv");
       ImGui::EndMenu();
     }
     for (int i = 0; i < 4; ++i) {

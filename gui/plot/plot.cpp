@@ -10,12 +10,7 @@ namespace proplab::gui {
 
 namespace {
 
-constexpr float dash_on_px = 7.0f;
-constexpr float dash_off_px = 5.0f;
 constexpr float hover_radius_px = 24.0f;
-constexpr std::size_t legend_max_entries = 14;
-// The share of the data area's width (or height) a legend beside it must leave to the data.
-constexpr double legend_min_area_share = 0.6;
 constexpr float marker_dash_on_px = 6.0f;
 constexpr float marker_dash_off_px = 4.0f;
 constexpr float marker_thickness_px = 2.0f;
@@ -32,10 +27,10 @@ PlotLayout make_layout(ImVec2 size, bool has_title, float right_margin) {
   PlotLayout layout;
   layout.frame_min = origin;
   layout.frame_max = ImVec2(origin.x + size.x, origin.y + size.y);
-  layout.area_min = ImVec2(origin.x + 64.0f, origin.y + (has_title ? line + 6.0f : 4.0f));
-  layout.area_max = ImVec2(origin.x + size.x - right_margin, origin.y + size.y - 2.0f * line - 8.0f);
-  layout.area_max.x = std::max(layout.area_max.x, layout.area_min.x + 10.0f);
-  layout.area_max.y = std::max(layout.area_max.y, layout.area_min.y + 10.0f);
+  const PixelRect area =
+      plot_data_area(PixelRect{origin.x, origin.y, origin.x + size.x, origin.y + size.y}, line, has_title, right_margin);
+  layout.area_min = ImVec2(static_cast<float>(area.x0), static_cast<float>(area.y0));
+  layout.area_max = ImVec2(static_cast<float>(area.x1), static_cast<float>(area.y1));
   return layout;
 }
 
@@ -102,7 +97,7 @@ void draw_series(ImDrawList* draw, const PlotSeries& series, const AxisTransform
         }
         // Every dash is one plain quad, all reserved at once: a stroke per dash (AddLine) cost ~10 ms a frame
         // for 200 dashed theory lines (docs/perf.md).
-        const auto pieces = dash_pieces(lengths, dash_on_px, dash_off_px);
+        const auto pieces = dash_pieces(lengths, plot_dash_on_px, plot_dash_off_px);
         draw->PrimReserve(static_cast<int>(pieces.size()) * 6, static_cast<int>(pieces.size()) * 4);
         const ImVec2 uv = ImGui::GetFontTexUvWhitePixel();
         const float half = series.thickness / 2.0f;
@@ -145,8 +140,6 @@ std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec) {
   return entries;
 }
 
-constexpr float legend_swatch_px = 22.0f;
-
 // The legend's box size with every entry it lists (at most legend_max_entries, then "+n more").
 ImVec2 legend_size(const std::vector<const PlotSeries*>& entries) {
   if (entries.empty()) return ImVec2(0, 0);
@@ -155,7 +148,7 @@ ImVec2 legend_size(const std::vector<const PlotSeries*>& entries) {
   for (std::size_t i = 0; i < shown; ++i) width = std::max(width, ImGui::CalcTextSize(entries[i]->label.c_str()).x);
   if (entries.size() > shown) width = std::max(width, ImGui::CalcTextSize("+999 more").x);
   const float lines = static_cast<float>(shown) + (entries.size() > shown ? 1.0f : 0.0f);
-  return ImVec2(width + legend_swatch_px + 14.0f, lines * ImGui::GetTextLineHeight() + 8.0f);
+  return ImVec2(width + static_cast<float>(legend_swatch_px) + 14.0f, lines * ImGui::GetTextLineHeight() + 8.0f);
 }
 
 // The legend in its box beside the data area (place_legend); a click on an entry toggles its series. Lists as many
@@ -191,7 +184,7 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
     } else {
       draw->AddLine(ImVec2(box_min.x + 5.0f, mid), ImVec2(box_min.x + 21.0f, mid), colour, 2.0f);
     }
-    draw->AddText(ImVec2(box_min.x + legend_swatch_px + 6.0f, top),
+    draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f, top),
                   ImGui::GetColorU32(hidden ? ImGuiCol_TextDisabled : ImGuiCol_Text), series.label.c_str());
     if (legend_under_mouse && ImGui::IsMouseClicked(ImGuiMouseButton_Left) && mouse.y >= top && mouse.y < top + line) {
       if (hidden) {
@@ -202,7 +195,7 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
     }
   }
   if (!more.empty()) {
-    draw->AddText(ImVec2(box_min.x + legend_swatch_px + 6.0f, box_min.y + 4.0f + static_cast<float>(shown) * line),
+    draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f, box_min.y + 4.0f + static_cast<float>(shown) * line),
                   ImGui::GetColorU32(ImGuiCol_TextDisabled), more.c_str());
   }
   draw->PopClipRect();
@@ -635,6 +628,16 @@ std::vector<unsigned char> heatmap_rgba(const HeatmapSpec& spec) {
 bool write_png(const std::string& path, int width, int height, const std::vector<unsigned char>& rgba) {
   if (width <= 0 || height <= 0 || rgba.size() != static_cast<std::size_t>(width) * height * 4) return false;
   return stbi_write_png(path.c_str(), width, height, 4, rgba.data(), width * 4) != 0;
+}
+
+std::string encode_png(int width, int height, const std::vector<unsigned char>& rgba) {
+  if (width <= 0 || height <= 0 || rgba.size() != static_cast<std::size_t>(width) * height * 4) return {};
+  std::string bytes;
+  const auto append = [](void* context, void* data, int size) {
+    static_cast<std::string*>(context)->append(static_cast<const char*>(data), static_cast<std::size_t>(size));
+  };
+  if (stbi_write_png_to_func(append, &bytes, width, height, 4, rgba.data(), width * 4) == 0) return {};
+  return bytes;
 }
 
 }  // namespace proplab::gui

@@ -41,6 +41,10 @@ struct PlotSeries {
   // When non-empty, one read-out per point (e.g. probe_point_text: probe, block, step, value): the hover shows it
   // under the series' label instead of the point's x and y.
   std::vector<std::string> point_labels;
+  // What the series shows, for exports (SVG data attributes, CSV columns): its run's name, the probe it follows
+  // (one probe against the step), or one probe name per point (a depth profile).
+  std::string run, probe;
+  std::vector<std::string> point_probes;
 };
 
 ImU32 marker_colour(float alpha = 1.0f);
@@ -93,7 +97,9 @@ struct HeatmapSpec {
   std::string title, x_label, y_label, value_label;
   std::int64_t rows = 0, columns = 0;   // rows along y (probes, bottom = row 0), columns along x (records)
   std::vector<double> values;           // [rows, columns] row-major
-  std::vector<std::string> row_labels;  // one per row (probe names)
+  std::vector<std::string> row_labels;  // one per row (probe descriptions)
+  std::vector<std::string> row_probes;  // one per row: the probe's name (exports)
+  std::string run;                      // the run shown (exports)
   std::vector<double> column_values;    // one per column (record steps), for labels
   // When non-empty: the y axis' labels instead of row numbers (value = a row coordinate: row r spans [r, r + 1]).
   std::vector<Tick> row_ticks;
@@ -119,5 +125,7 @@ void draw_heatmap(const char* id, HeatmapState& state, const HeatmapSpec& spec, 
 
 // Writes `rgba` (width × height × 4 bytes, top row first) as a PNG; false when the file could not be written.
 bool write_png(const std::string& path, int width, int height, const std::vector<unsigned char>& rgba);
+// `rgba` (as write_png) encoded as a PNG file's bytes; empty when the size does not match.
+std::string encode_png(int width, int height, const std::vector<unsigned char>& rgba);
 
 }  // namespace proplab::gui

@@ -357,4 +357,12 @@ PixelRect initial_window_rect(PixelRect work_area, int fallback_width, int fallb
   return work_area;
 }
 
+PixelRect plot_data_area(PixelRect frame, double line_height, bool has_title, double right_margin) {
+  PixelRect area{frame.x0 + 64.0, frame.y0 + (has_title ? line_height + 6.0 : 4.0), frame.x1 - right_margin,
+                 frame.y1 - 2.0 * line_height - 8.0};
+  area.x1 = std::max(area.x1, area.x0 + 10.0);
+  area.y1 = std::max(area.y1, area.y0 + 10.0);
+  return area;
+}
+
 }  // namespace proplab::gui

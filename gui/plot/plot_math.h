@@ -143,6 +143,20 @@ LegendPlacement place_legend(PixelRect area, double legend_width, double legend_
 // `fallback_width` × `fallback_height` at the origin.
 PixelRect initial_window_rect(PixelRect work_area, int fallback_width, int fallback_height);
 
+// The look both renderers of a plot share (the ImDrawList widget, gui/plot/plot.cpp, and the SVG writer,
+// gui/plot/svg.cpp), in pixels: the dash pattern of dashed series, the legend's limits.
+inline constexpr double plot_dash_on_px = 7.0;
+inline constexpr double plot_dash_off_px = 5.0;
+inline constexpr std::size_t legend_max_entries = 14;
+inline constexpr double legend_swatch_px = 22.0;
+// The share of the data area's width (or height) a legend beside it must leave to the data.
+inline constexpr double legend_min_area_share = 0.6;
+
+// The data area of a line plot or heatmap drawn in `frame` with text `line_height` pixels high: 64 pixels for the
+// y tick labels at the left, a line for the title (when `has_title`) at the top, two lines for the x tick labels and
+// the axis title at the bottom, `right_margin` at the right; at least 10 × 10 pixels.
+PixelRect plot_data_area(PixelRect frame, double line_height, bool has_title, double right_margin);
+
 // Alternating on/off lengths (pixels) along a polyline: the dashes of a dashed series. Returns the pieces
 // as (start, end) fractions of each segment, for segment i of lengths[i].
 struct DashPiece {
