@@ -108,7 +108,8 @@ Figure view_figure(const AppState& state, double width, double height) {
       const char* curves[] = {"loss", "lr", "grad_norm"};
       for (int i = 0; i < 3; ++i) {
         const double left = x0 + i * (panel + panel_gap);
-        figure.panels.push_back(plot_panel(std::string("train/") + curves[i], {left, y0 + h - lower, left + panel, y0 + h},
+        figure.panels.push_back(plot_panel(std::string("train/") + curves[i],
+                                           {left, y0 + h - lower, left + panel, y0 + h},
                                            train_plot_spec(state, runs, curves[i])));
       }
       break;

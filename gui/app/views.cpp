@@ -179,8 +179,7 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
     const std::string& value = panels.values[g];
     if (!panels.heatmaps.empty()) {
       attach_texture(state, "compare/" + value, *panels.heatmap_runs[g], panels.heatmaps[g]);
-      draw_heatmap(("compare_heatmap_" + value).c_str(), state.heatmaps["compare/" + value], panels.heatmaps[g],
-                   panel);
+      draw_heatmap(("compare_heatmap_" + value).c_str(), state.heatmaps["compare/" + value], panels.heatmaps[g], panel);
     } else {
       draw_plot(("compare_" + value).c_str(), state.plots["compare/" + value], panels.plots[g], panel);
     }

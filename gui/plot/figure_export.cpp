@@ -18,11 +18,11 @@ struct Paint {
   unsigned char r, g, b;
   double alpha;
 };
-constexpr Paint background_paint{15, 15, 15, 1.0};        // WindowBg, drawn opaque
-constexpr Paint text_paint{255, 255, 255, 1.0};           // Text
-constexpr Paint disabled_paint{128, 128, 128, 1.0};       // TextDisabled
-constexpr Paint border_paint{110, 110, 128, 0.5};         // Border
-constexpr Paint legend_paint{20, 20, 20, 0.94 * 0.85};    // PopupBg at 0.85
+constexpr Paint background_paint{15, 15, 15, 1.0};      // WindowBg, drawn opaque
+constexpr Paint text_paint{255, 255, 255, 1.0};         // Text
+constexpr Paint disabled_paint{128, 128, 128, 1.0};     // TextDisabled
+constexpr Paint border_paint{110, 110, 128, 0.5};       // Border
+constexpr Paint legend_paint{20, 20, 20, 0.94 * 0.85};  // PopupBg at 0.85
 // As the widget draws axis markers (gui/plot/plot.cpp).
 constexpr double marker_dash_on_px = 6.0;
 constexpr double marker_dash_off_px = 4.0;
@@ -50,12 +50,23 @@ std::string escape_xml(const std::string& text) {
   std::string out;
   for (const char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\n': out += "&#10;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\n':
+        out += "&#10;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -113,8 +124,8 @@ void text(std::ostringstream& svg, double x, double y, const std::string& conten
 
 void line(std::ostringstream& svg, double x0, double y0, double x1, double y1, const Paint& paint, double width,
           double alpha_scale = 1.0, const std::string& dashes = "") {
-  svg << "<line x1=\"" << number(x0) << "\" y1=\"" << number(y0) << "\" x2=\"" << number(x1) << "\" y2=\""
-      << number(y1) << "\" " << stroke(paint, alpha_scale) << " stroke-width=\"" << number(width) << "\"";
+  svg << "<line x1=\"" << number(x0) << "\" y1=\"" << number(y0) << "\" x2=\"" << number(x1) << "\" y2=\"" << number(y1)
+      << "\" " << stroke(paint, alpha_scale) << " stroke-width=\"" << number(width) << "\"";
   if (!dashes.empty()) svg << " stroke-dasharray=\"" << dashes << "\"";
   svg << "/>\n";
 }
@@ -164,14 +175,15 @@ std::string attribute(const char* name, const std::string& value) {
   return std::string(" ") + name + "=\"" + escape_xml(value) + "\"";
 }
 
-void series_element(std::ostringstream& svg, const std::string& panel, const PlotSeries& series,
-                    const AxisTransform& x, const AxisTransform& y) {
+void series_element(std::ostringstream& svg, const std::string& panel, const PlotSeries& series, const AxisTransform& x,
+                    const AxisTransform& y) {
   const Paint paint = paint_of(series.colour);
   svg << "<g class=\"series\"" << attribute("data-panel", panel) << attribute("data-run", series.run)
       << attribute("data-probe", series.probe) << attribute("data-label", series.label)
       << attribute("data-dashed", series.dashed ? "true" : "false") << " fill=\"none\" " << stroke(paint)
       << " stroke-width=\"" << number(series.thickness) << "\" stroke-linejoin=\"round\"";
-  if (series.dashed) svg << " stroke-dasharray=\"" << number(plot_dash_on_px) << " " << number(plot_dash_off_px) << "\"";
+  if (series.dashed)
+    svg << " stroke-dasharray=\"" << number(plot_dash_on_px) << " " << number(plot_dash_off_px) << "\"";
   svg << ">\n";
   std::vector<std::pair<double, double>> stretch;
   const auto flush = [&] {
@@ -293,8 +305,7 @@ void plot_panel(std::ostringstream& svg, const FigurePanel& panel, int index) {
   for (std::size_t m = 0; m < spec.x_markers.size(); ++m) {
     if (!spec.x_markers[m].line || !places[m].line) continue;
     const double px = area.x0 + places[m].line_at;
-    line(svg, px, area.y0, px, area.y1, paint_of(spec.x_markers[m].colour), marker_thickness_px, 1.0,
-         marker_dashes());
+    line(svg, px, area.y0, px, area.y1, paint_of(spec.x_markers[m].colour), marker_thickness_px, 1.0, marker_dashes());
   }
   for (const auto& series : spec.series) series_element(svg, panel.name, series, x, y);
   for (std::size_t m = 0; m < spec.x_markers.size(); ++m) {
@@ -336,12 +347,13 @@ void heatmap_panel(std::ostringstream& svg, const FigurePanel& panel) {
     const double y1 = area.y1 - static_cast<double>(r) * cell_h;
     for (std::int64_t c = 0; c < spec.columns; ++c) {
       const double value = spec.values[static_cast<std::size_t>(r * spec.columns + c)];
-      const Paint paint = paint_of(viridis(colour_position(value, value_range.min, value_range.max, spec.colour_scale)));
+      const Paint paint =
+          paint_of(viridis(colour_position(value, value_range.min, value_range.max, spec.colour_scale)));
       // Cells overlap by a fraction of a pixel so that no background shows through rounding gaps (as on screen).
       const double x0 = area.x0 + static_cast<double>(c) * cell_w;
-      svg << "<rect class=\"cell\" data-row=\"" << r << "\" data-column=\"" << c << "\" x=\"" << number(x0)
-          << "\" y=\"" << number(y1 - cell_h) << "\" width=\"" << number(cell_w + 0.5) << "\" height=\""
-          << number(cell_h + 0.5) << "\" fill=\"" << rgb_text(paint.r, paint.g, paint.b) << "\"/>\n";
+      svg << "<rect class=\"cell\" data-row=\"" << r << "\" data-column=\"" << c << "\" x=\"" << number(x0) << "\" y=\""
+          << number(y1 - cell_h) << "\" width=\"" << number(cell_w + 0.5) << "\" height=\"" << number(cell_h + 0.5)
+          << "\" fill=\"" << rgb_text(paint.r, paint.g, paint.b) << "\"/>\n";
     }
   }
   svg << "</g>\n";
@@ -355,8 +367,7 @@ void heatmap_panel(std::ostringstream& svg, const FigurePanel& panel) {
                            true});
   }
   if (!spec.row_ticks.empty()) {
-    const std::size_t stride =
-        tick_stride(spec.row_ticks.size(), std::max(2, static_cast<int>(area.height() / 30.0)));
+    const std::size_t stride = tick_stride(spec.row_ticks.size(), std::max(2, static_cast<int>(area.height() / 30.0)));
     for (std::size_t t = 0; t < spec.row_ticks.size(); t += stride) y_ticks.push_back(spec.row_ticks[t]);
   } else {
     for (const auto& tick : linear_ticks({0.0, static_cast<double>(spec.rows - 1) + 1e-9},

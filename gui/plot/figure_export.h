@@ -27,8 +27,8 @@ struct FigurePanel {
   std::string name;  // e.g. "depth", "compare/pre_ln" (CSV's panel column, SVG's data-panel)
   PixelRect frame;   // the widget's whole rectangle in the figure
   bool heatmap = false;
-  PlotSpec plot;        // when !heatmap
-  HeatmapSpec cells;    // when heatmap
+  PlotSpec plot;      // when !heatmap
+  HeatmapSpec cells;  // when heatmap
 };
 
 struct FigureText {

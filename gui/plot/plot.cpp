@@ -27,8 +27,8 @@ PlotLayout make_layout(ImVec2 size, bool has_title, float right_margin) {
   PlotLayout layout;
   layout.frame_min = origin;
   layout.frame_max = ImVec2(origin.x + size.x, origin.y + size.y);
-  const PixelRect area =
-      plot_data_area(PixelRect{origin.x, origin.y, origin.x + size.x, origin.y + size.y}, line, has_title, right_margin);
+  const PixelRect area = plot_data_area(PixelRect{origin.x, origin.y, origin.x + size.x, origin.y + size.y}, line,
+                                        has_title, right_margin);
   layout.area_min = ImVec2(static_cast<float>(area.x0), static_cast<float>(area.y0));
   layout.area_max = ImVec2(static_cast<float>(area.x1), static_cast<float>(area.y1));
   return layout;
@@ -195,7 +195,8 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
     }
   }
   if (!more.empty()) {
-    draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f, box_min.y + 4.0f + static_cast<float>(shown) * line),
+    draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f,
+                         box_min.y + 4.0f + static_cast<float>(shown) * line),
                   ImGui::GetColorU32(ImGuiCol_TextDisabled), more.c_str());
   }
   draw->PopClipRect();

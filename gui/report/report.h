@@ -8,7 +8,8 @@
 //   OUT/figures/loss_<group>.png     training loss per run (evaluation loss dashed)
 //   OUT/figures/heatmap_<run>.png    forward and backward `var`, probes × records, of one run
 //   OUT/report.md                    the summary table, then one section per group embedding its figures
-// Every figure is report_figure_width × report_figure_height pixels.
+// Every figure is report_figure_width × report_figure_height pixels, and has an SVG of the same plots beside its PNG
+// (figures/depth_<group>.svg, ...: the same plot specs and layout, drawn by figure_export.h).
 //
 // Invariants:
 // - Runs come from DIR/index.csv when it exists (a sweep folder: its rows in point order, grouped by the swept

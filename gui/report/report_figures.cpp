@@ -1,5 +1,6 @@
 // `proplab report`'s figures: each is one headless frame of the GUI's plot widgets, built from the same plot specs
-// as the views (depth_plot_spec, train_plot_spec, heatmap_plot_spec), read back and written as a PNG.
+// as the views (depth_plot_spec, train_plot_spec, heatmap_plot_spec), read back and written as a PNG, and the same
+// layout written as an SVG beside it (figure_export.h).
 #include <imgui.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "gui/app/app_state.h"
 #include "gui/app/headless.h"
 #include "gui/app/plot_specs.h"
+#include "gui/plot/figure_export.h"
 #include "gui/data/block_axis.h"
 #include "gui/report/report.h"
 
@@ -23,13 +25,31 @@ constexpr float panel_gap = 8.0f;
 constexpr ImGuiWindowFlags figure_window = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove |
                                            ImGuiWindowFlags_NoSavedSettings | ImGuiWindowFlags_NoBackground;
 
-// Begins the one full-size window of a figure, with its heading.
-void begin_figure(const std::string& heading, const std::string& note) {
-  ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
-  ImGui::SetNextWindowSize(ImGui::GetIO().DisplaySize, ImGuiCond_Always);
-  ImGui::Begin("report figure", nullptr, figure_window);
-  ImGui::TextUnformatted(heading.c_str());
-  if (!note.empty()) ImGui::TextDisabled("%s", note.c_str());
+// A figure's heading and note, and its panels laid out in the area below them (frames relative to that area's
+// top-left). One layout is drawn twice: by the plot widgets into the PNG, and by figure_svg into the SVG beside it.
+struct FigureLayout {
+  std::string heading, note;
+  std::vector<FigurePanel> panels;
+  std::vector<const RunSnapshot*> heatmap_runs;  // per panel: the run of a heatmap (its texture), else null
+};
+
+// The room below the heading of a figure of `width` × `height` pixels, and where it starts: ImGui's window padding
+// (8 pixels) around it and one text line plus item spacing (13 + 4 pixels) per line of text above it.
+constexpr double window_padding = 8.0;
+constexpr double text_line_step = 17.0;
+double content_top(const FigureLayout& layout) {
+  return window_padding + text_line_step * (layout.note.empty() ? 1.0 : 2.0);
+}
+PixelRect content_area(const FigureLayout& layout, double width, double height) {
+  return PixelRect{0.0, 0.0, width - 2.0 * window_padding, height - content_top(layout) - window_padding};
+}
+
+FigurePanel plot_panel(const std::string& name, PixelRect frame, PlotSpec spec) {
+  FigurePanel panel;
+  panel.name = name;
+  panel.frame = frame;
+  panel.plot = std::move(spec);
+  return panel;
 }
 
 // Only the residual stream when every run has one (the curves the theory describes), else every probe.
@@ -48,16 +68,16 @@ std::string step_text(const RunList& runs, bool last) {
 
 // 2 × 2 depth profiles: forward (top) and backward (bottom), record 0 (left) and last (right), each row on one
 // y range so that the change during training shows.
-void draw_depth_figure(AppState& state, const RunList& runs, const std::string& label) {
+FigureLayout depth_figure(AppState& state, const RunList& runs, const std::string& label, PixelRect area) {
   state.kind_filter = depth_probe_kinds(runs);
   const bool by_block = std::all_of(runs.begin(), runs.end(), [](const auto& run) { return has_block_axis(*run); });
-  begin_figure("Depth profiles of var: " + label,
-               (state.kind_filter->empty() ? std::string("every probe") : "residual-stream probes") +
-                   "; one colour per run, dashed: theory at initialisation; x: " +
-                   depth_axis_title(shown_depth_axis(state, runs)) +
-                   (by_block ? ", vertical dashed lines: stage transitions" : ""));
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const ImVec2 panel((avail.x - panel_gap) / 2, (avail.y - panel_gap) / 2);
+  FigureLayout layout;
+  layout.heading = "Depth profiles of var: " + label;
+  layout.note =
+      (state.kind_filter->empty() ? std::string("every probe") : "residual-stream probes") +
+      "; one colour per run, dashed: theory at initialisation; x: " + depth_axis_title(shown_depth_axis(state, runs)) +
+      (by_block ? ", vertical dashed lines: stage transitions" : "");
+  const double panel_w = (area.width() - panel_gap) / 2, panel_h = (area.height() - panel_gap) / 2;
   for (const Direction direction : {Direction::forward, Direction::backward}) {
     state.direction = direction;
     PlotSpec specs[2];
@@ -71,45 +91,94 @@ void draw_depth_figure(AppState& state, const RunList& runs, const std::string& 
       for (const auto& series : specs[column].series) ys.push_back({series.y.data(), series.y.size()});
     }
     const AxisRange y_range = fit_range(ys, specs[0].y_scale, 0.05);
+    const double top = direction == Direction::forward ? 0.0 : panel_h + panel_gap;
     for (int column = 0; column < 2; ++column) {
-      if (column == 1) ImGui::SameLine(0, panel_gap);
       specs[column].y_range = y_range;
-      const std::string id = std::string("depth/") + direction_name(direction) + (column == 0 ? "/init" : "/end");
-      draw_plot(id.c_str(), state.plots[id], specs[column], panel);
+      const double left = column == 0 ? 0.0 : panel_w + panel_gap;
+      layout.panels.push_back(
+          plot_panel(std::string("depth/") + direction_name(direction) + (column == 0 ? "/init" : "/end"),
+                     PixelRect{left, top, left + panel_w, top + panel_h}, std::move(specs[column])));
+      layout.heatmap_runs.push_back(nullptr);
+    }
+  }
+  return layout;
+}
+
+FigureLayout loss_figure(AppState& state, const RunList& runs, const std::string& label, PixelRect area) {
+  FigureLayout layout;
+  layout.heading = "Training loss: " + label;
+  layout.note = "one colour per run (as in the depth profiles), dashed: evaluation loss";
+  PlotSpec spec = train_plot_spec(state, runs, "loss");
+  spec.title = "loss";
+  spec.y_label = "loss";
+  spec.legend = true;
+  layout.panels.push_back(plot_panel("loss", area, std::move(spec)));
+  layout.heatmap_runs.push_back(nullptr);
+  return layout;
+}
+
+// Forward and backward var of one run side by side.
+FigureLayout heatmap_figure(AppState& state, const RunSnapshot& run, PixelRect area) {
+  state.kind_filter = std::vector<std::string>{};
+  FigureLayout layout;
+  layout.heading = "Heatmaps of var: " + run.name;
+  layout.note = has_block_axis(run) ? "every probe (y, by block; dashed: stage transitions) x records (x, by step); "
+                                      "log colour scale"
+                                    : "every probe (y, by depth) x records (x, by step); log colour scale";
+  const double panel_w = (area.width() - panel_gap) / 2;
+  for (const Direction direction : {Direction::forward, Direction::backward}) {
+    state.direction = direction;
+    FigurePanel panel;
+    panel.name = std::string("heatmap/") + direction_name(direction);
+    const double left = direction == Direction::forward ? 0.0 : panel_w + panel_gap;
+    panel.frame = PixelRect{left, 0.0, left + panel_w, area.height()};
+    panel.heatmap = true;
+    panel.cells = heatmap_plot_spec(state, run);
+    panel.cells.title = std::string(direction_name(direction)) + " var";
+    layout.panels.push_back(std::move(panel));
+    layout.heatmap_runs.push_back(&run);
+  }
+  return layout;
+}
+
+// Draws `layout` as one full-size window: the heading, the note, then each panel at its place.
+void draw_layout(AppState& state, FigureLayout& layout) {
+  ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
+  ImGui::SetNextWindowSize(ImGui::GetIO().DisplaySize, ImGuiCond_Always);
+  ImGui::Begin("report figure", nullptr, figure_window);
+  ImGui::TextUnformatted(layout.heading.c_str());
+  if (!layout.note.empty()) ImGui::TextDisabled("%s", layout.note.c_str());
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  for (std::size_t i = 0; i < layout.panels.size(); ++i) {
+    FigurePanel& panel = layout.panels[i];
+    ImGui::SetCursorScreenPos(
+        ImVec2(origin.x + static_cast<float>(panel.frame.x0), origin.y + static_cast<float>(panel.frame.y0)));
+    const ImVec2 size(static_cast<float>(panel.frame.width()), static_cast<float>(panel.frame.height()));
+    if (panel.heatmap) {
+      attach_heatmap_texture(state, panel.name, *layout.heatmap_runs[i], panel.cells);
+      draw_heatmap(panel.name.c_str(), state.heatmaps[panel.name], panel.cells, size);
+    } else {
+      draw_plot(panel.name.c_str(), state.plots[panel.name], panel.plot, size);
     }
   }
   ImGui::End();
 }
 
-void draw_loss_figure(AppState& state, const RunList& runs, const std::string& label) {
-  begin_figure("Training loss: " + label, "one colour per run (as in the depth profiles), dashed: evaluation loss");
-  PlotSpec spec = train_plot_spec(state, runs, "loss");
-  spec.title = "loss";
-  spec.y_label = "loss";
-  spec.legend = true;
-  draw_plot("loss", state.plots["loss"], spec, ImGui::GetContentRegionAvail());
-  ImGui::End();
-}
-
-// Forward and backward var of one run side by side.
-void draw_heatmap_figure(AppState& state, const RunSnapshot& run) {
-  state.kind_filter = std::vector<std::string>{};
-  begin_figure("Heatmaps of var: " + run.name,
-               has_block_axis(run) ? "every probe (y, by block; dashed: stage transitions) x records (x, by step); log "
-                                     "colour scale"
-                                   : "every probe (y, by depth) x records (x, by step); log colour scale");
-  const ImVec2 avail = ImGui::GetContentRegionAvail();
-  const ImVec2 panel((avail.x - panel_gap) / 2, avail.y);
-  for (const Direction direction : {Direction::forward, Direction::backward}) {
-    if (direction == Direction::backward) ImGui::SameLine(0, panel_gap);
-    state.direction = direction;
-    HeatmapSpec spec = heatmap_plot_spec(state, run);
-    spec.title = std::string(direction_name(direction)) + " var";
-    const std::string id = std::string("heatmap/") + direction_name(direction);
-    attach_heatmap_texture(state, id, run, spec);
-    draw_heatmap(id.c_str(), state.heatmaps[id], spec, panel);
+// `layout` as a figure of `width` × `height` pixels, for the SVG.
+Figure layout_figure(const FigureLayout& layout, double width, double height) {
+  Figure figure;
+  figure.width = width;
+  figure.height = height;
+  figure.texts.push_back({window_padding, window_padding, layout.heading, false});
+  if (!layout.note.empty())
+    figure.texts.push_back({window_padding, window_padding + text_line_step, layout.note, true});
+  const double top = content_top(layout);
+  for (FigurePanel panel : layout.panels) {
+    panel.frame = PixelRect{panel.frame.x0 + window_padding, panel.frame.y0 + top, panel.frame.x1 + window_padding,
+                            panel.frame.y1 + top};
+    figure.panels.push_back(std::move(panel));
   }
-  ImGui::End();
+  return figure;
 }
 
 // Selects `runs` (their colours follow this order) and forgets what earlier figures' plots remembered.
@@ -129,7 +198,7 @@ void render_report_figures(const ReportPlan& plan, const ReportFigures& figures,
   struct Figure {
     std::string file, what;
     RunList runs;
-    std::function<void(AppState&)> draw;
+    std::function<FigureLayout(AppState&, PixelRect)> layout;
   };
   std::vector<Figure> work;
   for (std::size_t g = 0; g < plan.groups.size(); ++g) {
@@ -140,15 +209,15 @@ void render_report_figures(const ReportPlan& plan, const ReportFigures& figures,
     }
     const std::string label = plan.groups[g].label;
     work.push_back({figures.depth[g], "depth profiles, " + label, runs,
-                    [runs, label](AppState& state) { draw_depth_figure(state, runs, label); }});
+                    [runs, label](AppState& state, PixelRect area) { return depth_figure(state, runs, label, area); }});
     work.push_back({figures.loss[g], "loss curves, " + label, runs,
-                    [runs, label](AppState& state) { draw_loss_figure(state, runs, label); }});
+                    [runs, label](AppState& state, PixelRect area) { return loss_figure(state, runs, label, area); }});
   }
   for (std::size_t r = 0; r < plan.runs.size(); ++r) {
     if (figures.heatmap[r].empty()) continue;
     const auto run = plan.runs[r].snapshot;
-    work.push_back({figures.heatmap[r], "heatmap, " + plan.runs[r].name, {run}, [run](AppState& state) {
-                      draw_heatmap_figure(state, *run);
+    work.push_back({figures.heatmap[r], "heatmap, " + plan.runs[r].name, {run}, [run](AppState& state, PixelRect area) {
+                      return heatmap_figure(state, *run, area);
                     }});
   }
   if (work.empty()) return;
@@ -163,11 +232,19 @@ void render_report_figures(const ReportPlan& plan, const ReportFigures& figures,
     for (std::size_t i = 0; i < work.size(); ++i) {
       progress(i, work.size(), work[i].what);
       select(state, work[i].runs);
-      for (int frame = 0; frame < settle_frames; ++frame) renderer.render_frame([&] { work[i].draw(state); });
+      // The heading's text decides the room below it: lay out once for the text, then for the room.
+      FigureLayout layout = work[i].layout(state, PixelRect{});
+      layout = work[i].layout(state, content_area(layout, renderer.width(), renderer.height()));
+      for (int frame = 0; frame < settle_frames; ++frame) renderer.render_frame([&] { draw_layout(state, layout); });
       const fs::path path = out / work[i].file;
-      if (!write_png(path.string(), renderer.width(), renderer.height(), renderer.read_rgba())) {
-        throw UserError(path.string() + ": could not write the PNG");
-      }
+      std::string error =
+          write_file_atomically(path.string(), encode_png(renderer.width(), renderer.height(), renderer.read_rgba()));
+      if (!error.empty()) throw UserError(path.string() + ": could not write the PNG: " + error);
+      // The same figure as vector graphics beside it.
+      const fs::path svg = fs::path(path).replace_extension(".svg");
+      error =
+          write_file_atomically(svg.string(), figure_svg(layout_figure(layout, renderer.width(), renderer.height())));
+      if (!error.empty()) throw UserError(svg.string() + ": could not write the SVG: " + error);
     }
   } catch (...) {
     release_gpu_resources(state);

@@ -137,12 +137,25 @@ void expect_row(const std::vector<std::string>& row, const Expected& e, const st
   expect_number(row[9], e.theory_bwd, run + " theory error bwd");
 }
 
-// Every PNG under the report's figures/ is embedded in report.md, and every embedded file exists.
+// Every PNG under the report's figures/ is embedded in report.md, every embedded file exists, and every PNG has its
+// SVG beside it (an SVG document with the figure's panels; nothing else is there).
 void expect_markdown_references(const fs::path& report) {
   const std::string markdown = read_text(report / "report.md");
-  std::set<std::string> pngs, embedded;
-  for (const auto& entry : fs::directory_iterator(report / "figures"))
-    pngs.insert("figures/" + entry.path().filename().string());
+  std::set<std::string> pngs, embedded, svgs;
+  for (const auto& entry : fs::directory_iterator(report / "figures")) {
+    const std::string name = "figures/" + entry.path().filename().string();
+    (entry.path().extension() == ".svg" ? svgs : pngs).insert(name);
+  }
+  EXPECT_EQ(svgs.size(), pngs.size());
+  for (const auto& png : pngs) {
+    const fs::path svg = report / fs::path(png).replace_extension(".svg");
+    ASSERT_TRUE(fs::is_regular_file(svg)) << svg << " is missing beside " << png;
+    const std::string text = read_text(svg);
+    EXPECT_NE(text.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos) << svg;
+    EXPECT_NE(text.find("</svg>"), std::string::npos) << svg;
+    EXPECT_TRUE(text.find("class=\"plot\"") != std::string::npos || text.find("class=\"heatmap\"") != std::string::npos)
+        << svg << " has no panel";
+  }
   for (std::size_t at = markdown.find("](figures/"); at != std::string::npos; at = markdown.find("](figures/", at + 1))
     embedded.insert(markdown.substr(at + 2, markdown.find(')', at) - at - 2));
   EXPECT_EQ(embedded, pngs);
@@ -176,7 +189,7 @@ TEST_F(ReportTest, SweepFolderFiguresAndTableMatchTheRunFiles) {
   }
   std::size_t files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(report / "figures")) ++files;
-  EXPECT_EQ(files, 8u);
+  EXPECT_EQ(files, 16u) << "8 figures, each a PNG and an SVG";
   expect_markdown_references(report);
 
   const std::string markdown = read_text(report / "report.md");
@@ -295,6 +308,7 @@ TEST_F(ReportTest, ResnetFiguresMarkTheStageTransitions) {
   fs::path depth, heatmap;
   for (const auto& entry : fs::directory_iterator(work_ / "out" / "figures")) {
     const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".png") continue;
     if (name.rfind("depth_", 0) == 0) depth = entry.path();
     if (name.rfind("heatmap_", 0) == 0) heatmap = entry.path();
   }
