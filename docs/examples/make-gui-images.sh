@@ -25,6 +25,8 @@ gui="$build/proplab-gui"
 "$gui" --screenshot "$images/gui-dynamics.png" --view dynamics --size 1200x700 "$runs"
 "$gui" --screenshot "$images/gui-heatmap.png" --view heatmap --backward --size 1200x700 "$runs/post_ln_standard.h5"
 "$gui" --screenshot "$images/gui-compare.png" --view compare --group scaling.rule --kind residual --size 1200x500 "$runs"
+# A vector figure, exported by the tool itself (docs/gui.md, Export).
+"$gui" --export "$images/gui-export-depth.svg" --view depth --record 0 --size 900x520 "$runs"
 resnets=$(mktemp -d)
 trap 'rm -rf "$resnets"' EXIT
 "$build/proplab" sweep studies/resnet_spp.toml --out "$resnets" > /dev/null
