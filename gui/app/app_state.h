@@ -28,9 +28,9 @@
 
 namespace proplab::gui {
 
-enum class View { depth, dynamics, heatmap, compare };
+enum class View { depth, dynamics, heatmap, compare, grid };
 const char* view_name(View view);
-// "depth" | "dynamics" | "heatmap" | "compare"; nullopt otherwise.
+// "depth" | "dynamics" | "heatmap" | "compare" | "grid"; nullopt otherwise.
 std::optional<View> parse_view(const std::string& text);
 
 struct AppState {
@@ -84,6 +84,8 @@ struct AppState {
 
   // Compare: small multiples, one panel per value of compare_key.
   std::string compare_key = "scaling.rule";
+  // Chosen by --group or a window's key combo: the grid view then groups by it too (else by a key that differs).
+  bool compare_key_chosen = false;
   View compare_plot = View::depth;
 
   // Details: the config diff of two runs.
@@ -128,6 +130,7 @@ void draw_depth_window(AppState& state);
 void draw_dynamics_window(AppState& state);
 void draw_heatmap_window(AppState& state);
 void draw_compare_window(AppState& state);
+void draw_grid_window(AppState& state);
 void draw_details_window(AppState& state);
 void draw_help_window(AppState& state);
 void draw_open_folder_window(AppState& state);

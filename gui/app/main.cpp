@@ -52,13 +52,10 @@ void parse_size(const std::string& text, int& width, int& height) {
 // The command line's choices, applied to a fresh state.
 void apply_options(const Options& options, AppState& state) {
   const auto view = parse_view(options.view);
-  if (!view && options.view == "grid") {
-    throw UserError("--view grid: not available in this proplab-gui (views: depth, dynamics, heatmap, compare)");
-  }
-  if (!view) throw UserError("--view " + options.view + ": expected depth, dynamics, heatmap or compare");
+  if (!view) throw UserError("--view " + options.view + ": expected depth, dynamics, heatmap, compare or grid");
   state.view = *view;
   const auto compare_plot = parse_view(options.compare_plot);
-  if (!compare_plot || *compare_plot == View::compare) {
+  if (!compare_plot || *compare_plot == View::compare || *compare_plot == View::grid) {
     throw UserError("--compare-plot " + options.compare_plot + ": expected depth, dynamics or heatmap");
   }
   state.compare_plot = *compare_plot;
@@ -74,7 +71,10 @@ void apply_options(const Options& options, AppState& state) {
     state.depth_axis = *axis;
   }
   state.record = options.record;
-  if (!options.group.empty()) state.compare_key = options.group;
+  if (!options.group.empty()) {
+    state.compare_key = options.group;
+    state.compare_key_chosen = true;
+  }
   if (options.linear) {
     state.depth_log_y = false;
     state.dynamics_log_y = false;
@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
   app.add_option("--screenshot", options.screenshot, "render one frame offscreen to this PNG and exit");
   app.add_option("--export", options.export_path,
                  "write the view to OUT.svg (vector), OUT.png or OUT.csv (the plotted data) and exit");
-  app.add_option("--view", options.view, "depth | dynamics | heatmap | compare")->capture_default_str();
+  app.add_option("--view", options.view, "depth | dynamics | heatmap | compare | grid")->capture_default_str();
   app.add_option("--stat", options.stat, "statistic to show (default var)");
   app.add_flag("--backward", options.backward, "show the gradients' statistics");
   app.add_option("--kind", options.kind, "only probes of this kind (e.g. residual)");
@@ -295,7 +295,8 @@ int main(int argc, char** argv) {
   app.add_option("--x", options.x_axis,
                  "depth axis: block | depth (l/L) | probe (default: block, l/L when depths differ)");
   app.add_option("--record", options.record, "record index (default: the last)");
-  app.add_option("--group", options.group, "compare: config key to group by (default scaling.rule)");
+  app.add_option("--group", options.group,
+                 "compare and grid: config key to group by (default scaling.rule; grid: else a key that differs)");
   app.add_option("--compare-plot", options.compare_plot, "compare: depth | dynamics | heatmap")->capture_default_str();
   app.add_flag("--linear", options.linear, "linear y axes and colour scale");
   app.add_flag("--full", options.full, "--screenshot of the whole window (runs panel, details and the view)");

@@ -233,6 +233,106 @@ PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char*
   return spec;
 }
 
+std::string grid_key(const AppState& state, const RunList& runs) {
+  if (state.compare_key_chosen && !state.compare_key.empty()) return state.compare_key;
+  std::vector<std::string> differing = differing_config_keys(runs);
+  std::erase(differing, std::string("name"));
+  if (std::find(differing.begin(), differing.end(), state.compare_key) != differing.end()) return state.compare_key;
+  return differing.empty() ? std::string() : differing.front();
+}
+
+namespace {
+
+// The `var` profile of `run` in `direction` at `record` over `probes` (at `x_of`), as one series of the grid: at
+// initialisation thin, dashed and faded, else solid in the run's colour.
+PlotSeries grid_profile(const AppState& state, const RunSnapshot& run, Direction direction, std::int64_t record,
+                        const std::vector<std::size_t>& probes, const std::vector<double>& x_of) {
+  const Dataset2D& matrix = *run.stat(direction, "var");
+  const bool init = record == 0;
+  const std::int64_t step = run.record_steps[static_cast<std::size_t>(record)];
+  const std::string title = std::string(direction_name(direction)) + " var";
+  PlotSeries series;
+  series.label = run.name + (init ? " (init)" : " (step " + std::to_string(step) + ")");
+  series.run = run.name;
+  series.colour = series_colour(colour_index(state, run), init ? 0.6f : 1.0f);
+  series.dashed = init;
+  series.thickness = init ? 1.0f : 2.0f;
+  for (const std::size_t p : probes) {
+    const double value = matrix.at(record, static_cast<std::int64_t>(p));
+    series.x.push_back(x_of[p]);
+    series.y.push_back(value);
+    series.point_labels.push_back(probe_point_text(run.probes[p], step, title, value));
+    series.point_probes.push_back(run.probes[p].name);
+  }
+  return series;
+}
+
+}  // namespace
+
+std::string grid_panel_name(int row, const std::string& value) {
+  return std::string("grid/") + (row == 0 ? "forward/" : "backward/") + value;
+}
+
+GridPanels grid_panels(const AppState& state, const RunList& runs) {
+  GridPanels grid;
+  grid.key = grid_key(state, runs);
+  std::vector<std::size_t> all(runs.size());
+  for (std::size_t i = 0; i < runs.size(); ++i) all[i] = i;
+  const auto groups = group_runs(runs, all, grid.key);
+  if (groups.empty()) return grid;
+  const DepthAxis axis = shown_depth_axis(state, runs);
+  const std::vector<std::string> kinds = shown_kinds(state, runs);
+  const Direction directions[GridPanels::rows] = {Direction::forward, Direction::backward};
+  for (const Direction direction : directions)
+    grid.row_titles.push_back(std::string(direction_name(direction)) + " var");
+  for (const auto& group : groups) {
+    grid.values.push_back(group.value);
+    grid.column_titles.push_back(grid.key.empty() ? "all runs" : grid.key + " = " + group.value);
+  }
+  grid.plots.resize(GridPanels::rows * groups.size());
+  for (int row = 0; row < GridPanels::rows; ++row) {
+    for (std::size_t column = 0; column < groups.size(); ++column) {
+      PlotSpec& spec = grid.plots[static_cast<std::size_t>(row) * groups.size() + column];
+      RunList members;
+      for (const auto index : groups[column].members) members.push_back(runs[index]);
+      spec.title = row == 0 ? grid.column_titles[column] : "";
+      spec.x_label = depth_axis_title(axis);
+      spec.y_label = grid.row_titles[row];
+      spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
+      if (axis != DepthAxis::probe && by_block(members)) spec.x_markers = stage_markers(state, members, axis);
+      for (const auto& run : members) {
+        if (run->stat(directions[row], "var") == nullptr || run->records() == 0) continue;
+        const auto probes = probes_of_kinds(run->probes, kinds);
+        const std::vector<double> x_of = depth_axis_positions(run->probes, axis);
+        spec.series.push_back(grid_profile(state, *run, directions[row], 0, probes, x_of));
+        const auto last = static_cast<std::int64_t>(run->records()) - 1;
+        if (last > 0) spec.series.push_back(grid_profile(state, *run, directions[row], last, probes, x_of));
+      }
+    }
+  }
+  // One x range for every panel, one y range per row.
+  std::vector<ValueSpan> xs;
+  for (const auto& spec : grid.plots) {
+    for (const auto& series : spec.series) xs.push_back({series.x.data(), series.x.size()});
+  }
+  const AxisRange x_range = fit_range(xs, AxisScale::linear, 0.02);
+  for (int row = 0; row < GridPanels::rows; ++row) {
+    std::vector<ValueSpan> ys;
+    for (std::size_t column = 0; column < groups.size(); ++column) {
+      for (const auto& series : grid.plots[static_cast<std::size_t>(row) * groups.size() + column].series) {
+        ys.push_back({series.y.data(), series.y.size()});
+      }
+    }
+    const AxisRange y_range = fit_range(ys, state.depth_log_y ? AxisScale::log : AxisScale::linear, 0.05);
+    for (std::size_t column = 0; column < groups.size(); ++column) {
+      PlotSpec& spec = grid.plots[static_cast<std::size_t>(row) * groups.size() + column];
+      spec.x_range = x_range;
+      spec.y_range = y_range;
+    }
+  }
+  return grid;
+}
+
 HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run) {
   HeatmapSpec spec;
   spec.title = run.name;

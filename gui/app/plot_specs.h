@@ -37,6 +37,30 @@ struct ComparePanels {
 };
 ComparePanels compare_panels(const AppState& state, const RunList& runs);
 
+// The grid view's config key for `runs`: state.compare_key when chosen (--group, the compare or grid window) or when
+// its value differs between the runs, else the first key whose value differs (the run's name aside), else "" (one
+// column of every run).
+std::string grid_key(const AppState& state, const RunList& runs);
+
+// The grid view, a paper figure of small multiples (DeepScaleLM's layout): two rows, the forward `var` and the
+// backward `var` (gradient variance) against depth on the shown depth axis for the shown kinds, by one column per
+// group of `runs` by grid_key (in group order). Each panel overlays every run of its column at initialisation
+// (record 0: thin, dashed and faded, "<run> (init)") and at its last record ("<run> (step N)"), in the run's
+// colour. The panels of one row share the y range (log unless state.depth_log_y is off), all share the x range.
+struct GridPanels {
+  static constexpr int rows = 2;
+  std::string key;                         // the grouping key; empty: one column of every run
+  std::vector<std::string> values;         // each column's group value
+  std::vector<std::string> column_titles;  // "key = value" ("all runs" without a key)
+  std::vector<std::string> row_titles;     // "forward var", "backward var"
+  std::vector<PlotSpec> plots;             // row-major: plots[row * columns() + column]
+  int columns() const { return static_cast<int>(values.size()); }
+};
+GridPanels grid_panels(const AppState& state, const RunList& runs);
+// The name of a grid panel (exports' panel column, the window's plot state): "grid/forward/<value>" for row 0,
+// "grid/backward/<value>" for row 1.
+std::string grid_panel_name(int row, const std::string& value);
+
 // The focused view (state.view) of the selected runs as a figure of `width` × `height` pixels laid out as the
 // view's window lays out its plots (without its controls), for SVG, PNG and CSV exports (figure_export.h).
 Figure view_figure(const AppState& state, double width, double height);

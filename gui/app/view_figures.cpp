@@ -139,6 +139,24 @@ Figure view_figure(const AppState& state, double width, double height) {
       }
       break;
     }
+    case View::grid: {
+      // As draw_grid_window: forward var above, backward var below, one column per group.
+      GridPanels grid = grid_panels(state, runs);
+      const int columns = grid.columns();
+      if (columns == 0) break;
+      const double panel_w = (w - (columns - 1) * panel_gap) / columns;
+      const double panel_h = std::max(120.0, (h - (GridPanels::rows - 1) * panel_gap) / GridPanels::rows);
+      for (int row = 0; row < GridPanels::rows; ++row) {
+        for (int column = 0; column < columns; ++column) {
+          const double left = x0 + column * (panel_w + panel_gap);
+          const double top = y0 + row * (panel_h + panel_gap);
+          figure.panels.push_back(plot_panel(grid_panel_name(row, grid.values[column]),
+                                             {left, top, left + panel_w, top + panel_h},
+                                             std::move(grid.plots[static_cast<std::size_t>(row * columns + column)])));
+        }
+      }
+      break;
+    }
   }
   return figure;
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <iostream>
+#include <iterator>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -30,7 +31,8 @@ constexpr std::size_t thin_line_runs = 16;
 constexpr int key_o = 79;
 constexpr int key_e = 69;
 constexpr int key_f1 = 290;
-constexpr const char* view_names[] = {"depth", "dynamics", "heatmap", "compare"};
+constexpr const char* view_names[] = {"depth", "dynamics", "heatmap", "compare", "grid"};
+constexpr int view_count = static_cast<int>(std::size(view_names));
 
 std::vector<std::string> stat_names(const RunList& runs, Direction direction) {
   std::set<std::string> names;
@@ -186,6 +188,23 @@ void draw_compare_panels(AppState& state, const RunList& runs) {
   }
 }
 
+// The grid's panels: forward var above, backward var below, one column per group (grid_panels).
+void draw_grid_panels(AppState& state, const RunList& runs) {
+  GridPanels grid = grid_panels(state, runs);
+  const int columns = grid.columns();
+  if (columns == 0) return;
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  const ImVec2 panel((avail.x - (columns - 1) * 6.0f) / columns,
+                     std::max(120.0f, (avail.y - (GridPanels::rows - 1) * 6.0f) / GridPanels::rows));
+  for (int row = 0; row < GridPanels::rows; ++row) {
+    for (int column = 0; column < columns; ++column) {
+      if (column != 0) ImGui::SameLine(0, 6.0f);
+      const std::string name = grid_panel_name(row, grid.values[static_cast<std::size_t>(column)]);
+      draw_plot(name.c_str(), state.plots[name], grid.plots[static_cast<std::size_t>(row * columns + column)], panel);
+    }
+  }
+}
+
 }  // namespace
 
 void attach_heatmap_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec) {
@@ -201,7 +220,7 @@ ImVec4 background_colour() {
 const char* view_name(View view) { return view_names[static_cast<int>(view)]; }
 
 std::optional<View> parse_view(const std::string& text) {
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < view_count; ++i) {
     if (text == view_names[i]) return static_cast<View>(i);
   }
   return std::nullopt;
@@ -376,7 +395,7 @@ void draw_compare_window(AppState& state) {
   }
   const RunList runs = selected_runs(state);  // a copy: a click may change the selection
   ImGui::SetNextItemWidth(180);
-  combo_strings("##key", state.compare_key, state.config_keys);
+  if (combo_strings("##key", state.compare_key, state.config_keys)) state.compare_key_chosen = true;
   ImGui::SameLine();
   int plot = state.compare_plot == View::dynamics ? 1 : state.compare_plot == View::heatmap ? 2 : 0;
   ImGui::SetNextItemWidth(120);
@@ -398,6 +417,32 @@ void draw_compare_window(AppState& state) {
   record_controls(state, runs);
   empty_hint(runs);
   if (!runs.empty()) draw_compare_panels(state, runs);
+  ImGui::End();
+}
+
+void draw_grid_window(AppState& state) {
+  if (!begin_view_window(state, "Grid")) {
+    ImGui::End();
+    return;
+  }
+  const RunList runs = selected_runs(state);  // a copy: a click may change the selection
+  // The key the columns group by: the compare key when chosen, else one whose value differs (grid_key).
+  std::string key = grid_key(state, runs);
+  ImGui::SetNextItemWidth(180);
+  if (combo_strings("##key", key, state.config_keys)) {
+    state.compare_key = key;
+    state.compare_key_chosen = true;
+  }
+  ImGui::SameLine();
+  probe_kinds_combo(state, runs, shown_kinds(state, runs));
+  ImGui::SameLine();
+  depth_axis_combo(state, runs);
+  ImGui::SameLine();
+  ImGui::Checkbox("log y", &state.depth_log_y);
+  ImGui::SameLine();
+  ImGui::TextDisabled("var: init dashed, last record solid");
+  empty_hint(runs);
+  if (!runs.empty()) draw_grid_panels(state, runs);
   ImGui::End();
 }
 
@@ -476,6 +521,9 @@ void draw_frame(AppState& state) {
       case View::compare:
         draw_compare_window(state);
         break;
+      case View::grid:
+        draw_grid_window(state);
+        break;
     }
     return;
   }
@@ -490,7 +538,7 @@ void draw_frame(AppState& state) {
       if (ImGui::MenuItem("View's data as CSV")) request_view_export(state, "csv");
       ImGui::EndMenu();
     }
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < view_count; ++i) {
       const View view = static_cast<View>(i);
       if (ImGui::MenuItem(view_names[i], nullptr, state.view == view)) state.view = view;
     }
@@ -512,6 +560,9 @@ void draw_frame(AppState& state) {
       break;
     case View::compare:
       draw_compare_window(state);
+      break;
+    case View::grid:
+      draw_grid_window(state);
       break;
   }
   draw_help_window(state);

@@ -11,6 +11,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include "cli/cli_test_support.h"
 #include "gui/data/depth_axis.h"
@@ -260,15 +261,79 @@ TEST_F(GuiExportTest, CsvHoldsTheRunFilesValues) {
   }
 }
 
+// The grid of a sweep (two scaling rules): 2 rows × 2 columns of panels, each run at init and at its last record, in
+// the SVG and in the CSV (against the run files' /forward/var and /backward/var).
+TEST_F(GuiExportTest, GridOfASweepHasARowPerDirectionAndAColumnPerRule) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> sweep = {
+      {"pre_standard", "standard", "pre"},
+      {"post_standard", "standard", "post"},
+      {"pre_deepscalelm", "deepscalelm", "pre"}};
+  for (const auto& [name, rule, norm] : sweep) {
+    SyntheticRunSpec spec;
+    spec.name = name;
+    spec.rule = rule;
+    spec.norm = norm;
+    spec.layers = 3;
+    spec.records = 3;
+    write_synthetic_run(work_ / "runs" / (name + ".h5"), spec);
+  }
+  const std::string runs = (work_ / "runs").string();
+  const auto result = export_view("grid.svg", {"--view", "grid", runs});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  ASSERT_TRUE(well_formed_xml(work_ / "grid.svg"));
+  const std::string svg = read_text(work_ / "grid.svg");
+  std::size_t panels = 0;
+  for (std::size_t at = svg.find("<g class=\"plot\""); at != std::string::npos;
+       at = svg.find("<g class=\"plot\"", at + 1))
+    ++panels;
+  EXPECT_EQ(panels, 4u);
+  // 2 rows × (1 deepscalelm run + 2 standard runs) × (init + last).
+  const auto series = svg_series(svg);
+  EXPECT_EQ(series.size(), 12u);
+  EXPECT_EQ(std::count_if(series.begin(), series.end(), [](const SvgSeries& s) { return s.dashed; }), 6);
+  EXPECT_NE(svg.find(">scaling.rule = deepscalelm</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">scaling.rule = standard</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">backward var</text>"), std::string::npos);
+  EXPECT_NE(svg.find("pre_standard (init)"), std::string::npos);
+  EXPECT_NE(svg.find("pre_standard (step 20)"), std::string::npos);
+
+  const auto csv = export_view("grid.csv", {"--view", "grid", runs});
+  ASSERT_EQ(csv.exit_code, 0) << describe(csv);
+  const auto rows = parse_csv(read_text(work_ / "grid.csv"));
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"panel", "series", "run", "probe", "x", "y"}));
+  std::map<std::string, std::size_t> checked;
+  for (const auto& [name, rule, norm] : sweep) {
+    const RunReader reader = RunReader::open(work_ / "runs" / (name + ".h5"));
+    const auto names = reader.read_strings("/probes/name");
+    for (const std::string direction : {"forward", "backward"}) {
+      const Dataset2D var = reader.read_2d("/" + direction + "/var");
+      for (std::size_t r = 1; r < rows.size(); ++r) {
+        ASSERT_EQ(rows[r].size(), 6u) << r;
+        if (rows[r][2] != name || rows[r][0] != "grid/" + direction + "/" + rule) continue;
+        const bool init = rows[r][1] == name + " (init)";
+        EXPECT_TRUE(init || rows[r][1] == name + " (step 20)") << rows[r][1];
+        const auto p = static_cast<std::int64_t>(std::find(names.begin(), names.end(), rows[r][3]) - names.begin());
+        ASSERT_LT(p, static_cast<std::int64_t>(names.size())) << rows[r][3];
+        EXPECT_DOUBLE_EQ(std::stod(rows[r][5]), var.at(init ? 0 : var.rows - 1, p)) << name << " " << rows[r][3];
+        ++checked[name + " " + direction + (init ? " init" : " last")];
+      }
+    }
+  }
+  // The residual stream of 3 blocks (mid and out), in each panel of each run, at init and at the last record.
+  EXPECT_EQ(checked.size(), 12u);
+  for (const auto& [series_name, count] : checked) EXPECT_EQ(count, 6u) << series_name;
+}
+
 // A bad flag value or an unreadable run: exit 2, one line naming it, and no file (not even a partial one).
 TEST_F(GuiExportTest, BadInputExitsTwoWithoutWritingAnything) {
   write_shallow_and_deep();
   std::ofstream(work_ / "junk.h5") << "not a run file";
   const std::string runs = (work_ / "runs").string();
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--view", "grid", runs}, "--view grid"},         {{"--view", "sideways", runs}, "--view sideways"},
-      {{"--x", "sideways", runs}, "--x sideways"},       {{"--stat", "nope", runs}, "--stat nope"},
-      {{runs, (work_ / "junk.h5").string()}, "junk.h5"}, {{(work_ / "missing.h5").string()}, "missing.h5"},
+      {{"--view", "sideways", runs}, "--view sideways"}, {{"--x", "sideways", runs}, "--x sideways"},
+      {{"--stat", "nope", runs}, "--stat nope"},         {{runs, (work_ / "junk.h5").string()}, "junk.h5"},
+      {{(work_ / "missing.h5").string()}, "missing.h5"},
   };
   for (const auto& [args, named] : cases) {
     const auto result = export_view("out.svg", args);

@@ -193,7 +193,7 @@ TEST_F(GuiScreenshotTest, BadInputIsAMessageNotACrash) {
   EXPECT_FALSE(fs::exists(work_ / "nostat.png"));
   const auto view = screenshot("noview.png", {"--view", "sideways", (work_ / "runs").string()});
   EXPECT_EQ(view.exit_code, 2) << describe(view);
-  EXPECT_NE(view.err.find("depth, dynamics, heatmap or compare"), std::string::npos) << describe(view);
+  EXPECT_NE(view.err.find("depth, dynamics, heatmap, compare or grid"), std::string::npos) << describe(view);
   const auto frames = run_program(gui_, {"--frames", "many"});
   EXPECT_EQ(frames.exit_code, 2) << describe(frames);
   const auto size = run_program(gui_, {"--screenshot", (work_ / "size.png").string(), "--size", "huge"});
