@@ -27,6 +27,8 @@ gui="$build/proplab-gui"
 "$gui" --screenshot "$images/gui-compare.png" --view compare --group scaling.rule --kind residual --size 1200x500 "$runs"
 # A vector figure, exported by the tool itself (docs/gui.md, Export).
 "$gui" --export "$images/gui-export-depth.svg" --view depth --record 0 --size 900x520 "$runs"
+# The paper figure of the sweep: forward and gradient variance by scaling rule, init and last record.
+"$gui" --export "$images/gui-grid.svg" --view grid --size 1000x640 "$runs"
 resnets=$(mktemp -d)
 trap 'rm -rf "$resnets"' EXIT
 "$build/proplab" sweep studies/resnet_spp.toml --out "$resnets" > /dev/null

@@ -155,7 +155,7 @@ TEST_F(GuiScreenshotTest, DepthAxisAndKindsOptions) {
 
 TEST_F(GuiScreenshotTest, EveryViewRendersHeadless) {
   write_two_runs();
-  for (const std::string view : {"dynamics", "compare"}) {
+  for (const std::string view : {"dynamics", "compare", "grid"}) {
     SCOPED_TRACE(view);
     const auto result = screenshot(view + ".png", {"--view", view, (work_ / "runs").string()});
     const Image image = expect_image(view + ".png", result);
