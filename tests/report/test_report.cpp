@@ -6,6 +6,7 @@
 // the values the synthetic runs were made with; bad folders exit 2.
 #include <cmath>
 #include <map>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -155,6 +156,11 @@ void expect_markdown_references(const fs::path& report) {
     EXPECT_NE(text.find("</svg>"), std::string::npos) << svg;
     EXPECT_TRUE(text.find("class=\"plot\"") != std::string::npos || text.find("class=\"heatmap\"") != std::string::npos)
         << svg << " has no panel";
+    // Well-formed XML, as a browser or a vector editor reads it.
+    const std::string parse =
+        "/usr/bin/python3 -c \"import sys, xml.dom.minidom; xml.dom.minidom.parse(sys.argv[1])\" '" + svg.string() +
+        "'";
+    EXPECT_EQ(std::system(parse.c_str()), 0) << svg << " is not well-formed XML";
   }
   for (std::size_t at = markdown.find("](figures/"); at != std::string::npos; at = markdown.find("](figures/", at + 1))
     embedded.insert(markdown.substr(at + 2, markdown.find(')', at) - at - 2));
