@@ -29,9 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
 #include "dist/communicator.h"
-#include "dist/cuda_communicator.h"
 #include "io/run_reader.h"
 #include "models/model.h"
 #include "study/run_spec.h"
@@ -146,15 +144,7 @@ int main(int argc, char** argv) {
     // The communicators whose bytes count (each once; the world carries the stop flag).
     std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
-      std::unique_ptr<dist::Communicator> world = dist::make_mpi_world(base.parallel.timeout_s);
-      if (world->size() > 1 && run_device(to_run_spec(base)) == Device::cuda) {  // as `proplab run` does
-        dist::CudaRanks chosen;
-        world = dist::make_cuda_world(std::move(world), base.parallel.comm, base.parallel.timeout_s, &chosen);
-        options.device_comm = dist::device_transport_name(chosen.transport);
-      }
-      groups.emplace(dist::make_process_groups(std::move(world),
-                                               dist::Layout{base.parallel.dp, base.parallel.tp, base.parallel.pp}));
-      use_process_groups(options, *groups);
+      groups.emplace(make_run_process_groups(to_run_spec(base), options));  // (CUDA ranks as `proplab run` has them)
       counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
     }
     const bool root = !groups || groups->world->rank() == 0;

@@ -22,7 +22,6 @@
 #include "core/device.h"
 #include "cli/report.h"
 #include "dist/communicator.h"
-#include "dist/cuda_communicator.h"
 #include "cli/sweep.h"
 #include "cli/theory.h"
 #include "study/run_spec.h"
@@ -66,20 +65,11 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   options.command = "proplab run " + proplab::shell_word(study_path);
   for (const std::string& entry : overrides) options.command += " --set " + proplab::shell_word(entry);
   options.command += " --out " + proplab::shell_word(options.out_dir.string());
-  // Under an MPI launcher (mpirun/srun) the processes form the [parallel] layout; rank 0 prints and writes. A CUDA
-  // layout's world also carries device buffers (NCCL, or staged through host memory: parallel.comm), and each rank
-  // takes its GPU here, before anything else touches CUDA.
+  // Under an MPI launcher (mpirun/srun) the processes form the [parallel] layout (on GPUs with device.type = "cuda");
+  // rank 0 prints and writes.
   std::optional<proplab::dist::ProcessGroups> groups;
   if (proplab::dist::launched_by_mpi()) {
-    std::unique_ptr<proplab::dist::Communicator> world = proplab::dist::make_mpi_world(study.parallel.timeout_s);
-    if (world->size() > 1 && proplab::run_device(proplab::to_run_spec(study)) == proplab::Device::cuda) {
-      proplab::dist::CudaRanks ranks;
-      world = proplab::dist::make_cuda_world(std::move(world), study.parallel.comm, study.parallel.timeout_s, &ranks);
-      options.device_comm = proplab::dist::device_transport_name(ranks.transport);
-    }
-    groups.emplace(proplab::dist::make_process_groups(
-        std::move(world), proplab::dist::Layout{study.parallel.dp, study.parallel.tp, study.parallel.pp}));
-    proplab::use_process_groups(options, *groups);
+    groups.emplace(proplab::make_run_process_groups(proplab::to_run_spec(study), options));
     if (groups->world->rank() != 0) options.log = nullptr;
     options.command = "mpirun -np " + std::to_string(groups->world->size()) + " " + options.command;
   }

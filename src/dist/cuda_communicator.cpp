@@ -96,11 +96,8 @@ class CudaCommunicator final : public Communicator {
   }
 
   std::unique_ptr<PendingCollective> start_all_reduce(float* data, std::int64_t count) override {
-    if (!is_device_pointer(data)) {
-      count_bytes(Traffic::all_reduce, count * 4);
-      return host_->start_all_reduce(data, count);
-    }
     count_bytes(Traffic::all_reduce, count * 4);
+    if (!is_device_pointer(data)) return host_->start_all_reduce(data, count);
     if (nccl_) return nccl_->start_all_reduce(data, count);
     // Staged: the bucket goes to a pinned buffer of its own, MPI sums it in the background, wait() copies it back.
     std::unique_ptr<PinnedBuffer> buffer = take_buffer();
@@ -213,8 +210,8 @@ std::unique_ptr<Communicator> make_cuda_world(std::unique_ptr<Communicator> mpi_
       comm == "staged" || (comm == "auto" && !nccl_available()) ? DeviceTransport::staged : DeviceTransport::nccl;
   std::unique_ptr<Communicator> nccl;
   if (ranks.transport == DeviceTransport::nccl) {
-    if (!nccl_available()) make_nccl_world(*mpi_world, timeout_s);  // (throws: no NCCL in this build)
-    nccl = make_nccl_world(*mpi_world, timeout_s);                  // (sets the GPU of the node-local rank)
+    // (sets the GPU of the node-local rank; UserError without NCCL in this build)
+    nccl = make_nccl_world(*mpi_world, timeout_s);
     ranks.ordinal = node.local_rank;
   } else {
     ranks.ordinal = node.local_rank % ranks.gpus;

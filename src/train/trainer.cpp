@@ -8,6 +8,7 @@
 
 #include "core/device.h"
 #include "core/parallel.h"
+#include "dist/cuda_communicator.h"
 #include "data/dataset.h"
 #include "data/images.h"
 #include "io/checkpoint.h"
@@ -689,6 +690,19 @@ void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups) 
   options.data_parallel = groups.data.get();
   if (groups.layout.pp > 1) options.pipeline = groups.pipeline.get();
   if (groups.tensor->size() > 1) options.tensor_parallel = groups.tensor.get();
+}
+
+dist::ProcessGroups make_run_process_groups(const RunSpec& spec, RunOptions& options) {
+  std::unique_ptr<dist::Communicator> world = dist::make_mpi_world(spec.parallel.timeout_s);
+  if (world->size() > 1 && run_device(spec) == Device::cuda) {
+    dist::CudaRanks ranks;
+    world = dist::make_cuda_world(std::move(world), spec.parallel.comm, spec.parallel.timeout_s, &ranks);
+    options.device_comm = dist::device_transport_name(ranks.transport);
+  }
+  dist::ProcessGroups groups =
+      dist::make_process_groups(std::move(world), dist::Layout{spec.parallel.dp, spec.parallel.tp, spec.parallel.pp});
+  use_process_groups(options, groups);
+  return groups;
 }
 
 // The stages of a run, in order (TrainingRun): everything that can fail on user input happens before the run file

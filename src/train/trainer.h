@@ -123,4 +123,9 @@ RunSummary run_training(const RunSpec& spec, const RunOptions& options);
 // Points `options` at the groups of a `[parallel]` layout of several processes (a world of one changes nothing).
 void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups);
 
+// Under an MPI launcher: MPI_COMM_WORLD as the spec's layout. A CUDA layout's world also carries device buffers
+// (dist::make_cuda_world: NCCL or staged, as parallel.comm says; each rank takes its GPU here, before anything else
+// touches CUDA; options.device_comm names the transport). Then use_process_groups. Collective over the world.
+dist::ProcessGroups make_run_process_groups(const RunSpec& spec, RunOptions& options);
+
 }  // namespace proplab
