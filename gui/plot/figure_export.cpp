@@ -240,14 +240,8 @@ void legend(std::ostringstream& svg, const PixelRect& box, const std::vector<con
 
 std::vector<MarkerPlacement> marker_places(const std::vector<AxisMarker>& markers, AxisRange range, AxisScale scale,
                                            double length, double label_size) {
-  std::vector<double> values, sizes;
-  std::vector<int> rows;
-  for (const auto& marker : markers) {
-    values.push_back(marker.value);
-    rows.push_back(marker.label_row);
-    sizes.push_back(marker.label.empty() ? 0.0 : label_size > 0.0 ? label_size : text_width(marker.label));
-  }
-  return place_markers(values, rows, sizes, range, scale, length, marker_label_gap_px);
+  return place_axis_markers(markers, range, scale, length, label_size,
+                            [](const std::string& label) { return text_width(label); });
 }
 
 std::string marker_dashes() { return number(marker_dash_on_px) + " " + number(marker_dash_off_px); }

@@ -219,16 +219,8 @@ void draw_dashed_line(ImDrawList* draw, ImVec2 a, ImVec2 b, ImU32 colour) {
 // text widths when label_size is 0).
 std::vector<MarkerPlacement> marker_places(const std::vector<AxisMarker>& markers, AxisRange range, AxisScale scale,
                                            double length, float label_size) {
-  std::vector<double> values, sizes;
-  std::vector<int> rows;
-  for (const auto& marker : markers) {
-    values.push_back(marker.value);
-    rows.push_back(marker.label_row);
-    sizes.push_back(marker.label.empty() ? 0.0
-                    : label_size > 0.0f  ? label_size
-                                         : ImGui::CalcTextSize(marker.label.c_str()).x);
-  }
-  return place_markers(values, rows, sizes, range, scale, length, marker_label_gap_px);
+  return place_axis_markers(markers, range, scale, length, label_size,
+                            [](const std::string& text) { return ImGui::CalcTextSize(text.c_str()).x; });
 }
 
 void remember_rect(ExportRequest& request, const PlotLayout& layout, const std::string& name) {
@@ -639,6 +631,19 @@ std::string encode_png(int width, int height, const std::vector<unsigned char>& 
   };
   if (stbi_write_png_to_func(append, &bytes, width, height, 4, rgba.data(), width * 4) == 0) return {};
   return bytes;
+}
+
+std::vector<MarkerPlacement> place_axis_markers(const std::vector<AxisMarker>& markers, AxisRange range,
+                                                AxisScale scale, double length, double label_size,
+                                                const std::function<double(const std::string&)>& text_width) {
+  std::vector<double> values, sizes;
+  std::vector<int> rows;
+  for (const auto& marker : markers) {
+    values.push_back(marker.value);
+    rows.push_back(marker.label_row);
+    sizes.push_back(marker.label.empty() ? 0.0 : label_size > 0.0 ? label_size : text_width(marker.label));
+  }
+  return place_markers(values, rows, sizes, range, scale, length, marker_label_gap_px);
 }
 
 }  // namespace proplab::gui

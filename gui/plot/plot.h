@@ -20,6 +20,7 @@
 #include <imgui.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -59,6 +60,11 @@ struct AxisMarker {
   ImU32 colour = marker_colour();
   int label_row = 0;
 };
+// Where `markers` and their labels go along an axis of `length` pixels (place_markers): labels `label_size` pixels
+// long, or as wide as `text_width` measures them when label_size is 0 (the screen's font, or an SVG's estimate).
+std::vector<MarkerPlacement> place_axis_markers(const std::vector<AxisMarker>& markers, AxisRange range,
+                                                AxisScale scale, double length, double label_size,
+                                                const std::function<double(const std::string&)>& text_width);
 
 struct PlotSpec {
   std::string title, x_label, y_label;
