@@ -86,6 +86,15 @@ std::vector<AxisMarker> stage_markers(const AppState& state, const RunList& runs
   return markers;
 }
 
+// The block axis' named ticks: each block's name at its start (block b at b).
+std::vector<Tick> block_ticks(const RunList& runs, DepthAxis axis) {
+  std::vector<Tick> ticks;
+  if (axis != DepthAxis::block) return ticks;
+  const auto names = block_names(runs);
+  for (std::size_t b = 0; b < names.size(); ++b) ticks.push_back(Tick{static_cast<double>(b), names[b], true});
+  return ticks;
+}
+
 }  // namespace
 
 // The depth profile of `runs` (a subset of the selection) at the state's record, on the chosen or default depth
@@ -96,6 +105,7 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
   const DepthAxis axis = shown_depth_axis(state, runs);
   const std::vector<std::string> kinds = shown_kinds(state, runs);
   spec.x_label = depth_axis_title(axis);
+  spec.x_names = block_ticks(runs, axis);
   if (axis != DepthAxis::probe && by_block(runs)) spec.x_markers = stage_markers(state, runs, axis);
   spec.y_label = stat_title(state);
   spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
@@ -244,7 +254,7 @@ std::string grid_key(const AppState& state, const RunList& runs) {
 namespace {
 
 // The `var` profile of `run` in `direction` at `record` over `probes` (at `x_of`), as one series of the grid: at
-// initialisation thin, dashed and faded, else solid in the run's colour.
+// initialisation thin, dashed and faded, else solid in the run's colour. The legend lists the run once.
 PlotSeries grid_profile(const AppState& state, const RunSnapshot& run, Direction direction, std::int64_t record,
                         const std::vector<std::size_t>& probes, const std::vector<double>& x_of) {
   const Dataset2D& matrix = *run.stat(direction, "var");
@@ -253,6 +263,9 @@ PlotSeries grid_profile(const AppState& state, const RunSnapshot& run, Direction
   const std::string title = std::string(direction_name(direction)) + " var";
   PlotSeries series;
   series.label = run.name + (init ? " (init)" : " (step " + std::to_string(step) + ")");
+  // One legend entry per run, its solid line (the header says which line is which); the pair hides together.
+  series.legend_name = run.name;
+  series.in_legend = !init || run.records() == 1;
   series.run = run.name;
   series.colour = series_colour(colour_index(state, run), init ? 0.6f : 1.0f);
   series.dashed = init;
@@ -297,6 +310,7 @@ GridPanels grid_panels(const AppState& state, const RunList& runs) {
       for (const auto index : groups[column].members) members.push_back(runs[index]);
       spec.title = row == 0 ? grid.column_titles[column] : "";
       spec.x_label = depth_axis_title(axis);
+      spec.x_names = block_ticks(runs, axis);
       spec.y_label = grid.row_titles[row];
       spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
       if (axis != DepthAxis::probe && by_block(members)) spec.x_markers = stage_markers(state, members, axis);
@@ -330,6 +344,10 @@ GridPanels grid_panels(const AppState& state, const RunList& runs) {
       spec.y_range = y_range;
     }
   }
+  // Every panel's legend as large as the largest, so that their data areas line up.
+  std::vector<PlotSpec*> panels;
+  for (auto& spec : grid.plots) panels.push_back(&spec);
+  share_legend_size(panels);
   return grid;
 }
 

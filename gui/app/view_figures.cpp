@@ -80,11 +80,15 @@ ComparePanels compare_panels(const AppState& state, const RunList& runs) {
   }
   const AxisRange x_range = fit_range(xs, panels.plots.front().x_scale, 0.02);
   const AxisRange y_range = fit_range(ys, panels.plots.front().y_scale, 0.05);
+  std::vector<PlotSpec*> shared;
   for (auto& spec : panels.plots) {
     spec.x_range = x_range;
     spec.y_range = y_range;
     spec.legend = true;
+    shared.push_back(&spec);
   }
+  // Every panel's legend as large as the largest, so that their data areas line up.
+  share_legend_size(shared);
   return panels;
 }
 

@@ -87,6 +87,31 @@ std::string block_name(const ProbeInfo& probe) {
   return "block " + number;
 }
 
+std::vector<std::string> block_names(const RunList& runs) {
+  std::vector<std::string> names;
+  std::vector<bool> differ;
+  for (const auto& run : runs) {
+    for (const auto& probe : run->probes) {
+      if (probe.block < 0) continue;
+      const auto b = static_cast<std::size_t>(probe.block);
+      if (b >= names.size()) {
+        names.resize(b + 1);
+        differ.resize(b + 1, false);
+      }
+      const std::string name = block_name(probe);
+      if (names[b].empty()) {
+        names[b] = name;
+      } else if (names[b] != name) {
+        differ[b] = true;
+      }
+    }
+  }
+  for (std::size_t b = 0; b < names.size(); ++b) {
+    if (names[b].empty() || differ[b]) names[b] = std::to_string(b);
+  }
+  return names;
+}
+
 std::vector<std::size_t> probes_of_kinds(const std::vector<ProbeInfo>& probes, const std::vector<std::string>& kinds) {
   std::vector<std::size_t> indices;
   for (std::size_t p = 0; p < probes.size(); ++p) {

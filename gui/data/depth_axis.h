@@ -44,6 +44,9 @@ double block_position_on(double block_position, std::int64_t blocks, DepthAxis a
 // The name of a probe's block: its name up to the block number ("blocks.3.attn.out" -> "blocks.3",
 // "layers.2.preact" -> "layers.2"); "block <b>" when the name does not contain it; empty outside blocks.
 std::string block_name(const ProbeInfo& probe);
+// The name of every block 0 .. L − 1 of `runs` (L: the largest block_count): its block_name when every run that has
+// the block names it alike ("blocks.3"), else its number ("3"). The block axis labels its ticks with them.
+std::vector<std::string> block_names(const RunList& runs);
 
 // The probes whose kind is one of `kinds` (every probe when `kinds` is empty), as indices in forward order.
 std::vector<std::size_t> probes_of_kinds(const std::vector<ProbeInfo>& probes, const std::vector<std::string>& kinds);

@@ -229,7 +229,7 @@ void legend(std::ostringstream& svg, const PixelRect& box, const std::vector<con
     } else {
       line(svg, box.x0 + 5.0, mid, box.x0 + 21.0, mid, paint, 2.0);
     }
-    text(svg, box.x0 + legend_swatch_px + 6.0, top, series.label, text_paint, Anchor::start, "legend-entry");
+    text(svg, box.x0 + legend_swatch_px + 6.0, top, legend_key(series), text_paint, Anchor::start, "legend-entry");
   }
   if (entries.size() > shown) {
     text(svg, box.x0 + legend_swatch_px + 6.0, box.y0 + 4.0 + static_cast<double>(shown) * figure_line_height,
@@ -249,22 +249,12 @@ std::string marker_dashes() { return number(marker_dash_on_px) + " " + number(ma
 void plot_panel(std::ostringstream& svg, const FigurePanel& panel, int index) {
   const PlotSpec& spec = panel.plot;
   PixelRect area = plot_data_area(panel.frame, figure_line_height, !spec.title.empty() || !spec.y_label.empty(), 10.0);
-  std::vector<const PlotSeries*> entries;
-  if (spec.legend) {
-    for (const auto& series : spec.series) {
-      if (series.in_legend) entries.push_back(&series);
-    }
-  }
+  const std::vector<const PlotSeries*> entries = legend_entries(spec);
   PixelRect legend_box;
   if (!entries.empty()) {
-    const std::size_t shown = std::min(entries.size(), legend_max_entries);
-    double width = 0.0;
-    for (std::size_t i = 0; i < shown; ++i) width = std::max(width, text_width(entries[i]->label));
-    if (entries.size() > shown) width = std::max(width, text_width("+999 more"));
-    const double lines = static_cast<double>(shown) + (entries.size() > shown ? 1.0 : 0.0);
-    const LegendPlacement placement =
-        place_legend(area, width + legend_swatch_px + 14.0, lines * figure_line_height + 8.0,
-                     2.0 * figure_line_height + 8.0, 8.0, legend_min_area_share);
+    const LegendSize size = legend_box_size(spec, figure_line_height, text_width);
+    const LegendPlacement placement = place_legend(area, size.width, size.height, 2.0 * figure_line_height + 8.0, 8.0,
+                                                   legend_min_area_share);
     area = placement.area;
     legend_box = placement.legend;
   }
@@ -284,12 +274,12 @@ void plot_panel(std::ostringstream& svg, const FigurePanel& panel, int index) {
   svg << "<g class=\"plot\"" << attribute("data-panel", panel.name) << " data-x-min=\"" << exact(x_range.min)
       << "\" data-x-max=\"" << exact(x_range.max) << "\" data-y-min=\"" << exact(y_range.min) << "\" data-y-max=\""
       << exact(y_range.max) << "\" data-x-scale=\"" << (spec.x_scale == AxisScale::log ? "log" : "linear")
-      << "\" data-y-scale=\"" << (spec.y_scale == AxisScale::log ? "log" : "linear") << "\">\n";
+      << "\" data-y-scale=\"" << (spec.y_scale == AxisScale::log ? "log" : "linear") << "\" data-area=\""
+      << number(area.x0) << " " << number(area.y0) << " " << number(area.x1) << " " << number(area.y1) << "\">\n";
   title(svg, panel.frame, area, spec.title, spec.y_label);
-  const int x_target = std::max(2, static_cast<int>(area.width() / 90.0));
   const int y_target = std::max(2, static_cast<int>(area.height() / 45.0));
-  axes(svg, area, x, y, axis_ticks(x_range, spec.x_scale, x_target), axis_ticks(y_range, spec.y_scale, y_target),
-       spec.x_label);
+  axes(svg, area, x, y, plot_x_ticks(spec, x_range, area.width(), text_width),
+       axis_ticks(y_range, spec.y_scale, y_target), spec.x_label);
 
   const std::string clip = "clip" + std::to_string(index);
   svg << "<clipPath id=\"" << clip << "\">";

@@ -16,6 +16,8 @@ constexpr float marker_dash_off_px = 4.0f;
 constexpr float marker_thickness_px = 2.0f;
 constexpr float marker_label_gap_px = 4.0f;
 
+double screen_text_width(const std::string& text) { return ImGui::CalcTextSize(text.c_str()).x; }
+
 struct PlotLayout {
   ImVec2 frame_min, frame_max;  // the whole widget
   ImVec2 area_min, area_max;    // the data area
@@ -130,27 +132,6 @@ void draw_series(ImDrawList* draw, const PlotSeries& series, const AxisTransform
   flush();
 }
 
-// The series listed in the legend.
-std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec) {
-  std::vector<const PlotSeries*> entries;
-  if (!spec.legend) return entries;
-  for (const auto& series : spec.series) {
-    if (series.in_legend) entries.push_back(&series);
-  }
-  return entries;
-}
-
-// The legend's box size with every entry it lists (at most legend_max_entries, then "+n more").
-ImVec2 legend_size(const std::vector<const PlotSeries*>& entries) {
-  if (entries.empty()) return ImVec2(0, 0);
-  const std::size_t shown = std::min(entries.size(), legend_max_entries);
-  float width = 0.0f;
-  for (std::size_t i = 0; i < shown; ++i) width = std::max(width, ImGui::CalcTextSize(entries[i]->label.c_str()).x);
-  if (entries.size() > shown) width = std::max(width, ImGui::CalcTextSize("+999 more").x);
-  const float lines = static_cast<float>(shown) + (entries.size() > shown ? 1.0f : 0.0f);
-  return ImVec2(width + static_cast<float>(legend_swatch_px) + 14.0f, lines * ImGui::GetTextLineHeight() + 8.0f);
-}
-
 // The legend in its box beside the data area (place_legend); a click on an entry toggles its series. Lists as many
 // entries as the box holds, then "+n more".
 void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const PlotSeries*>& entries,
@@ -175,7 +156,8 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
   for (std::size_t i = 0; i < shown; ++i) {
     const PlotSeries& series = *entries[i];
     const float top = box_min.y + 4.0f + static_cast<float>(i) * line;
-    const bool hidden = state.hidden.count(series.label) > 0;
+    const std::string& key = legend_key(series);
+    const bool hidden = state.hidden.count(key) > 0;
     const float mid = top + line / 2.0f;
     const ImU32 colour = hidden ? ImGui::GetColorU32(ImGuiCol_TextDisabled) : series.colour;
     if (series.dashed) {
@@ -185,12 +167,12 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
       draw->AddLine(ImVec2(box_min.x + 5.0f, mid), ImVec2(box_min.x + 21.0f, mid), colour, 2.0f);
     }
     draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f, top),
-                  ImGui::GetColorU32(hidden ? ImGuiCol_TextDisabled : ImGuiCol_Text), series.label.c_str());
+                  ImGui::GetColorU32(hidden ? ImGuiCol_TextDisabled : ImGuiCol_Text), key.c_str());
     if (legend_under_mouse && ImGui::IsMouseClicked(ImGuiMouseButton_Left) && mouse.y >= top && mouse.y < top + line) {
       if (hidden) {
-        state.hidden.erase(series.label);
+        state.hidden.erase(key);
       } else {
-        state.hidden.insert(series.label);
+        state.hidden.insert(key);
       }
     }
   }
@@ -219,8 +201,7 @@ void draw_dashed_line(ImDrawList* draw, ImVec2 a, ImVec2 b, ImU32 colour) {
 // text widths when label_size is 0).
 std::vector<MarkerPlacement> marker_places(const std::vector<AxisMarker>& markers, AxisRange range, AxisScale scale,
                                            double length, float label_size) {
-  return place_axis_markers(markers, range, scale, length, label_size,
-                            [](const std::string& text) { return ImGui::CalcTextSize(text.c_str()).x; });
+  return place_axis_markers(markers, range, scale, length, label_size, screen_text_width);
 }
 
 void remember_rect(ExportRequest& request, const PlotLayout& layout, const std::string& name) {
@@ -266,7 +247,7 @@ void fit_view(PlotState& state, const PlotSpec& spec) {
   if (!state.user_view) {
     std::vector<ValueSpan> xs, ys;
     for (const auto& series : spec.series) {
-      if (state.hidden.count(series.label)) continue;
+      if (state.hidden.count(legend_key(series))) continue;
       xs.push_back({series.x.data(), series.x.size()});
       ys.push_back({series.y.data(), series.y.size()});
     }
@@ -326,7 +307,7 @@ void draw_hover(ImDrawList* draw, const PlotLayout& layout, const PlotSpec& spec
   double best_distance = hover_radius_px;
   std::vector<PixelPoint> points;
   for (const auto& series : spec.series) {
-    if (state.hidden.count(series.label)) continue;
+    if (state.hidden.count(legend_key(series))) continue;
     const std::size_t n = std::min(series.x.size(), series.y.size());
     points.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -370,11 +351,11 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   const auto entries = legend_entries(spec);
   PixelRect legend_box;
   if (!entries.empty()) {
-    const ImVec2 legend = legend_size(entries);
     const float line = ImGui::GetTextLineHeight();
+    const LegendSize legend = legend_box_size(spec, line, screen_text_width);
     const LegendPlacement placement =
-        place_legend(PixelRect{layout.area_min.x, layout.area_min.y, layout.area_max.x, layout.area_max.y}, legend.x,
-                     legend.y, 2.0 * line + 8.0, 8.0, legend_min_area_share);
+        place_legend(PixelRect{layout.area_min.x, layout.area_min.y, layout.area_max.x, layout.area_max.y},
+                     legend.width, legend.height, 2.0 * line + 8.0, 8.0, legend_min_area_share);
     layout.area_max = ImVec2(static_cast<float>(placement.area.x1), static_cast<float>(placement.area.y1));
     legend_box = placement.legend;
   }
@@ -402,9 +383,8 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
 
   const AxisTransform x(state.x, spec.x_scale, layout.area_min.x, layout.area_max.x);
   const AxisTransform y(state.y, spec.y_scale, layout.area_max.y, layout.area_min.y);
-  const int x_target = std::max(2, static_cast<int>(width / 90.0f));
   const int y_target = std::max(2, static_cast<int>(height / 45.0f));
-  draw_axes(draw, layout, x, y, axis_ticks(state.x, spec.x_scale, x_target),
+  draw_axes(draw, layout, x, y, plot_x_ticks(spec, state.x, width, screen_text_width),
             axis_ticks(state.y, spec.y_scale, y_target), spec.x_label);
 
   draw->PushClipRect(layout.area_min, layout.area_max, true);
@@ -416,7 +396,7 @@ void draw_plot(const char* id, PlotState& state, const PlotSpec& spec, ImVec2 si
   }
   std::vector<ImVec2> scratch;
   for (const auto& series : spec.series) {
-    if (!state.hidden.count(series.label)) draw_series(draw, series, x, y, scratch);
+    if (!state.hidden.count(legend_key(series))) draw_series(draw, series, x, y, scratch);
   }
   // Labels along the bottom of the data area, on a backing that dims the lines
   // beneath them.
@@ -631,6 +611,67 @@ std::string encode_png(int width, int height, const std::vector<unsigned char>& 
   };
   if (stbi_write_png_to_func(append, &bytes, width, height, 4, rgba.data(), width * 4) == 0) return {};
   return bytes;
+}
+
+const std::string& legend_key(const PlotSeries& series) {
+  return series.legend_name.empty() ? series.label : series.legend_name;
+}
+
+std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec) {
+  std::vector<const PlotSeries*> entries;
+  if (!spec.legend) return entries;
+  std::set<std::string> listed;
+  for (const auto& series : spec.series) {
+    if (series.in_legend && listed.insert(legend_key(series)).second) entries.push_back(&series);
+  }
+  return entries;
+}
+
+namespace {
+// The labels a legend box shows, and its lines: at most legend_max_entries entries, then "+999 more" (the widest
+// such line a legend needs).
+std::size_t legend_lines(const std::vector<const PlotSeries*>& entries, std::vector<std::string>* labels) {
+  const std::size_t shown = std::min(entries.size(), legend_max_entries);
+  if (labels != nullptr) {
+    for (std::size_t i = 0; i < shown; ++i) labels->push_back(legend_key(*entries[i]));
+    if (entries.size() > shown) labels->push_back("+999 more");
+  }
+  return shown + (entries.size() > shown ? 1 : 0);
+}
+}  // namespace
+
+LegendSize legend_box_size(const PlotSpec& spec, double line_height,
+                           const std::function<double(const std::string&)>& text_width) {
+  const auto entries = legend_entries(spec);
+  if (entries.empty()) return {};
+  std::vector<std::string> labels = spec.legend_peer_labels;
+  const std::size_t lines = std::max(legend_lines(entries, &labels), spec.legend_peer_lines);
+  double width = 0.0;
+  for (const auto& label : labels) width = std::max(width, text_width(label));
+  return LegendSize{width + legend_swatch_px + 14.0, static_cast<double>(lines) * line_height + 8.0};
+}
+
+void share_legend_size(std::vector<PlotSpec*> specs) {
+  std::vector<std::string> labels;
+  std::size_t lines = 0;
+  for (const PlotSpec* spec : specs) lines = std::max(lines, legend_lines(legend_entries(*spec), &labels));
+  std::sort(labels.begin(), labels.end());
+  labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
+  for (PlotSpec* spec : specs) {
+    spec->legend_peer_labels = labels;
+    spec->legend_peer_lines = lines;
+  }
+}
+
+std::vector<Tick> plot_x_ticks(const PlotSpec& spec, AxisRange range, double length,
+                               const std::function<double(const std::string&)>& text_width) {
+  if (!spec.x_names.empty() && spec.x_scale == AxisScale::linear) {
+    double widest = 0.0;
+    for (const auto& tick : spec.x_names) widest = std::max(widest, text_width(tick.label));
+    auto named = named_ticks(spec.x_names, range, length, widest, 12.0);
+    if (!named.empty()) return named;
+  }
+  return axis_ticks(range, spec.x_scale, std::max(2, static_cast<int>(length / 90.0)));
 }
 
 std::vector<MarkerPlacement> place_axis_markers(const std::vector<AxisMarker>& markers, AxisRange range,

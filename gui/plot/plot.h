@@ -39,6 +39,9 @@ struct PlotSeries {
   bool dashed = false;
   float thickness = 2.0f;
   bool in_legend = true;
+  // The legend entry's text and the key that hides the series: series of one legend_name share one entry (the first
+  // of them in_legend) and are hidden and shown together. Empty: the label.
+  std::string legend_name;
   // When non-empty, one read-out per point (e.g. probe_point_text: probe, block, step, value): the hover shows it
   // under the series' label instead of the point's x and y.
   std::vector<std::string> point_labels;
@@ -47,6 +50,9 @@ struct PlotSeries {
   std::string run, probe;
   std::vector<std::string> point_probes;
 };
+
+// The series' legend entry and hiding key: its legend_name, else its label.
+const std::string& legend_key(const PlotSeries& series);
 
 ImU32 marker_colour(float alpha = 1.0f);
 
@@ -74,8 +80,32 @@ struct PlotSpec {
   std::optional<AxisRange> x_range, y_range;  // fixed ranges (e.g. shared axes); else fitted to the data
   std::optional<double> x_marker;             // a vertical line, e.g. the current record's step
   std::vector<AxisMarker> x_markers;          // dashed vertical lines, labelled at the bottom (stage starts)
+  // Named x ticks (e.g. each block's name at its start on the block axis), shown instead of numbers, thinned to fit
+  // (plot_x_ticks); numbers where fewer than two are in view.
+  std::vector<Tick> x_names;
   bool legend = true;
+  // Panels drawn side by side (compare, grid): the legend is sized for these labels and lines too (the widest and
+  // longest legend of the panels), so every panel's data area is the same size and their axes line up.
+  std::vector<std::string> legend_peer_labels;
+  std::size_t legend_peer_lines = 0;
 };
+
+// The series a plot's legend lists: those in_legend, one per legend_key, none when spec.legend is off.
+std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec);
+// The size of a plot's legend box for text `line_height` pixels high (width measured by `text_width`): its entries
+// (at most legend_max_entries, then a "+n more" line) and the spec's peer labels and lines; 0 × 0 without entries.
+struct LegendSize {
+  double width = 0.0, height = 0.0;
+};
+LegendSize legend_box_size(const PlotSpec& spec, double line_height,
+                           const std::function<double(const std::string&)>& text_width);
+// Sets the legend peers of `specs` (panels drawn side by side) to the union of their legends' labels and the most
+// lines any of them has.
+void share_legend_size(std::vector<PlotSpec*> specs);
+// The x ticks of a plot whose x axis is `length` pixels and shows `range`: spec.x_names thinned to fit (named_ticks,
+// labels measured by `text_width`) on a linear axis, else numbers (axis_ticks).
+std::vector<Tick> plot_x_ticks(const PlotSpec& spec, AxisRange range, double length,
+                               const std::function<double(const std::string&)>& text_width);
 
 // The screen rectangle a widget last drew, and a pending PNG export of it.
 struct ExportRequest {

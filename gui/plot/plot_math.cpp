@@ -250,6 +250,37 @@ std::size_t tick_stride(std::size_t count, int target) {
   }
 }
 
+std::vector<Tick> named_ticks(const std::vector<Tick>& candidates, AxisRange range, double length, double label_size,
+                              double gap) {
+  const double tolerance = 1e-9 * std::abs(range.max - range.min);
+  std::vector<std::size_t> inside;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].value >= range.min - tolerance && candidates[i].value <= range.max + tolerance) inside.push_back(i);
+  }
+  if (inside.size() < 2) return {};
+  // Candidates are evenly spaced (blocks): the smallest 1, 2, 5 × 10^k stride whose labels are a label and a gap
+  // apart.
+  const double spacing =
+      std::abs(length / (range.max - range.min) * (candidates[inside[1]].value - candidates[inside[0]].value));
+  std::size_t stride = 1;
+  for (std::size_t decade = 1; stride * spacing < label_size + gap && decade < candidates.size() * 10; decade *= 10) {
+    for (const std::size_t multiple : {1, 2, 5}) {
+      stride = multiple * decade;
+      if (stride * spacing >= label_size + gap) break;
+    }
+  }
+  std::vector<Tick> ticks;
+  for (const std::size_t i : inside) {
+    Tick tick = candidates[i];
+    if (i % stride != 0) {
+      tick.label.clear();
+      tick.major = false;
+    }
+    ticks.push_back(std::move(tick));
+  }
+  return ticks;
+}
+
 std::array<unsigned char, 3> marker_rgb() { return {200, 200, 200}; }
 
 std::vector<MarkerPlacement> place_markers(const std::vector<double>& values, const std::vector<int>& label_rows,

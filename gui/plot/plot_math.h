@@ -42,6 +42,13 @@ std::vector<Tick> axis_ticks(AxisRange range, AxisScale scale, int target);
 // The stride (1, 2, 5, 10, 20, 50, ...) that keeps at most `target` (>= 1) of `count` evenly spaced labels: e.g.
 // every 5th block's label on a heatmap of 54 blocks with room for 12.
 std::size_t tick_stride(std::size_t count, int target);
+// Named ticks on a linear axis of `length` pixels showing `range`: `candidates` (e.g. one per block, labelled with
+// the block's name, in increasing order) thinned so that labels `label_size` pixels wide keep `gap` pixels between
+// them. Of the candidates inside the range, every stride-th (the smallest 1, 2, 5 × 10^k stride that fits, counted
+// from the first candidate, so labels stay put while panning) keeps its label; the others become unlabelled minor ticks. Empty when fewer than
+// two candidates lie inside the range (the caller then falls back to numbers).
+std::vector<Tick> named_ticks(const std::vector<Tick>& candidates, AxisRange range, double length, double label_size,
+                              double gap);
 // A short label for a value on an axis whose ticks are `step` apart (linear) or any value (step 0).
 std::string format_tick(double value, double step);
 // A compact number for read-outs (hover, legends): 4 significant digits, scientific when large or small.

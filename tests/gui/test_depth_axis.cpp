@@ -102,6 +102,20 @@ TEST(GuiDepthAxis, BlockPositionsAreBlockIndicesWithSublayersAtFractions) {
   EXPECT_EQ(block_name(ProbeInfo{"stem.conv", 0, 4, "branch"}), "block 4");
 }
 
+TEST(GuiDepthAxis, BlocksAreNamedAsTheirProbesNameThem) {
+  EXPECT_EQ(block_names({transformer_run("a", 3)}), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
+  // Runs of different depth: the deepest sets the count; the names agree.
+  EXPECT_EQ(block_names({transformer_run("a", 1), transformer_run("b", 2)}),
+            (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  // Runs that name a block differently (an MLP's layers.1 beside a transformer's blocks.1) get its number.
+  auto mlp = std::make_shared<RunSnapshot>();
+  mlp->probes = {ProbeInfo{"layers.0.preact", 0, 0, "preact"}, ProbeInfo{"layers.1.preact", 1, 1, "preact"},
+                 ProbeInfo{"layers.2.preact", 2, 2, "preact"}};
+  EXPECT_EQ(block_names({mlp}), (std::vector<std::string>{"layers.0", "layers.1", "layers.2"}));
+  EXPECT_EQ(block_names({transformer_run("a", 2), mlp}), (std::vector<std::string>{"0", "1", "layers.2"}));
+  EXPECT_TRUE(block_names({}).empty());
+}
+
 TEST(GuiDepthAxis, NormalisedDepthOverlaysRunsOfDifferentDepth) {
   for (const std::int64_t layers : {2, 24}) {
     SCOPED_TRACE(layers);
@@ -260,11 +274,24 @@ TEST(GuiDepthPlotSpec, OpensOnTheResidualStreamByBlockAndOverlaysDepthsByLOverL)
   ASSERT_EQ(spec.series[0].point_labels.size(), spec.series[0].x.size());
   EXPECT_EQ(spec.series[0].point_labels[1], "blocks.0.mid (residual)\nblock 0 (blocks.0)\nstep 10\nforward var = 7");
   EXPECT_TRUE(spec.x_markers.empty()) << "transformers have no stages";
+  // The block axis is labelled with the blocks' names, at each block's start.
+  ASSERT_EQ(spec.x_names.size(), 4u);
+  EXPECT_DOUBLE_EQ(spec.x_names[2].value, 2.0);
+  EXPECT_EQ(spec.x_names[2].label, "blocks.2");
+  const auto ticks = plot_x_ticks(spec, AxisRange{0.0, 4.0}, 600.0, [](const std::string& t) { return 7.0 * t.size(); });
+  ASSERT_EQ(ticks.size(), 4u);
+  EXPECT_EQ(ticks[3].label, "blocks.3");
+  // Too narrow for four names: every other one; zoomed inside one block: numbers.
+  EXPECT_EQ(plot_x_ticks(spec, AxisRange{0.0, 4.0}, 200.0, [](const std::string& t) { return 7.0 * t.size(); })[1].label,
+            "");
+  EXPECT_EQ(plot_x_ticks(spec, AxisRange{1.2, 1.8}, 600.0, [](const std::string& t) { return 7.0 * t.size(); })[0].label,
+            "1.2");
 
   const RunList differ = {transformer_run("quickstart", 2), transformer_run("deep", 24)};
   state = state_with(differ);
   spec = depth_plot_spec(state, differ);
   EXPECT_EQ(spec.x_label, "depth l/L");
+  EXPECT_TRUE(spec.x_names.empty()) << "l/L is labelled with numbers";
   for (const std::size_t s : {0u, 2u}) {
     ASSERT_FALSE(spec.series[s].x.empty());
     EXPECT_DOUBLE_EQ(spec.series[s].x.front(), 0.0) << spec.series[s].label;

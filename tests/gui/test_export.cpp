@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -213,6 +214,29 @@ TEST_F(GuiExportTest, PngHasTheSizeAndIsNotBlank) {
   EXPECT_EQ(image.width, 640);
   EXPECT_EQ(image.height, 400);
   EXPECT_GT(test_png::distinct_colours(image), 30u);
+  // The screen and the SVG paint in the same colours: every colour of the SVG (series, background, text, frame, grid
+  // and legend box), blended at its opacity over the background, is a colour of the PNG (the view drawn by ImGui).
+  ASSERT_EQ(export_view("depth.svg", {"--view", "depth", (work_ / "runs").string()}).exit_code, 0);
+  const std::string svg = read_text(work_ / "depth.svg");
+  const std::regex paint_pattern("(stroke|fill)=\"#([0-9a-f]{6})\" (stroke|fill)-opacity=\"([0-9.]+)\"");
+  std::set<std::pair<std::string, double>> paints;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), paint_pattern); it != std::sregex_iterator(); ++it) {
+    paints.insert({(*it)[2].str(), std::stod((*it)[4].str())});
+  }
+  std::set<std::string> colours;
+  for (const auto& [hex, opacity] : paints) colours.insert(hex);
+  for (const std::string wanted : {"1f77b4", "ff7f0e", "0f0f0f", "ffffff", "6e6e80"}) {
+    EXPECT_TRUE(colours.count(wanted)) << wanted;
+  }
+  for (const auto& [hex, opacity] : paints) {
+    test_png::Rgb rgb{};
+    for (int c = 0; c < 3; ++c) {
+      const double value = std::stoi(hex.substr(2 * c, 2), nullptr, 16);
+      rgb[c] = static_cast<unsigned char>(std::lround(value * opacity + 15.0 * (1.0 - opacity)));  // over #0f0f0f
+    }
+    EXPECT_GT(test_png::count_colour(image, rgb), 20u) << "#" << hex << " at opacity " << opacity
+                                                       << " is in the SVG but not on the screen";
+  }
 }
 
 TEST_F(GuiExportTest, CsvHoldsTheRunFilesValues) {
@@ -287,6 +311,36 @@ TEST_F(GuiExportTest, GridOfASweepHasARowPerDirectionAndAColumnPerRule) {
        at = svg.find("<g class=\"plot\"", at + 1))
     ++panels;
   EXPECT_EQ(panels, 4u);
+  // The panels' data areas line up: one size for all, though their legends list different runs.
+  const std::regex area_pattern(" data-area=\"([^\"]*)\"");
+  std::vector<std::vector<double>> areas;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), area_pattern); it != std::sregex_iterator(); ++it) {
+    std::istringstream numbers((*it)[1].str());
+    std::vector<double> area(4);
+    numbers >> area[0] >> area[1] >> area[2] >> area[3];
+    areas.push_back(area);
+  }
+  ASSERT_EQ(areas.size(), 4u);
+  for (const auto& area : areas) {
+    EXPECT_DOUBLE_EQ(area[2] - area[0], areas[0][2] - areas[0][0]);
+    EXPECT_DOUBLE_EQ(area[3] - area[1], areas[0][3] - areas[0][1]);
+  }
+  EXPECT_DOUBLE_EQ(areas[1][0] - areas[0][0], areas[3][0] - areas[2][0]) << "columns start at the same x";
+  // Each run is listed once per panel (its solid line; the dashed init line shares the entry).
+  const std::regex entry_pattern("class=\"legend-entry\">([^<]*)</text>");
+  std::map<std::string, int> entries;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), entry_pattern); it != std::sregex_iterator(); ++it) {
+    ++entries[(*it)[1].str()];
+  }
+  EXPECT_EQ(entries, (std::map<std::string, int>{{"post_standard", 2}, {"pre_deepscalelm", 2}, {"pre_standard", 2}}));
+  // The x axis is by block, its ticks named after the blocks.
+  const std::regex x_tick_pattern("class=\"tick x-tick\">([^<]*)</text>");
+  std::set<std::string> x_ticks;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), x_tick_pattern); it != std::sregex_iterator(); ++it) {
+    x_ticks.insert((*it)[1].str());
+  }
+  EXPECT_EQ(x_ticks, (std::set<std::string>{"blocks.2"})) << "blocks 1 to 3 are in view (the stream leaving each "
+                                                             "block's sublayers), every other one named";
   // 2 rows × (1 deepscalelm run + 2 standard runs) × (init + last).
   const auto series = svg_series(svg);
   EXPECT_EQ(series.size(), 12u);

@@ -224,5 +224,38 @@ TEST(PlotMath, DashesCarryTheirPhaseAcrossSegments) {
   EXPECT_TRUE(dash_pieces({0.0}, 2.0, 2.0).empty());
 }
 
+TEST(PlotMath, NamedTicksThinToFitAndStayPutWhilePanning) {
+  std::vector<Tick> blocks;
+  for (int b = 0; b < 48; ++b) blocks.push_back(Tick{static_cast<double>(b), "blocks." + std::to_string(b), true});
+  // 48 blocks over 480 pixels: 10 pixels each; 63-pixel labels and a 12-pixel gap need 75 pixels: every 10th.
+  auto ticks = named_ticks(blocks, AxisRange{0.0, 48.0}, 480.0, 63.0, 12.0);
+  ASSERT_EQ(ticks.size(), 48u) << "every block keeps a grid line";
+  std::vector<std::string> labels;
+  for (const auto& tick : ticks) {
+    if (!tick.label.empty()) labels.push_back(tick.label);
+    EXPECT_EQ(tick.major, !tick.label.empty());
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"blocks.0", "blocks.10", "blocks.20", "blocks.30", "blocks.40"}));
+  // Wide enough for every label: stride 1. Labels never come closer than a label and the gap.
+  ticks = named_ticks(blocks, AxisRange{0.0, 48.0}, 48.0 * 80.0, 63.0, 12.0);
+  for (const auto& tick : ticks) EXPECT_FALSE(tick.label.empty()) << tick.value;
+  for (const double length : {100.0, 300.0, 700.0, 2000.0}) {
+    double last = -1e9;
+    for (const auto& tick : named_ticks(blocks, AxisRange{0.0, 48.0}, length, 63.0, 12.0)) {
+      if (tick.label.empty()) continue;
+      const double px = tick.value / 48.0 * length;
+      EXPECT_GE(px - last, 75.0 - 1e-9) << length;
+      last = px;
+    }
+  }
+  // Panned: the same blocks keep their labels (counted from block 0, not from the first in view).
+  ticks = named_ticks(blocks, AxisRange{3.5, 27.5}, 240.0, 63.0, 12.0);
+  ASSERT_EQ(ticks.front().value, 4.0);
+  for (const auto& tick : ticks) EXPECT_EQ(!tick.label.empty(), static_cast<int>(tick.value) % 10 == 0) << tick.value;
+  // Fewer than two in view: none (the plot falls back to numbers).
+  EXPECT_TRUE(named_ticks(blocks, AxisRange{3.2, 3.9}, 240.0, 63.0, 12.0).empty());
+  EXPECT_EQ(named_ticks(blocks, AxisRange{3.0, 4.0}, 240.0, 63.0, 12.0).size(), 2u);
+}
+
 }  // namespace
 }  // namespace proplab::gui

@@ -184,6 +184,46 @@ TEST_F(PlotWidgetTest, ClickingALegendEntryHidesAndShowsItsSeries) {
   EXPECT_TRUE(state_.hidden.empty());
 }
 
+TEST_F(PlotWidgetTest, SeriesOfOneLegendNameShareAnEntryAndHideTogether) {
+  for (auto& series : spec_.series) series.legend_name = "run";
+  spec_.series[1].in_legend = false;  // e.g. the grid's profile at initialisation
+  ASSERT_EQ(legend_entries(spec_).size(), 1u);
+  EXPECT_EQ(legend_key(*legend_entries(spec_)[0]), "run");
+  frame(-100, -100);
+  const float area_right = state_.export_request.x1 - 10.0f;
+  const float area_top = state_.export_request.y0 + ImGui::GetTextLineHeight() + 6.0f;
+  const float first_entry = area_top + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
+  frame(area_right - 12.0f, first_entry, true);
+  frame(area_right - 12.0f, first_entry, false);
+  EXPECT_EQ(state_.hidden, (std::set<std::string>{"run"}));
+  // Both are hidden: nothing is left to fit, so the view falls back to the default range.
+  frame(-100, -100);
+  EXPECT_DOUBLE_EQ(state_.y.min, 0.0);
+  EXPECT_DOUBLE_EQ(state_.y.max, 1.0);
+}
+
+TEST_F(PlotWidgetTest, PanelsSharingALegendSizeGetTheSameDataArea) {
+  PlotSpec wide = spec_;
+  wide.series[0].label = "a much longer label than any other";
+  std::vector<PlotSpec*> panels = {&spec_, &wide};
+  share_legend_size(panels);
+  PlotState wide_state;
+  frame(-100, -100);
+  const PixelRect narrow_area = state_.area;
+  std::swap(spec_, wide);
+  std::swap(state_, wide_state);
+  frame(-100, -100);
+  EXPECT_DOUBLE_EQ(state_.area.width(), narrow_area.width());
+  EXPECT_DOUBLE_EQ(state_.area.height(), narrow_area.height());
+  // Without sharing, the panel with the short labels is laid out differently (its legend is narrower).
+  std::swap(spec_, wide);
+  std::swap(state_, wide_state);
+  spec_.legend_peer_labels.clear();
+  spec_.legend_peer_lines = 0;
+  frame(-100, -100);
+  EXPECT_FALSE(state_.area.width() == narrow_area.width() && state_.area.height() == narrow_area.height());
+}
+
 TEST(PlotImage, HeatmapPixelsAndPng) {
   HeatmapSpec spec;
   spec.rows = 2;
