@@ -6,8 +6,8 @@ Usage: check_study_claims.py PROPLAB WORK_DIR [STUDY_NAME...]
 Each study is swept as shipped, except that every point trains one step (`--set train.steps=1`): the record at
 step 0 (the network at initialisation, before any update) is then exactly the one the full study writes, because
 initialisation and the first batch depend on the seed alone. Every claim a study's header makes about step 0 is
-asserted below, next to the line it checks; claims about training (loss curves) need the full studies and are not
-checked here. Exit 0 when every claim holds, 1 (listing the failures) otherwise.
+asserted below, next to the line it checks. mup_coord_check, whose claims are about its 10 training steps, runs
+whole (about 30 s). Claims about longer training (loss curves) need the full studies and are not checked here. Exit 0 when every claim holds, 1 (listing the failures) otherwise.
 """
 import math
 import os
@@ -33,6 +33,7 @@ class Run:
             self.kinds = text(f["probes/kind"][:])
             self.forward = f["forward/var"][0]
             self.backward = f["backward/var"][0]
+            self.rms_last = f["forward/rms"][-1] if "forward/rms" in f else None
             self.theory = f["theory/forward/var"][:] if "theory/forward/var" in f else None
             self.stage = list(f["blocks/stage"][:]) if "blocks" in f else []
             self.transition = list(f["blocks/transition"][:]) if "blocks" in f else []
@@ -70,11 +71,12 @@ class Checker:
             print("  FAIL " + line)
 
 
-def sweep(proplab, study, work, extra=()):
+def sweep(proplab, study, work, extra=(), full=False):
     out = os.path.join(work, study)
     shutil.rmtree(out, ignore_errors=True)  # a sweep resumes: never read points an earlier binary wrote
-    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2",
-               "--set", "train.steps=1", "--set", "train.eval_every=1", *extra]
+    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2"]
+    if not full:
+        command += ["--set", "train.steps=1", "--set", "train.eval_every=1", *extra]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
@@ -315,6 +317,29 @@ def resnet_depth(proplab, work, c):
                     0.2 < b < 0.5 and r2 > 0.98, f"slope {b:.3f}, R^2 {r2:.4f}")
 
 
+def mup_coord_check(proplab, work, c):
+    # The whole study (10 steps a point, about 30 s): its claims are about the activations after 10 updates.
+    point = sweep(proplab, "mup_coord_check", work, full=True)
+    name = "mup_coord_check"
+    widths = (64, 128, 256, 512, 1024)
+
+    def rms(rule, probe):
+        run = [point(f"rule={rule},width={w}") for w in widths]
+        return [float(r.rms_last[r.probe(probe)]) for r in run]
+
+    # "rule=standard: the rms grows with width".
+    for probe, factor in (("blocks.1.out", 100), ("head.logits", 5)):
+        values = rms("standard", probe)
+        c.check(name, f"standard: {probe} rms grows with width", all(b > a for a, b in zip(values[1:], values[2:]))
+                and values[-1] > factor * values[0], ", ".join(f"{v:.3g}" for v in values))
+    # "rule=mup: it stays bounded and settles as width grows (above the base width 256 approaching a width-free
+    # limit)".
+    for probe in ("blocks.1.out", "head.logits"):
+        values = rms("mup", probe)
+        c.check(name, f"mup: {probe} rms bounded and settling", all(b <= a for a, b in zip(values[2:], values[3:]))
+                and values[-1] > values[2] / 1.5, ", ".join(f"{v:.3g}" for v in values))
+
+
 STUDIES = {
     "compare_norms": compare_norms,
     "transformer_depth": transformer_depth,
@@ -323,6 +348,7 @@ STUDIES = {
     "mlp_meanfield": mlp_meanfield,
     "resnet_spp": resnet_spp,
     "resnet_depth": resnet_depth,
+    "mup_coord_check": mup_coord_check,
 }
 
 
