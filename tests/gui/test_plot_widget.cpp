@@ -67,6 +67,15 @@ class PlotWidgetTest : public ::testing::Test {
     ImGui::End();
     ImGui::Render();
   }
+  // Clicks the legend's first entry. The legend sits right of the data area, level with its top; its first entry
+  // is the first line of text in it.
+  void click_first_legend_entry() {
+    const float area_right = state_.export_request.x1 - 10.0f;
+    const float area_top = state_.export_request.y0 + ImGui::GetTextLineHeight() + 6.0f;
+    const float first_entry = area_top + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
+    frame(area_right - 12.0f, first_entry, true);
+    frame(area_right - 12.0f, first_entry, false);
+  }
   // The centre of the data area (the widget starts at the window padding).
   ImVec2 centre() const {
     return ImVec2((state_.export_request.x0 + state_.export_request.x1) / 2.0f,
@@ -168,19 +177,13 @@ TEST_F(PlotWidgetTest, TheLegendNeverCoversTheData) {
 
 TEST_F(PlotWidgetTest, ClickingALegendEntryHidesAndShowsItsSeries) {
   frame(-100, -100);
-  // The legend sits right of the data area, level with its top; its first entry is the first line of text in it.
-  const float area_right = state_.export_request.x1 - 10.0f;
-  const float area_top = state_.export_request.y0 + ImGui::GetTextLineHeight() + 6.0f;
-  const float first_entry = area_top + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
-  frame(area_right - 12.0f, first_entry, true);
-  frame(area_right - 12.0f, first_entry, false);
+  click_first_legend_entry();
   EXPECT_EQ(state_.hidden, (std::set<std::string>{"line"}));
   EXPECT_FALSE(state_.user_view) << "a legend click is not a pan";
   // Hidden series do not count when fitting: only the flat line at 100 is left.
   frame(-100, -100);
   EXPECT_GT(state_.y.min, 50.0);
-  frame(area_right - 12.0f, first_entry, true);
-  frame(area_right - 12.0f, first_entry, false);
+  click_first_legend_entry();
   EXPECT_TRUE(state_.hidden.empty());
 }
 
@@ -190,11 +193,7 @@ TEST_F(PlotWidgetTest, SeriesOfOneLegendNameShareAnEntryAndHideTogether) {
   ASSERT_EQ(legend_entries(spec_).size(), 1u);
   EXPECT_EQ(legend_key(*legend_entries(spec_)[0]), "run");
   frame(-100, -100);
-  const float area_right = state_.export_request.x1 - 10.0f;
-  const float area_top = state_.export_request.y0 + ImGui::GetTextLineHeight() + 6.0f;
-  const float first_entry = area_top + 4.0f + ImGui::GetTextLineHeight() / 2.0f;
-  frame(area_right - 12.0f, first_entry, true);
-  frame(area_right - 12.0f, first_entry, false);
+  click_first_legend_entry();
   EXPECT_EQ(state_.hidden, (std::set<std::string>{"run"}));
   // Both are hidden: nothing is left to fit, so the view falls back to the default range.
   frame(-100, -100);
