@@ -149,6 +149,35 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
             probe_point_text(run->probes[p], first_step, "predicted " + spec.y_label, (*theory)[p]));
       }
       if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
+        // The finite-width band (/theory/forward/var_log_sd, plain MLPs): where one network's var falls 95% of
+        // the time, two thin faded dashed lines that the prediction's legend entry hides and shows with it.
+        const std::vector<double>* log_sd =
+            state.direction == Direction::forward && state.stat == "var" ? run->theory(Direction::forward, "var_log_sd")
+                                                                          : nullptr;
+        if (log_sd != nullptr &&
+            std::any_of(probes.begin(), probes.end(), [&](std::size_t p) { return std::isfinite((*log_sd)[p]); })) {
+          for (const double side : {-1.0, 1.0}) {
+            PlotSeries band;
+            band.label = run->name + (side < 0 ? " (theory, 95% low)" : " (theory, 95% high)");
+            band.legend_name = predicted.label;
+            band.in_legend = false;
+            band.run = run->name;
+            band.colour = series_colour(colour_index(state, *run), 0.45f);
+            band.dashed = true;
+            band.thickness = 1.0f;
+            for (const std::size_t p : probes) {
+              const double sd = (*log_sd)[p];
+              const double value = (*theory)[p] * std::exp(-0.5 * sd * sd + side * 1.96 * sd);
+              band.x.push_back(x_of[p]);
+              band.y.push_back(value);
+              band.point_probes.push_back(run->probes[p].name);
+              band.point_labels.push_back(probe_point_text(
+                  run->probes[p], first_step,
+                  std::string("one network's ") + (side < 0 ? "95% low" : "95% high") + " " + spec.y_label, value));
+            }
+            spec.series.push_back(std::move(band));
+          }
+        }
         spec.series.push_back(std::move(predicted));
       }
     }

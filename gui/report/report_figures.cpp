@@ -4,6 +4,7 @@
 #include <imgui.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "gui/app/app_state.h"
@@ -75,7 +76,15 @@ FigureLayout depth_figure(AppState& state, const RunList& runs, const std::strin
   layout.heading = "Depth profiles of var: " + label;
   layout.note =
       (state.kind_filter->empty() ? std::string("every probe") : "residual-stream probes") +
-      "; one colour per run, dashed: theory at initialisation; x: " + depth_axis_title(shown_depth_axis(state, runs)) +
+      "; one colour per run, dashed: theory at initialisation" +
+      (std::any_of(runs.begin(), runs.end(),
+                   [](const auto& run) {
+                     const auto* sd = run->theory(Direction::forward, "var_log_sd");
+                     return sd != nullptr && std::any_of(sd->begin(), sd->end(), [](double v) { return std::isfinite(v); });
+                   })
+           ? " (thin, faded: where one network's var falls 95% of the time at its width)"
+           : "") +
+      "; x: " + depth_axis_title(shown_depth_axis(state, runs)) +
       (by_block ? ", vertical dashed lines: stage transitions" : "");
   const double panel_w = (area.width() - panel_gap) / 2, panel_h = (area.height() - panel_gap) / 2;
   for (const Direction direction : {Direction::forward, Direction::backward}) {

@@ -91,23 +91,46 @@ std::string phase_text(theory::Phase phase) {
   return "";
 }
 
+// The 95% range of one network's var under the finite-width band (NaN without a band).
+std::pair<double, double> band_range(const theory::ProbeTheory& p) {
+  if (!std::isfinite(p.var_log_sd)) return {std::nan(""), std::nan("")};
+  const double centre = p.var * std::exp(-0.5 * p.var_log_sd * p.var_log_sd);
+  return {centre * std::exp(-1.96 * p.var_log_sd), centre * std::exp(1.96 * p.var_log_sd)};
+}
+
 void write_predictions(std::ostream& out, const theory::ProbePrediction& prediction) {
   std::size_t name_width = 4, kind_width = 4;
   for (const theory::ProbeTheory& p : prediction.probes) {
     name_width = std::max(name_width, p.name.size());
     kind_width = std::max(kind_width, p.kind.size());
   }
+  // The finite-width band's columns only when the model has one (plain MLPs).
+  const bool banded = std::any_of(prediction.probes.begin(), prediction.probes.end(),
+                                  [](const theory::ProbeTheory& p) { return std::isfinite(p.var_log_sd); });
   out << "\npredicted at initialisation:\n";
   out << right("depth", 5) << "  " << right("block", 5) << "  " << pad("kind", kind_width) << "  "
       << pad("name", name_width) << "  " << right("var", number_width) << "  " << right("mean", number_width) << "  "
-      << right("corr", number_width) << "  " << right("backward var", number_width) << "\n";
+      << right("corr", number_width) << "  " << right("backward var", number_width);
+  if (banded)
+    out << "  " << right("log-var sd", number_width) << "  " << right("var 95% low", number_width) << "  "
+        << right("var 95% high", number_width);
+  out << "\n";
   for (std::size_t i = 0; i < prediction.probes.size(); ++i) {
     const theory::ProbeTheory& p = prediction.probes[i];
     out << right(std::to_string(i), 5) << "  " << right(p.block < 0 ? "-" : std::to_string(p.block), 5) << "  "
         << pad(p.kind, kind_width) << "  " << pad(p.name, name_width) << "  " << right(stat_text(p.var), number_width)
         << "  " << right(stat_text(p.mean), number_width) << "  " << right(stat_text(p.corr), number_width) << "  "
-        << right(stat_text(p.backward_var), number_width) << "\n";
+        << right(stat_text(p.backward_var), number_width);
+    if (banded) {
+      const auto [low, high] = band_range(p);
+      out << "  " << right(stat_text(p.var_log_sd), number_width) << "  " << right(stat_text(low), number_width)
+          << "  " << right(stat_text(high), number_width);
+    }
+    out << "\n";
   }
+  if (banded)
+    out << "\nfinite-width band: one network's log(var) is about normal with the sd above and mean log(var) - sd^2/2;"
+           "\nthe 95% range is var * exp(-sd^2/2 -+ 1.96 sd) (docs/theory.md, \"Finite-width bands\").\n";
   const std::string missing = prediction.no_prediction_text();
   out << "\nno prediction:" << (missing.empty() ? " -\n" : "\n");
   std::istringstream lines(missing);
@@ -205,6 +228,17 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
   }
   out << "\nresidual stream (" << residual_var_errors.size() << " probes), relative error: forward var "
       << error_summary(residual_var_errors) << "; backward var " << error_summary(residual_backward_errors) << "\n";
+  std::size_t banded = 0, inside = 0;
+  for (const theory::ProbeTheory& p : prediction.probes) {
+    const auto [low, high] = band_range(p);
+    if (!std::isfinite(low) || !std::isfinite(var[index.at(p.name)])) continue;
+    ++banded;
+    inside += var[index.at(p.name)] >= low && var[index.at(p.name)] <= high ? 1 : 0;
+  }
+  if (banded > 0)
+    out << "finite-width band: " << inside << " of " << banded
+        << " probes' var inside its 95% range (one network: expect about 95%, the probes of one network move "
+           "together)\n";
 }
 
 }  // namespace

@@ -479,6 +479,60 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   return b.prediction;
 }
 
+namespace {
+
+// The finite-width spread of a layer's pre-activation scale (docs/theory.md, "Finite-width bands").
+struct BandTerms {
+  double log_slope = 1.0;       // d log E[φ(h)²] / d log K
+  double post_log_slope = 1.0;  // d log Var[φ(h)] / d log K
+  double kappa = 0.0;           // relative variance of the batch mean of φ(h)², per unit (× 1/width)
+  double post_kappa = 0.0;      // the same for the centred (φ(h) − E φ)², the postact probe's own spread
+};
+
+// `pre`: the layer's pre-activations (mean 0: after a zero-mean linear layer), its corr the correlation between
+// two samples; `samples`: the micro-batch.
+BandTerms band_terms(Activation phi, const Signal& pre, std::int64_t samples, const GaussHermite& rule) {
+  BandTerms t;
+  if (!(pre.var > 0)) return t;
+  const auto f = [phi](double x) { return activation_value(phi, x); };
+  const auto moments = [&](double var) {
+    const double sd = std::sqrt(var);
+    const double m1 = rule.expect(f, pre.mean, sd);
+    const double m2 = rule.expect([&](double x) { return f(x) * f(x); }, pre.mean, sd);
+    return std::pair<double, double>{m1, m2};
+  };
+  constexpr double step = 1e-4;
+  const auto [m1_up, m2_up] = moments(pre.var * (1.0 + step));
+  const auto [m1_down, m2_down] = moments(pre.var * (1.0 - step));
+  const double span = std::log1p(step) - std::log1p(-step);
+  t.log_slope = (std::log(m2_up) - std::log(m2_down)) / span;
+  t.post_log_slope = (std::log(m2_up - m1_up * m1_up) - std::log(m2_down - m1_down * m1_down)) / span;
+  const auto [m1, m2] = moments(pre.var);
+  const double centred_var = m2 - m1 * m1;
+  const double sd = std::sqrt(pre.var);
+  const auto square = [&](double x) { return f(x) * f(x); };
+  const auto centred_square = [&](double x) { return (f(x) - m1) * (f(x) - m1); };
+  const double corr = std::clamp(pre.corr, -1.0, 1.0);
+  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
+  const auto average = [&](const std::function<double(double)>& g, double mean_g) {
+    const double same = rule.expect([&](double x) { return g(x) * g(x); }, pre.mean, sd) - mean_g * mean_g;
+    const double pair = rule.expect_pair(g, g, pre.mean, sd, corr) - mean_g * mean_g;
+    return (same + (b - 1.0) * pair) / b / (mean_g * mean_g);
+  };
+  t.kappa = average(square, m2);
+  t.post_kappa = centred_var > 0 ? average(centred_square, centred_var) : 0.0;
+  return t;
+}
+
+// The measurement's own spread: the log of a mean of squares of `units` × samples Gaussian values whose samples
+// correlate by `corr` (variance 2/units·(1/B + (1 − 1/B)·corr²)).
+double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr) {
+  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
+  return 2.0 / static_cast<double>(units) * (1.0 / b + (1.0 - 1.0 / b) * corr * corr);
+}
+
+}  // namespace
+
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs) {
   const MlpConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.layers.size()) == c.layers, "predict_mlp: ", numbers.layers.size(),
@@ -547,6 +601,27 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       const GradSignal d_in = linear_backward(d_pre, c.width, ln.weight_var);
       g = s.probe_out >= 0 ? residual_backward(g, d_in, ln.residual.lambda) : d_in;
     }
+  }
+  // Finite-width bands (plain MLPs): var_scale is Var[log K_l] of the pre-activation scale over initialisations;
+  // the input batch is taken as given (K_0 fixed).
+  if (!c.residual) {
+    double var_scale = 0.0;
+    const auto set_band = [&](int probe, double log_var) {
+      if (probe >= 0) b.prediction.probes[probe].var_log_sd = std::sqrt(std::max(0.0, log_var));
+    };
+    for (int l = 0; l < c.layers; ++l) {
+      const LayerState& s = states[l];
+      const BandTerms t = band_terms(phi, s.pre, inputs.sequences, rule);
+      set_band(s.probe_pre, var_scale + square_mean_log_var(c.width, inputs.sequences, s.pre.corr));
+      set_band(s.probe_post, t.post_log_slope * t.post_log_slope * var_scale + t.post_kappa / c.width);
+      // The next linear layer: its weight part w·fan_in·E[φ²] of K_{l+1} carries the fluctuation of E[φ²].
+      const double bias_var = l + 1 < c.layers ? numbers.layers[l + 1].bias_var : numbers.readout_bias_var;
+      const double next_var = l + 1 < c.layers ? states[l + 1].pre.var : out.var / (numbers.output_multiplier *
+                                                                                   numbers.output_multiplier);
+      const double weight_share = next_var > 0 ? std::max(0.0, next_var - bias_var) / next_var : 0.0;
+      var_scale = weight_share * weight_share * (t.log_slope * t.log_slope * var_scale + t.kappa / c.width);
+    }
+    set_band(probe_out, var_scale + square_mean_log_var(c.outputs, inputs.sequences, out.corr));
   }
   for (ProbeTheory& p : b.prediction.probes) {
     p.corr = kNaN;

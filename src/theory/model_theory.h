@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,10 @@ struct ProbeTheory {
   double backward_var = 0.0;                 // NaN where not predicted
   std::string no_forward;                    // why a forward statistic is NaN ("" when all are predicted)
   std::string no_backward;                   // why backward_var is NaN
+  // The finite-width band: the standard deviation of log(var) over initialisations of a network of this width
+  // (predict_mlp; docs/theory.md, "Finite-width bands"). One network's log(var) is about Gaussian with this spread
+  // and mean log(var) − var_log_sd²/2 (its expectation is var). NaN where no band is derived.
+  double var_log_sd = std::numeric_limits<double>::quiet_NaN();
 };
 
 // Mean-field summary of an MLP (σ_w², σ_b² of the hidden layers).
@@ -131,6 +136,11 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
 void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& inputs,
                              const std::function<void(int block, double branch_var)>& adjust);
 // Predictions for every probe of an MLP, plus its mean-field summary. c_0 (for the summary) is input_corr or 0.
+// Plain (non-residual) MLPs also get the finite-width band of every preact, postact and readout probe (var_log_sd):
+// each layer's weights rescale the next layer's pre-activation scale by a random factor whose log has variance
+// κ/width (κ from the activation's fourth moments at the layer's variance and sample correlation, averaged over
+// the micro-batch), carried through the depth by the slope of the length map (1 for ReLU and linear: Hanin & Nica's
+// random walk, 5·l/width for one ReLU input), plus the measurement's own χ² spread.
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs);
 
 // The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits for near-uniform predictions:

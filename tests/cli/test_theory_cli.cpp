@@ -125,6 +125,47 @@ batch = 8
   EXPECT_TRUE(contains(result.out, "phase:")) << result.out;
   EXPECT_TRUE(contains(result.out, "critical, at the edge of chaos")) << result.out;
   EXPECT_FALSE(row_with(result.out, "postact").empty()) << result.out;
+  // The finite-width band: log-var sd and the 95% range of one network's var, which contains the prediction and
+  // widens with depth.
+  EXPECT_TRUE(contains(result.out, "log-var sd")) << result.out;
+  EXPECT_TRUE(contains(result.out, "finite-width band:")) << result.out;
+  const std::vector<std::string> first = row_with(result.out, "layers.1.preact");
+  const std::vector<std::string> last = row_with(result.out, "layers.5.preact");
+  ASSERT_EQ(first.size(), 11u) << result.out;
+  ASSERT_EQ(last.size(), 11u) << result.out;
+  const auto number = [](const std::string& text) { return std::strtod(text.c_str(), nullptr); };
+  EXPECT_GT(number(last[8]), number(first[8])) << "the band widens with depth";
+  EXPECT_LT(number(last[9]), number(last[4]));
+  EXPECT_GT(number(last[10]), number(last[4]));
+  EXPECT_NEAR(number(last[9]), number(last[4]) * std::exp(-0.5 * number(last[8]) * number(last[8]) -
+                                                           1.96 * number(last[8])),
+              1e-6 * number(last[4]));
+}
+
+TEST_F(TheoryCli, CompareWithAnMlpRunCountsProbesInsideTheBand) {
+  write_file("mlp.toml", R"(name = "mlp"
+[model]
+type = "mlp"
+layers = 8
+width = 64
+input_dim = 16
+[train]
+steps = 1
+batch = 16
+)");
+  const CliResult trained = run({"run", "mlp.toml", "--out", "out"});
+  ASSERT_EQ(trained.exit_code, 0) << describe(trained);
+  const CliResult result = run({"theory", "mlp.toml", "--compare", "out/mlp.h5"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const auto at = result.out.rfind("finite-width band: ");  // the comparison's line, after the explanation
+  ASSERT_NE(at, std::string::npos) << result.out;
+  std::istringstream line(result.out.substr(at + 19));
+  int inside = -1, banded = -1;
+  std::string of;
+  line >> inside >> of >> banded;
+  EXPECT_EQ(banded, 17) << "8 preacts, 8 postacts and the readout";
+  EXPECT_GE(inside, 0);
+  EXPECT_LE(inside, banded);
 }
 
 TEST_F(TheoryCli, CompareWithARunOfTheStudyPrintsTheSummary) {

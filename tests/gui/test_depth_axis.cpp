@@ -333,6 +333,40 @@ TEST(GuiDepthPlotSpec, BackwardPredictionIsDrawnDashedLikeTheForwardOne) {
   EXPECT_EQ(depth_plot_spec(state, {bare}).series.size(), 1u);
 }
 
+TEST(GuiDepthPlotSpec, FiniteWidthBandIsDrawnWithThePrediction) {
+  auto run = transformer_run("mlp", 2);
+  std::vector<double> sd(run->probes.size(), std::nan(""));
+  for (std::size_t p = 0; p < sd.size(); ++p) {
+    if (run->probes[p].kind == "residual") sd[p] = 0.5;
+  }
+  run->theory_forward["var_log_sd"] = sd;
+  const RunList runs = {run};
+  AppState state = state_with(runs);
+  PlotSpec spec = depth_plot_spec(state, runs);
+  // Measured, the band's low and high lines, then the prediction (whose legend entry they share).
+  ASSERT_EQ(spec.series.size(), 4u);
+  const PlotSeries& low = spec.series[1];
+  const PlotSeries& high = spec.series[2];
+  EXPECT_EQ(low.label, "mlp (theory, 95% low)");
+  EXPECT_EQ(high.label, "mlp (theory, 95% high)");
+  for (const PlotSeries* band : {&low, &high}) {
+    EXPECT_EQ(band->legend_name, "mlp (theory, init)");
+    EXPECT_FALSE(band->in_legend);
+    EXPECT_TRUE(band->dashed);
+    EXPECT_EQ(band->x, spec.series[0].x);
+  }
+  // var · exp(−sd²/2 ∓ 1.96 sd) around the prediction of 2.
+  EXPECT_DOUBLE_EQ(low.y.front(), 2.0 * std::exp(-0.125 - 0.98));
+  EXPECT_DOUBLE_EQ(high.y.front(), 2.0 * std::exp(-0.125 + 0.98));
+  EXPECT_EQ(legend_entries(spec).size(), 2u) << "the band has no entry of its own";
+  // Only forward var has a band; without a prediction drawn, no band either.
+  state.direction = Direction::backward;
+  EXPECT_EQ(depth_plot_spec(state, runs).series.size(), 2u);
+  state.direction = Direction::forward;
+  state.show_theory = false;
+  EXPECT_EQ(depth_plot_spec(state, runs).series.size(), 1u);
+}
+
 TEST(GuiHeatmapPlotSpec, RowsAreLabelledByBlock) {
   const auto run = transformer_run("a", 12);
   AppState state = state_with({run});

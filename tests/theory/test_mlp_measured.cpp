@@ -203,5 +203,90 @@ TEST(MlpMeasured, ReluHeCorrelationOfIndependentInputs) {
   }
 }
 
+// The population variance of every probe of one freshly initialised network (seed) on independent N(0, 1) inputs.
+std::map<std::string, double> measure_vars(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
+  std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, seed);
+  const CounterRng rng(seed, 1);
+  std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp().input_dim));
+  for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = rng.normal(i);
+  Batch batch{Tensor::from_vector({rows, config.mlp().input_dim}, inputs), Tensor::zeros({rows, 1})};
+  CapturingSink sink;
+  StepContext context;
+  context.training = false;
+  context.sink = &sink;
+  model->forward_backward(batch, 0.0f, context);
+  std::map<std::string, double> vars;
+  for (const ProbeInfo& info : model->probes()) {
+    if (sink.forward_.count(info.depth)) vars[info.name] = element_moments(sink.forward_[info.depth].values).var;
+  }
+  return vars;
+}
+
+TEST(MlpMeasured, OneReluInputFollowsHaninAndNicasRandomWalk) {
+  // One input (B = 1), ReLU/He: the scale's log-variance grows by exactly 5/width a layer (Var[2·relu(g)²] = 5),
+  // and a pre-activation's own mean of squares adds 2/width.
+  constexpr int kWidth = 128;
+  const ModelConfig config = relu_he_config(12, kWidth);
+  const theory::ProbePrediction prediction = predict(config, 1);
+  for (int l = 0; l < 12; ++l) {
+    const theory::ProbeTheory* pre = prediction.find("layers." + std::to_string(l) + ".preact");
+    ASSERT_NE(pre, nullptr);
+    EXPECT_NEAR(pre->var_log_sd * pre->var_log_sd, (5.0 * l + 2.0) / kWidth, 0.01 * (5.0 * l + 2.0) / kWidth) << l;
+  }
+}
+
+// The finite-width band over initialisations: for 64 networks, z = (log var − (log predicted − sd²/2)) / sd of
+// every preact and postact probe should be about standard normal: within ±1 about 68% of the time, within ±2
+// about 95%, standard deviation about 1. (z's of one network are correlated along its depth, so the tolerances
+// allow for the effectively fewer samples.)
+void expect_band_holds(const ModelConfig& config, std::int64_t rows, const char* label) {
+  constexpr int kNetworks = 64;
+  const theory::ProbePrediction prediction = predict(config, rows);
+  std::vector<double> z;
+  for (int n = 0; n < kNetworks; ++n) {
+    for (const auto& [name, var] : measure_vars(config, rows, 5000 + n)) {
+      const theory::ProbeTheory* p = prediction.find(name);
+      ASSERT_NE(p, nullptr) << name;
+      if (p->kind != "preact" && p->kind != "postact") continue;
+      ASSERT_TRUE(std::isfinite(p->var_log_sd) && p->var_log_sd > 0) << name;
+      z.push_back((std::log(var) - (std::log(p->var) - 0.5 * p->var_log_sd * p->var_log_sd)) / p->var_log_sd);
+    }
+  }
+  double inside1 = 0, inside2 = 0, sum = 0, sum_sq = 0;
+  for (const double v : z) {
+    inside1 += std::fabs(v) < 1 ? 1 : 0;
+    inside2 += std::fabs(v) < 2 ? 1 : 0;
+    sum += v;
+    sum_sq += v * v;
+  }
+  const double count = static_cast<double>(z.size());
+  const double mean = sum / count, sd = std::sqrt(sum_sq / count - mean * mean);
+  std::printf("%s: %zu z-scores: within 1 sd %.3f, within 2 sd %.3f, mean %.3f, sd %.3f\n", label, z.size(),
+              inside1 / count, inside2 / count, mean, sd);
+  EXPECT_GT(inside1 / count, 0.55) << label;
+  EXPECT_LT(inside1 / count, 0.80) << label;
+  EXPECT_GT(inside2 / count, 0.90) << label;
+  EXPECT_NEAR(mean, 0.0, 0.3) << label;
+  EXPECT_GT(sd, 0.8) << label;
+  EXPECT_LT(sd, 1.25) << label;
+}
+
+TEST(MlpMeasured, FiniteWidthBandHoldsOverInitialisations) {
+  // ReLU at He init (the random walk), 24 layers of width 128 on 16 samples.
+  expect_band_holds(relu_he_config(24, 128), 16, "relu he");
+  // tanh in the ordered phase (σ_w² = 1.5, σ_b² = 0.05): the length map's slope < 1 damps the walk, so the band
+  // saturates instead of growing.
+  ModelConfig tanh = relu_he_config(24, 128);
+  tanh.mlp().activation = Activation::tanh;
+  tanh.mlp().sigma_w2 = 1.5;
+  tanh.mlp().sigma_b2 = 0.05;
+  expect_band_holds(tanh, 16, "tanh ordered");
+  // GELU near its critical point (σ_w² = 2.3, σ_b² = 0.05).
+  ModelConfig gelu = tanh;
+  gelu.mlp().activation = Activation::gelu_erf;
+  gelu.mlp().sigma_w2 = 2.3;
+  expect_band_holds(gelu, 16, "gelu");
+}
+
 }  // namespace
 }  // namespace proplab
