@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""How exact the theory is: median and worst relative error of /theory against the step-0 record, for every scaling
+rule x norm placement x model kind, written as the markdown table of docs/theory.md ("Accuracy").
+
+Usage: bench/theory_accuracy.py PROPLAB OUT_DIR [--width 512] [--layers 48] [--tokens 64,128] [--seeds 4]
+                                [--batch 2] [--jobs 2] [--quick]
+
+Every setting is a `proplab sweep` of one-step runs (the step-0 record is the network at initialisation, and the run
+file holds the prediction beside it). For each setting the measured variances are averaged over the seeds first,
+then compared with the prediction probe by probe:
+- transformers: the residual stream (blocks.l.in / .mid / .out), forward var and backward var;
+- MLPs (ReLU/He, tanh and GELU near their critical points): every preact and postact, forward and backward var;
+- ResNets (BatchNorm, NF, unnormalised): the stream at every block's end, forward var (no backward prediction).
+Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
+(for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
+OUT_DIR/accuracy.md.
+"""
+import argparse
+import csv
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+
+TRANSFORMER_RULES = ["standard", "xavier", "deepnorm", "deepscalelm", "tfixup", "admin"]
+NORMS = ["pre", "post", "none"]
+MLPS = [("relu", 2.0, 0.0), ("tanh", 1.76, 0.05), ("gelu", 2.3, 0.05)]
+RESNETS = [("batchnorm", "standard"), ("none", "nf"), ("none", "standard")]
+
+
+def text(values):
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+def is_stream(name):
+    if not name.startswith("blocks."):
+        return False
+    parts = name.split(".")
+    return len(parts) == 3 and parts[2] in ("in", "mid", "out")
+
+
+def run_sweep(proplab, study_text, out, jobs):
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    path = os.path.join(out, "study.toml")
+    with open(path, "w") as f:
+        f.write(study_text)
+    result = subprocess.run([proplab, "sweep", path, "--out", os.path.join(out, "runs"), "--jobs", str(jobs)],
+                            capture_output=True, text=True)
+    runs = os.path.join(out, "runs")
+    points = {}
+    if os.path.exists(os.path.join(runs, "index.csv")):
+        with open(os.path.join(runs, "index.csv")) as f:
+            for row in csv.DictReader(f):
+                points[row.get("run", str(len(points)))] = row
+    if result.returncode != 0 or not points:
+        raise SystemExit(f"proplab sweep {path} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return runs, points
+
+
+def applicable(proplab, study, out, settings):
+    """True when the study with these --set values is valid (proplab theory exits 0); 2 means a rule rejects it."""
+    path = os.path.join(out, "probe.toml")
+    with open(path, "w") as f:
+        f.write(study)
+    command = [proplab, "theory", path]
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode not in (0, 2):
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}): {result.stderr}")
+    return result.returncode == 0
+
+
+def point_path(runs, **values):
+    """The run file of the sweep point with these varied values (whatever order the sweep names them in)."""
+    wanted = {k: str(v) for k, v in values.items()}
+    for name in os.listdir(runs):
+        if not name.endswith(".h5") or name.endswith(".ckpt.h5"):
+            continue
+        pairs = dict(part.split("=", 1) for part in name[:-3].split(","))
+        if pairs == wanted:
+            return os.path.join(runs, name)
+    return os.path.join(runs, ",".join(f"{k}={v}" for k, v in wanted.items()) + ".h5")
+
+
+def read(path, direction):
+    with h5py.File(path, "r") as f:
+        names = text(f["probes/name"][:])
+        kinds = text(f["probes/kind"][:])
+        measured = f[f"{direction}/var"][0]
+        predicted = f[f"theory/{direction}/var"][:]
+    return names, kinds, measured, predicted
+
+
+def errors(paths, direction, select):
+    """Relative errors of the seed-averaged measured var against the prediction, over the selected probes."""
+    total, names, kinds, predicted = None, None, None, None
+    for path in paths:
+        names, kinds, measured, predicted = read(path, direction)
+        total = measured.copy() if total is None else total + measured
+    mean = total / len(paths)
+    out = []
+    for i, name in enumerate(names):
+        if select(name, kinds[i]) and math.isfinite(predicted[i]) and predicted[i] != 0:
+            out.append(abs(mean[i] - predicted[i]) / abs(predicted[i]))
+    return out
+
+
+def summary(values):
+    if not values:
+        return "-"
+    values = sorted(values)
+    n = len(values)
+    median = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+    return f"{100 * median:.1f}% / {100 * values[-1]:.1f}%"
+
+
+def transformer_rows(args, out):
+    rows = []
+    for tokens in args.tokens:
+        study = f"""name = "accuracy"
+seed = 1
+[model]
+type = "transformer"
+layers = {args.layers}
+width = {args.width}
+heads = {max(1, args.width // 64)}
+vocab = 256
+seq_len = {tokens}
+[data]
+kind = "markov"
+markov_successors = 3
+[train]
+steps = 1
+batch = {args.batch}
+eval_every = 0
+[record]
+every = 1
+[device]
+type = "cpu"
+"""
+        # The combinations the rules accept (a rule that fixes the norm placement rejects the others: exit 2).
+        combos = [(norm, rule) for norm in NORMS for rule in TRANSFORMER_RULES
+                  if applicable(args.proplab, study, out, {"model.norm": norm, "scaling.rule": rule})]
+        sweep = (f'[sweep]\nzip = {{ "model.norm" = {[n for n, _ in combos]}, '
+                 f'"scaling.rule" = {[r for _, r in combos]} }}\n'
+                 f'grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}\n').replace("'", '"')
+        print(f"theory_accuracy: transformers at {tokens} tokens ({len(combos) * args.seeds} points)", file=sys.stderr,
+              flush=True)
+        runs, points = run_sweep(args.proplab, study + sweep, os.path.join(out, f"transformer_{tokens}"), args.jobs)
+        for norm in NORMS:
+            for rule in TRANSFORMER_RULES:
+                label = f"transformer, {norm}-LN" if norm != "none" else "transformer, no norm"
+                if (norm, rule) not in combos:
+                    continue
+                paths = [point_path(runs, norm=norm, rule=rule, seed=s) for s in range(1, args.seeds + 1)]
+                missing = [p for p in paths if not os.path.exists(p)]
+                if missing:
+                    raise SystemExit(f"theory_accuracy: {missing[0]} was not written (see {runs}/logs)")
+                select = lambda name, kind: is_stream(name)
+                rows.append((label, rule, tokens, summary(errors(paths, "forward", select)),
+                             summary(errors(paths, "backward", select))))
+    return rows
+
+
+def mlp_rows(args, out):
+    rows = []
+    for activation, sigma_w2, sigma_b2 in MLPS:
+        study = f"""name = "accuracy"
+seed = 1
+[model]
+type = "mlp"
+layers = {args.layers}
+width = {args.width}
+input_dim = {args.width}
+activation = "{activation}"
+sigma_w2 = {sigma_w2}
+sigma_b2 = {sigma_b2}
+[train]
+steps = 1
+batch = 64
+eval_every = 0
+[record]
+every = 1
+[device]
+type = "cpu"
+[sweep]
+grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
+"""
+        print(f"theory_accuracy: MLP {activation}", file=sys.stderr, flush=True)
+        runs, _ = run_sweep(args.proplab, study, os.path.join(out, f"mlp_{activation}"), args.jobs)
+        paths = [point_path(runs, seed=s) for s in range(1, args.seeds + 1)]
+        select = lambda name, kind: kind in ("preact", "postact")
+        rows.append(("MLP", f"{activation} (σ_w² = {sigma_w2}, σ_b² = {sigma_b2})", "-",
+                     summary(errors(paths, "forward", select)), summary(errors(paths, "backward", select))))
+    return rows
+
+
+def resnet_rows(args, out):
+    depth = 20 if args.quick else 110
+    study = f"""name = "accuracy"
+seed = 1
+[model]
+type = "resnet"
+depth = {depth}
+width = 1
+preact = true
+image_size = {16 if args.quick else 32}
+in_channels = 3
+classes = 10
+[data]
+kind = "images"
+[train]
+optimizer = "sgd"
+steps = 1
+batch = 16
+lr = 0.01
+[record]
+every = 1
+[device]
+type = "cpu"
+[sweep]
+grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
+zip = {{ "model.norm" = ["batchnorm", "none", "none"], "scaling.rule" = ["standard", "nf", "standard"] }}
+"""
+    print(f"theory_accuracy: ResNet-{depth}", file=sys.stderr, flush=True)
+    runs, _ = run_sweep(args.proplab, study, os.path.join(out, "resnet"), args.jobs)
+    rows = []
+    for norm, rule in RESNETS:
+        paths = [point_path(runs, norm=norm, rule=rule, seed=s) for s in range(1, args.seeds + 1)]
+        select = lambda name, kind: name.startswith("blocks.") and name.endswith(".out") and name.count(".") == 2
+        rows.append((f"ResNet-{depth}, {norm}", rule, "-", summary(errors(paths, "forward", select)),
+                     summary(errors(paths, "backward", select))))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("proplab")
+    parser.add_argument("out")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--tokens", default="64,128")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a tiny shape: width 32, 2 layers, 16 tokens, 1 seed")
+    args = parser.parse_args()
+    if args.quick:
+        args.width, args.layers, args.tokens, args.seeds = 32, 2, "16", 1
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens {args.tokens}: expected comma-separated integers")
+    if not os.access(args.proplab, os.X_OK):
+        parser.error(f"{args.proplab}: not an executable")
+    os.makedirs(args.out, exist_ok=True)
+    rows = transformer_rows(args, args.out) + mlp_rows(args, args.out) + resnet_rows(args, args.out)
+    lines = [f"Width {args.width}, {args.layers} layers (ResNets: as stated), averaged over {args.seeds} seed(s): "
+             "relative error of the seed-averaged measured variance, median / worst over the probes "
+             "(transformers: the residual stream; MLPs: preact and postact; ResNets: each block's output).",
+             "",
+             "| model | rule | tokens | forward var | backward var |",
+             "|---|---|---|---|---|"]
+    for model, rule, tokens, forward, backward in rows:
+        lines.append(f"| {model} | `{rule}` | {tokens} | {forward} | {backward} |")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "accuracy.md"), "w") as f:
+        f.write(table)
+    sys.stdout.write(table)
+
+
+if __name__ == "__main__":
+    main()
