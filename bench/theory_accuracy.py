@@ -42,15 +42,35 @@ def is_stream(name):
     return len(parts) == 3 and parts[2] in ("in", "mid", "out")
 
 
+def remove_checkpoints(runs):
+    if os.path.isdir(runs):
+        for name in os.listdir(runs):
+            if name.endswith(".ckpt.h5"):
+                try:
+                    os.remove(os.path.join(runs, name))
+                except FileNotFoundError:
+                    pass
+
+
 def run_sweep(proplab, study_text, out, jobs):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     path = os.path.join(out, "study.toml")
     with open(path, "w") as f:
         f.write(study_text)
-    result = subprocess.run([proplab, "sweep", path, "--out", os.path.join(out, "runs"), "--jobs", str(jobs)],
-                            capture_output=True, text=True)
     runs = os.path.join(out, "runs")
+    # Each point ends with a checkpoint (parameters and optimiser state: about 1.8 GB at width 512, 48 layers) that
+    # nothing here reads: remove them as they appear so that a sweep of large points fits on the disk.
+    process = subprocess.Popen([proplab, "sweep", path, "--out", runs, "--jobs", str(jobs)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=2)
+            break
+        except subprocess.TimeoutExpired:
+            remove_checkpoints(runs)
+    remove_checkpoints(runs)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     points = {}
     if os.path.exists(os.path.join(runs, "index.csv")):
         with open(os.path.join(runs, "index.csv")) as f:
@@ -103,20 +123,26 @@ def errors(paths, direction, select):
         names, kinds, measured, predicted = read(path, direction)
         total = measured.copy() if total is None else total + measured
     mean = total / len(paths)
-    out = []
+    out, unpredicted = [], 0
     for i, name in enumerate(names):
-        if select(name, kinds[i]) and math.isfinite(predicted[i]) and predicted[i] != 0:
+        if not select(name, kinds[i]):
+            continue
+        if math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean[i]):
             out.append(abs(mean[i] - predicted[i]) / abs(predicted[i]))
-    return out
+        else:
+            unpredicted += 1
+    return out, unpredicted
 
 
-def summary(values):
+def summary(result):
+    values, unpredicted = result
     if not values:
         return "-"
     values = sorted(values)
     n = len(values)
     median = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-    return f"{100 * median:.1f}% / {100 * values[-1]:.1f}%"
+    text = f"{100 * median:.1f}% / {100 * values[-1]:.1f}%"
+    return text + (f" ({unpredicted} of {n + unpredicted} without a finite value)" if unpredicted else "")
 
 
 def transformer_rows(args, out):
