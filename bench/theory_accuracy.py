@@ -28,6 +28,9 @@ import h5py
 TRANSFORMER_RULES = ["standard", "xavier", "deepnorm", "deepscalelm", "tfixup", "admin"]
 NORMS = ["pre", "post", "none"]
 MLPS = [("relu", 2.0, 0.0), ("tanh", 1.76, 0.05), ("gelu", 2.3, 0.05)]
+# Every study here: one step of one point per seed, recorded.
+HEAD = 'name = "accuracy"\nseed = 1\n[model]\n'
+TAIL = '[record]\nevery = 1\n[device]\ntype = "cpu"\n'
 RESNETS = [("batchnorm", "standard"), ("none", "nf"), ("none", "standard")]
 
 
@@ -148,10 +151,7 @@ def summary(result):
 def transformer_rows(args, out):
     rows = []
     for tokens in args.tokens:
-        study = f"""name = "accuracy"
-seed = 1
-[model]
-type = "transformer"
+        study = f"""{HEAD}type = "transformer"
 layers = {args.layers}
 width = {args.width}
 heads = {max(1, args.width // 64)}
@@ -164,11 +164,7 @@ markov_successors = 3
 steps = 1
 batch = {args.batch}
 eval_every = 0
-[record]
-every = 1
-[device]
-type = "cpu"
-"""
+{TAIL}"""
         # The combinations the rules accept (a rule that fixes the norm placement rejects the others: exit 2).
         combos = [(norm, rule) for norm in NORMS for rule in TRANSFORMER_RULES
                   if applicable(args.proplab, study, out, {"model.norm": norm, "scaling.rule": rule})]
@@ -196,10 +192,7 @@ type = "cpu"
 def mlp_rows(args, out):
     rows = []
     for activation, sigma_w2, sigma_b2 in MLPS:
-        study = f"""name = "accuracy"
-seed = 1
-[model]
-type = "mlp"
+        study = f"""{HEAD}type = "mlp"
 layers = {args.layers}
 width = {args.width}
 input_dim = {args.width}
@@ -210,11 +203,7 @@ sigma_b2 = {sigma_b2}
 steps = 1
 batch = 64
 eval_every = 0
-[record]
-every = 1
-[device]
-type = "cpu"
-[sweep]
+{TAIL}[sweep]
 grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
 """
         print(f"theory_accuracy: MLP {activation}", file=sys.stderr, flush=True)
@@ -228,10 +217,7 @@ grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
 
 def resnet_rows(args, out):
     depth = 20 if args.quick else 110
-    study = f"""name = "accuracy"
-seed = 1
-[model]
-type = "resnet"
+    study = f"""{HEAD}type = "resnet"
 depth = {depth}
 width = 1
 preact = true
@@ -245,11 +231,7 @@ optimizer = "sgd"
 steps = 1
 batch = 16
 lr = 0.01
-[record]
-every = 1
-[device]
-type = "cpu"
-[sweep]
+{TAIL}[sweep]
 grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
 zip = {{ "model.norm" = ["batchnorm", "none", "none"], "scaling.rule" = ["standard", "nf", "standard"] }}
 """

@@ -102,18 +102,25 @@ ModelConfig relu_he_config(int layers, int width) {
 }
 
 // One forward pass of a freshly initialised network (seed) on independent N(0, 1) inputs (input variance 1,
-// correlation between samples ≈ 0); returns each layer's captured pre-activations, l = 0..layers-1.
-std::vector<CapturingSink::Capture> measure_preacts(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
+// correlation between samples ≈ 0), every probe captured into `sink`; returns the network.
+std::unique_ptr<Model> forward_pass(const ModelConfig& config, std::int64_t rows, std::uint64_t seed,
+                                    CapturingSink& sink) {
   std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, seed);
   const CounterRng rng(seed, 1);
   std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp().input_dim));
   for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = rng.normal(i);
   Batch batch{Tensor::from_vector({rows, config.mlp().input_dim}, inputs), Tensor::zeros({rows, 1})};
-  CapturingSink sink;
   StepContext context;
   context.training = false;
   context.sink = &sink;
   model->forward_backward(batch, 0.0f, context);
+  return model;
+}
+
+// Each layer's captured pre-activations of forward_pass, l = 0..layers-1.
+std::vector<CapturingSink::Capture> measure_preacts(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
+  CapturingSink sink;
+  const std::unique_ptr<Model> model = forward_pass(config, rows, seed, sink);
   std::vector<CapturingSink::Capture> preacts;
   for (const ProbeInfo& info : model->probes())
     if (info.name == "layers." + std::to_string(preacts.size()) + ".preact") {
@@ -205,16 +212,8 @@ TEST(MlpMeasured, ReluHeCorrelationOfIndependentInputs) {
 
 // The population variance of every probe of one freshly initialised network (seed) on independent N(0, 1) inputs.
 std::map<std::string, double> measure_vars(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
-  std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, seed);
-  const CounterRng rng(seed, 1);
-  std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp().input_dim));
-  for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = rng.normal(i);
-  Batch batch{Tensor::from_vector({rows, config.mlp().input_dim}, inputs), Tensor::zeros({rows, 1})};
   CapturingSink sink;
-  StepContext context;
-  context.training = false;
-  context.sink = &sink;
-  model->forward_backward(batch, 0.0f, context);
+  const std::unique_ptr<Model> model = forward_pass(config, rows, seed, sink);
   std::map<std::string, double> vars;
   for (const ProbeInfo& info : model->probes()) {
     if (sink.forward_.count(info.depth)) vars[info.name] = element_moments(sink.forward_[info.depth].values).var;
