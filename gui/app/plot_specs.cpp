@@ -11,6 +11,7 @@
 
 #include "gui/data/block_axis.h"
 #include "gui/data/depth_axis.h"
+#include "theory/model_theory.h"
 
 namespace proplab::gui {
 
@@ -97,6 +98,13 @@ std::vector<Tick> block_ticks(const RunList& runs, DepthAxis axis) {
 
 }  // namespace
 
+const std::vector<double>* var_band(const RunSnapshot& run) {
+  const std::vector<double>* log_sd = run.theory(Direction::forward, "var_log_sd");
+  if (log_sd == nullptr || std::none_of(log_sd->begin(), log_sd->end(), [](double v) { return std::isfinite(v); }))
+    return nullptr;
+  return log_sd;
+}
+
 // The depth profile of `runs` (a subset of the selection) at the state's record, on the chosen or default depth
 // axis (depth_axis.h), the stages marked when every run has a stage layout (ResNets) and the axis is by block or
 // l/L. Every point carries its read-out (probe, block, step, value).
@@ -152,10 +160,8 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
         // The finite-width band (/theory/forward/var_log_sd, plain MLPs): where one network's var falls 95% of
         // the time, two thin faded dashed lines that the prediction's legend entry hides and shows with it.
         const std::vector<double>* log_sd =
-            state.direction == Direction::forward && state.stat == "var" ? run->theory(Direction::forward, "var_log_sd")
-                                                                          : nullptr;
-        if (log_sd != nullptr &&
-            std::any_of(probes.begin(), probes.end(), [&](std::size_t p) { return std::isfinite((*log_sd)[p]); })) {
+            state.direction == Direction::forward && state.stat == "var" ? var_band(*run) : nullptr;
+        if (log_sd != nullptr) {
           for (const double side : {-1.0, 1.0}) {
             PlotSeries band;
             band.label = run->name + (side < 0 ? " (theory, 95% low)" : " (theory, 95% high)");
@@ -166,8 +172,8 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
             band.dashed = true;
             band.thickness = 1.0f;
             for (const std::size_t p : probes) {
-              const double sd = (*log_sd)[p];
-              const double value = (*theory)[p] * std::exp(-0.5 * sd * sd + side * 1.96 * sd);
+              const theory::VarRange range = theory::one_network_range((*theory)[p], (*log_sd)[p]);
+              const double value = side < 0 ? range.low : range.high;
               band.x.push_back(x_of[p]);
               band.y.push_back(value);
               band.point_probes.push_back(run->probes[p].name);
@@ -324,6 +330,7 @@ GridPanels grid_panels(const AppState& state, const RunList& runs) {
   if (groups.empty()) return grid;
   const DepthAxis axis = shown_depth_axis(state, runs);
   const std::vector<std::string> kinds = shown_kinds(state, runs);
+  const std::vector<Tick> names = block_ticks(runs, axis);
   const Direction directions[GridPanels::rows] = {Direction::forward, Direction::backward};
   for (const Direction direction : directions)
     grid.row_titles.push_back(std::string(direction_name(direction)) + " var");
@@ -339,7 +346,7 @@ GridPanels grid_panels(const AppState& state, const RunList& runs) {
       for (const auto index : groups[column].members) members.push_back(runs[index]);
       spec.title = row == 0 ? grid.column_titles[column] : "";
       spec.x_label = depth_axis_title(axis);
-      spec.x_names = block_ticks(runs, axis);
+      spec.x_names = names;
       spec.y_label = grid.row_titles[row];
       spec.y_scale = state.depth_log_y ? AxisScale::log : AxisScale::linear;
       if (axis != DepthAxis::probe && by_block(members)) spec.x_markers = stage_markers(state, members, axis);

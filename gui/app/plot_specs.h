@@ -20,6 +20,9 @@ std::int64_t record_of(const RunSnapshot& run, std::int64_t record);
 std::vector<std::string> shown_kinds(const AppState& state, const RunList& runs);
 // The depth profile's x axis for `runs`: the chosen one, else default_depth_axis (block; l/L when depths differ).
 DepthAxis shown_depth_axis(const AppState& state, const RunList& runs);
+// The run's finite-width band (/theory/forward/var_log_sd, the sd of log var per probe) when it has one for some
+// probe, else null. The depth profile of forward var draws one network's 95% range from it.
+const std::vector<double>* var_band(const RunSnapshot& run);
 // The chosen probes' statistic against the training step, one series per run and probe.
 PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs);
 // The run the heatmap view shows: state.heatmap_run when selected, else the first of `runs`; null without runs.

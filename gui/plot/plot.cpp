@@ -628,14 +628,12 @@ std::vector<const PlotSeries*> legend_entries(const PlotSpec& spec) {
 }
 
 namespace {
-// The labels a legend box shows, and its lines: at most legend_max_entries entries, then "+999 more" (the widest
-// such line a legend needs).
-std::size_t legend_lines(const std::vector<const PlotSeries*>& entries, std::vector<std::string>* labels) {
+// Appends the labels a legend box shows to `labels` (at most legend_max_entries entries, then "+999 more", the
+// widest such line a legend needs) and returns its lines.
+std::size_t legend_lines(const std::vector<const PlotSeries*>& entries, std::vector<std::string>& labels) {
   const std::size_t shown = std::min(entries.size(), legend_max_entries);
-  if (labels != nullptr) {
-    for (std::size_t i = 0; i < shown; ++i) labels->push_back(legend_key(*entries[i]));
-    if (entries.size() > shown) labels->push_back("+999 more");
-  }
+  for (std::size_t i = 0; i < shown; ++i) labels.push_back(legend_key(*entries[i]));
+  if (entries.size() > shown) labels.push_back("+999 more");
   return shown + (entries.size() > shown ? 1 : 0);
 }
 }  // namespace
@@ -645,7 +643,7 @@ LegendSize legend_box_size(const PlotSpec& spec, double line_height,
   const auto entries = legend_entries(spec);
   if (entries.empty()) return {};
   std::vector<std::string> labels = spec.legend_peer_labels;
-  const std::size_t lines = std::max(legend_lines(entries, &labels), spec.legend_peer_lines);
+  const std::size_t lines = std::max(legend_lines(entries, labels), spec.legend_peer_lines);
   double width = 0.0;
   for (const auto& label : labels) width = std::max(width, text_width(label));
   return LegendSize{width + legend_swatch_px + 14.0, static_cast<double>(lines) * line_height + 8.0};
@@ -654,7 +652,7 @@ LegendSize legend_box_size(const PlotSpec& spec, double line_height,
 void share_legend_size(std::vector<PlotSpec*> specs) {
   std::vector<std::string> labels;
   std::size_t lines = 0;
-  for (const PlotSpec* spec : specs) lines = std::max(lines, legend_lines(legend_entries(*spec), &labels));
+  for (const PlotSpec* spec : specs) lines = std::max(lines, legend_lines(legend_entries(*spec), labels));
   std::sort(labels.begin(), labels.end());
   labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
   for (PlotSpec* spec : specs) {
@@ -666,9 +664,11 @@ void share_legend_size(std::vector<PlotSpec*> specs) {
 std::vector<Tick> plot_x_ticks(const PlotSpec& spec, AxisRange range, double length,
                                const std::function<double(const std::string&)>& text_width) {
   if (!spec.x_names.empty() && spec.x_scale == AxisScale::linear) {
-    double widest = 0.0;
-    for (const auto& tick : spec.x_names) widest = std::max(widest, text_width(tick.label));
-    auto named = named_ticks(spec.x_names, range, length, widest, 12.0);
+    // The longest name is the widest in the monospace fonts both renderers use: measure that one, not a thousand.
+    const auto longest = std::max_element(spec.x_names.begin(), spec.x_names.end(), [](const Tick& a, const Tick& b) {
+      return a.label.size() < b.label.size();
+    });
+    auto named = named_ticks(spec.x_names, range, length, text_width(longest->label), 12.0);
     if (!named.empty()) return named;
   }
   return axis_ticks(range, spec.x_scale, std::max(2, static_cast<int>(length / 90.0)));

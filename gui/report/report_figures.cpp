@@ -4,7 +4,6 @@
 #include <imgui.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 #include "gui/app/app_state.h"
@@ -77,11 +76,7 @@ FigureLayout depth_figure(AppState& state, const RunList& runs, const std::strin
   layout.note =
       (state.kind_filter->empty() ? std::string("every probe") : "residual-stream probes") +
       "; one colour per run, dashed: theory at initialisation" +
-      (std::any_of(runs.begin(), runs.end(),
-                   [](const auto& run) {
-                     const auto* sd = run->theory(Direction::forward, "var_log_sd");
-                     return sd != nullptr && std::any_of(sd->begin(), sd->end(), [](double v) { return std::isfinite(v); });
-                   })
+      (std::any_of(runs.begin(), runs.end(), [](const auto& run) { return var_band(*run) != nullptr; })
            ? " (thin, faded: where one network's var falls 95% of the time at its width)"
            : "") +
       "; x: " + depth_axis_title(shown_depth_axis(state, runs)) +

@@ -91,13 +91,6 @@ std::string phase_text(theory::Phase phase) {
   return "";
 }
 
-// The 95% range of one network's var under the finite-width band (NaN without a band).
-std::pair<double, double> band_range(const theory::ProbeTheory& p) {
-  if (!std::isfinite(p.var_log_sd)) return {std::nan(""), std::nan("")};
-  const double centre = p.var * std::exp(-0.5 * p.var_log_sd * p.var_log_sd);
-  return {centre * std::exp(-1.96 * p.var_log_sd), centre * std::exp(1.96 * p.var_log_sd)};
-}
-
 void write_predictions(std::ostream& out, const theory::ProbePrediction& prediction) {
   std::size_t name_width = 4, kind_width = 4;
   for (const theory::ProbeTheory& p : prediction.probes) {
@@ -122,9 +115,9 @@ void write_predictions(std::ostream& out, const theory::ProbePrediction& predict
         << "  " << right(stat_text(p.mean), number_width) << "  " << right(stat_text(p.corr), number_width) << "  "
         << right(stat_text(p.backward_var), number_width);
     if (banded) {
-      const auto [low, high] = band_range(p);
-      out << "  " << right(stat_text(p.var_log_sd), number_width) << "  " << right(stat_text(low), number_width)
-          << "  " << right(stat_text(high), number_width);
+      const theory::VarRange range = theory::one_network_range(p.var, p.var_log_sd);
+      out << "  " << right(stat_text(p.var_log_sd), number_width) << "  " << right(stat_text(range.low), number_width)
+          << "  " << right(stat_text(range.high), number_width);
     }
     out << "\n";
   }
@@ -230,10 +223,11 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
       << error_summary(residual_var_errors) << "; backward var " << error_summary(residual_backward_errors) << "\n";
   std::size_t banded = 0, inside = 0;
   for (const theory::ProbeTheory& p : prediction.probes) {
-    const auto [low, high] = band_range(p);
-    if (!std::isfinite(low) || !std::isfinite(var[index.at(p.name)])) continue;
+    const theory::VarRange range = theory::one_network_range(p.var, p.var_log_sd);
+    const double measured = var[index.at(p.name)];
+    if (!std::isfinite(range.low) || !std::isfinite(measured)) continue;
     ++banded;
-    inside += var[index.at(p.name)] >= low && var[index.at(p.name)] <= high ? 1 : 0;
+    inside += measured >= range.low && measured <= range.high ? 1 : 0;
   }
   if (banded > 0)
     out << "finite-width band: " << inside << " of " << banded

@@ -42,6 +42,12 @@ class Builder {
 
 }  // namespace
 
+VarRange one_network_range(double predicted_var, double var_log_sd) {
+  if (!std::isfinite(var_log_sd)) return {kNaN, kNaN};
+  const double centre = predicted_var * std::exp(-0.5 * var_log_sd * var_log_sd);
+  return {centre * std::exp(-1.96 * var_log_sd), centre * std::exp(1.96 * var_log_sd)};
+}
+
 const ProbeTheory* ProbePrediction::find(const std::string& name) const {
   for (const ProbeTheory& p : probes)
     if (p.name == name) return &p;

@@ -104,6 +104,13 @@ struct ProbeTheory {
   double var_log_sd = std::numeric_limits<double>::quiet_NaN();
 };
 
+// Where one network's var falls with 95% probability under a finite-width band (ProbeTheory::var_log_sd): log(var)
+// ~ N(log(predicted) − sd²/2, sd²), so the range is predicted·exp(−sd²/2 ∓ 1.96·sd). NaN bounds without a band.
+struct VarRange {
+  double low = 0.0, high = 0.0;
+};
+VarRange one_network_range(double predicted_var, double var_log_sd);
+
 // Mean-field summary of an MLP (σ_w², σ_b² of the hidden layers).
 struct MeanFieldSummary {
   double q_star = 0.0;  // fixed point of the length map (+inf when q diverges)
