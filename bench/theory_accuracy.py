@@ -10,7 +10,7 @@ file holds the prediction beside it). For each setting the measured variances ar
 then compared with the prediction probe by probe:
 - transformers: the residual stream (blocks.l.in / .mid / .out), forward var and backward var;
 - MLPs (ReLU/He, tanh and GELU near their critical points): every preact and postact, forward and backward var;
-- ResNets (BatchNorm, NF, unnormalised): the stream at every block's end, forward var (no backward prediction).
+- ResNets (BatchNorm, NF, unnormalised): the stream at every block's end, forward and backward var.
 Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
 (for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
 OUT_DIR/accuracy.md.

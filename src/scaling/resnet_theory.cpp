@@ -1,9 +1,12 @@
 #include "scaling/resnet_theory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include "scaling/resnet_util.h"
+#include "theory/model_theory.h"
+#include "theory/moments.h"
 
 namespace proplab {
 
@@ -15,8 +18,15 @@ StreamMoments gaussian_integrals(Activation kind, double mean, double var) {
     const double value = resnet_util::activation_value(kind, mean);
     return {value, value * value};
   }
+  const double sd = std::sqrt(var);
+  if (kind == Activation::relu) {
+    // Closed form: E[relu] = μΦ + σφ, E[relu²] = (μ² + σ²)Φ + μσφ at μ/σ.
+    const double z = mean / sd, cdf = 0.5 * std::erfc(-z / std::numbers::sqrt2),
+                 pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+    return {mean * cdf + sd * pdf, (mean * mean + var) * cdf + mean * sd * pdf};
+  }
   constexpr int kSteps = 4000;
-  const double sd = std::sqrt(var), step = 24.0 / kSteps;
+  const double step = 24.0 / kSteps;
   double first = 0.0, second = 0.0;
   for (int i = 0; i <= kSteps; ++i) {
     const double z = -12.0 + i * step;
@@ -29,23 +39,156 @@ StreamMoments gaussian_integrals(Activation kind, double mean, double var) {
   return {first, second};
 }
 
-// A conv's output moments from its input's, for the conv described by (role, fan_in) under the rule.
-struct ConvModel {
-  const ScalingRule& rule;
-  const ResnetRuleSpec& spec;
-  // `input` holds mean and variance of what the conv reads; reads_activation picks the standardisation scale.
-  StreamMoments apply(ParamRole role, std::int64_t fan_in, std::int64_t fan_out, int block, const StreamMoments& input,
-                      bool reads_activation) const {
-    if (spec.weight_standardization) {
-      const InitSpec gain = rule.init(ParamInfo{ParamRole::norm_gain, fan_in, fan_out, block, ""});
-      const double scale = (reads_activation ? spec.activation_gain : 1.0) * gain.value;
-      return {0.0, scale * scale * input.var};
-    }
-    const InitSpec init = rule.init(ParamInfo{role, fan_in, fan_out, block, ""});
-    const double weight_var = init.kind == InitSpec::Kind::constant ? 0.0 : init.std * init.std;
-    return {0.0, weight_var * static_cast<double>(fan_in) * (input.var + input.mean * input.mean)};
+// E[φ'(x)] and E[φ'(x)²] for x ~ N(mean, var) (the slope by central differences for the smooth activations).
+struct Slope {
+  double mean = 0.0, second = 0.0;
+};
+Slope slope_integrals(Activation kind, double mean, double var) {
+  if (kind == Activation::identity) return {1.0, 1.0};
+  const double sd = std::sqrt(std::max(var, 0.0));
+  if (kind == Activation::relu) {
+    const double p = sd > 0 ? 0.5 * std::erfc(-mean / sd / std::numbers::sqrt2) : (mean > 0 ? 1.0 : 0.0);
+    return {p, p};
+  }
+  constexpr int kSteps = 2000;
+  const double step = 24.0 / kSteps, h = 1e-5;
+  double first = 0.0, second = 0.0;
+  for (int i = 0; i <= kSteps; ++i) {
+    const double z = -12.0 + i * step;
+    const double weight =
+        (i == 0 || i == kSteps ? 0.5 : 1.0) * step * std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+    const double x = mean + sd * z;
+    const double d =
+        (resnet_util::activation_value(kind, x + h) - resnet_util::activation_value(kind, x - h)) / (2 * h);
+    first += weight * d;
+    second += weight * d * d;
+  }
+  return {first, second};
+}
+
+// Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
+// second moment E[a²][p]. Borders make them position-dependent (zero padding).
+// channel_mean_sq: E over channels of the square of a channel's mean over images and positions (the part of the
+// second moment a channel shares; BatchNorm removes it, so its scale is Var − this).
+struct Plane {
+  int size = 0;
+  std::vector<double> mean, second;
+  double channel_mean_sq = 0.0;
+  static Plane uniform(int size, double mean, double var) {
+    const std::size_t n = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
+    return {size, std::vector<double>(n, mean), std::vector<double>(n, var + mean * mean), mean * mean};
+  }
+  std::size_t count() const { return mean.size(); }
+  double avg_mean() const {
+    double s = 0.0;
+    for (double m : mean) s += m;
+    return s / static_cast<double>(count());
+  }
+  double avg_second() const {
+    double s = 0.0;
+    for (double m : second) s += m;
+    return s / static_cast<double>(count());
+  }
+  // The population moments over all elements of the tensor (what a probe records).
+  StreamMoments population() const {
+    const double m = avg_mean();
+    return {m, std::max(0.0, avg_second() - m * m)};
+  }
+  double var_at(std::size_t p) const { return std::max(0.0, second[p] - mean[p] * mean[p]); }
+};
+
+// Gradient second moments per position, and E[(mean over an image's positions)²] (the part BatchNorm's batch mean
+// removes). Gradients have mean zero.
+struct GradPlane {
+  int size = 0;
+  std::vector<double> second;
+  double image_mean_sq = 0.0;
+  double avg() const {
+    double s = 0.0;
+    for (double v : second) s += v;
+    return second.empty() ? 0.0 : s / static_cast<double>(second.size());
   }
 };
+
+// A k×k conv (k = 1 or 3, padding k/2) with stride: which input positions feed output position (oy, ox).
+template <typename F>
+void for_taps(int in_size, int kernel, int stride, int oy, int ox, F&& f) {
+  const int pad = kernel / 2;
+  for (int ky = 0; ky < kernel; ++ky)
+    for (int kx = 0; kx < kernel; ++kx) {
+      const int y = oy * stride + ky - pad, x = ox * stride + kx - pad;
+      if (y >= 0 && y < in_size && x >= 0 && x < in_size) f(static_cast<std::size_t>(y) * in_size + x);
+    }
+}
+
+int out_size_of(int in_size, int kernel, int stride) { return (in_size + 2 * (kernel / 2) - kernel) / stride + 1; }
+
+// A conv's weights as the bookkeeping sees them: plain i.i.d. (E[w²] = weight_var) or weight-standardised rows (zero
+// mean, squared norm `ws_norm_sq`).
+struct ConvWeights {
+  bool standardised = false;
+  double weight_var = 0.0;  // plain: per entry
+  double ws_norm_sq = 0.0;  // standardised: (gain·scale)²
+  std::int64_t in = 0, out = 0;
+  int kernel = 3, stride = 1;
+  // E[w²] per entry as the backward pass sees it (a standardised row: ws_norm_sq / fan_in).
+  double entry_var() const {
+    return standardised ? ws_norm_sq / static_cast<double>(in * kernel * kernel) : weight_var;
+  }
+};
+
+// Forward: plain conv out E[y²][p] = in·E[w²]·Σ_taps E[a²] (padding taps are zero); standardised conv
+// out Var = ws_norm_sq·(avg_taps E[a²] − (avg_taps mean)²) over the k² taps (zero where padded). Mean 0. A channel's
+// mean is Σ w·(input channel means): E[w²]·in·k²·channel_mean_sq (standardised rows: less the shared mean).
+Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
+  const int out = borders ? out_size_of(x.size, w.kernel, w.stride) : x.size / w.stride;
+  Plane y = Plane::uniform(out, 0.0, 0.0);
+  const double taps = static_cast<double>(w.kernel * w.kernel);
+  for (int oy = 0; oy < out; ++oy)
+    for (int ox = 0; ox < out; ++ox) {
+      double second = 0.0, mean = 0.0;
+      if (borders) {
+        for_taps(x.size, w.kernel, w.stride, oy, ox, [&](std::size_t q) {
+          second += x.second[q];
+          mean += x.mean[q];
+        });
+      } else {  // the wide interior: every tap reads the plane's average
+        second = taps * x.avg_second();
+        mean = taps * x.avg_mean();
+      }
+      const std::size_t p = static_cast<std::size_t>(oy) * out + ox;
+      y.second[p] = w.standardised
+                        ? w.ws_norm_sq * std::max(0.0, second / taps - (mean / taps) * (mean / taps))
+                        : w.weight_var * static_cast<double>(w.in) * second;
+    }
+  const double shared = x.avg_mean();
+  y.channel_mean_sq = w.standardised ? w.ws_norm_sq * std::max(0.0, x.channel_mean_sq - shared * shared)
+                                     : w.weight_var * static_cast<double>(w.in) * taps * x.channel_mean_sq;
+  return y;
+}
+
+// Backward: E[dx²][q] = out·E[w²]·Σ over the (output position, tap) pairs that read q of E[dy²]. The image-mean
+// part: Σ_q dx = Σ_p Σ_k w_k·dy[p] (interior), so E[(mean_q dx)²] = out·E[w²]·k²·(HW_out/HW_in)²·E[(mean_p dy)²].
+GradPlane conv_backward(const GradPlane& dy, int in_size, const ConvWeights& w, bool borders) {
+  GradPlane dx;
+  dx.size = in_size;
+  dx.second.assign(static_cast<std::size_t>(in_size) * in_size, 0.0);
+  const double v = static_cast<double>(w.out) * w.entry_var(), taps = static_cast<double>(w.kernel * w.kernel);
+  if (borders) {
+    for (int oy = 0; oy < dy.size; ++oy)
+      for (int ox = 0; ox < dy.size; ++ox) {
+        const double g = dy.second[static_cast<std::size_t>(oy) * dy.size + ox];
+        for_taps(in_size, w.kernel, w.stride, oy, ox, [&](std::size_t q) { dx.second[q] += v * g; });
+      }
+  } else {
+    // The interior: each input position is read by k²/stride² (output, tap) pairs.
+    const double each = v * taps / static_cast<double>(w.stride * w.stride) * dy.avg();
+    std::fill(dx.second.begin(), dx.second.end(), each);
+  }
+  const double area = static_cast<double>(dy.size * dy.size) / static_cast<double>(in_size * in_size);
+  dx.image_mean_sq = v * taps * area * area * dy.image_mean_sq;
+  return dx;
+}
 
 }  // namespace
 
@@ -53,75 +196,310 @@ StreamMoments activation_moments(Activation kind, double mean, double var) {
   return gaussian_integrals(kind, mean, var);
 }
 
-ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRule& rule, double input_var) {
+ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRule& rule, double input_var,
+                                     const ResnetTheoryOptions& options) {
   const resnet_util::Layout layout = resnet_util::layout(config);
   const ResnetRuleSpec spec = rule.resnet();
-  const ConvModel conv{rule, spec};
   const bool preact = config.preact, normed = config.norm == ResnetNorm::batchnorm;
+  const bool borders = options.borders;
   const Activation act = config.activation;
   const std::int64_t base = 16 * static_cast<std::int64_t>(config.width);
   const std::int64_t expansion = layout.bottleneck ? 4 : 1;
-  auto norm = [&](const StreamMoments& x) -> StreamMoments {
-    if (!normed) return x;
-    const double gamma = rule.init(ParamInfo{ParamRole::norm_gain, 1, 1, -1, ""}).value;
-    const double shift = rule.init(ParamInfo{ParamRole::norm_bias, 1, 1, -1, ""}).value;
-    return {shift, gamma * gamma};
+  const double gamma = rule.init(ParamInfo{ParamRole::norm_gain, 1, 1, -1, ""}).value;
+  const double shift = rule.init(ParamInfo{ParamRole::norm_bias, 1, 1, -1, ""}).value;
+  const double batch = static_cast<double>(std::max<std::int64_t>(1, options.batch));
+
+  auto weights = [&](ParamRole role, std::int64_t in, std::int64_t out, int kernel, int stride, int block,
+                     bool reads_activation) {
+    ConvWeights w;
+    w.in = in;
+    w.out = out;
+    w.kernel = kernel;
+    w.stride = stride;
+    const std::int64_t fan_in = in * kernel * kernel, fan_out = out * kernel * kernel;
+    if (spec.weight_standardization) {
+      const InitSpec g = rule.init(ParamInfo{ParamRole::norm_gain, fan_in, fan_out, block, ""});
+      const double scale = (reads_activation ? spec.activation_gain : 1.0) * g.value;
+      w.standardised = true;
+      w.ws_norm_sq = scale * scale;
+    } else {
+      const InitSpec init = rule.init(ParamInfo{role, fan_in, fan_out, block, ""});
+      w.weight_var = init.kind == InitSpec::Kind::constant ? 0.0 : init.std * init.std;
+    }
+    return w;
   };
-  auto activate = [&](const StreamMoments& x) -> StreamMoments {
-    const StreamMoments integrals = gaussian_integrals(act, x.mean, x.var);
-    return {integrals.mean, integrals.var - integrals.mean * integrals.mean};
+  // BatchNorm (batch statistics over images and positions): per position (x − μ̄)/σ̄·γ + β.
+  struct NormStats {
+    double mean = 0.0, sd = 1.0;
+  };
+  // A channel's batch statistics: its mean deviates from the shared mean by channel_mean_sq − mean², which its
+  // variance then lacks.
+  auto norm_stats = [&](const Plane& x) {
+    const double m = x.avg_mean();
+    return NormStats{m, std::sqrt(std::max(x.avg_second() - x.channel_mean_sq, 1e-30))};
+  };
+  auto norm = [&](const Plane& x) -> Plane {
+    if (!normed) return x;
+    const NormStats s = norm_stats(x);
+    const double deviation = std::max(0.0, x.channel_mean_sq - s.mean * s.mean);
+    Plane y = x;
+    for (std::size_t p = 0; p < x.count(); ++p) {
+      const double m = shift + gamma * (x.mean[p] - s.mean) / s.sd,
+                   v = gamma * gamma * std::max(0.0, x.var_at(p) - deviation) / (s.sd * s.sd);
+      y.mean[p] = m;
+      y.second[p] = v + m * m;
+    }
+    y.channel_mean_sq = shift * shift;
+    return y;
+  };
+  // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
+  auto activate = [&](const Plane& x) -> Plane {
+    Plane y = x;
+    double slope = 0.0;
+    for (std::size_t p = 0; p < x.count(); ++p) {
+      const StreamMoments m = gaussian_integrals(act, x.mean[p], x.var_at(p));
+      y.mean[p] = m.mean;
+      y.second[p] = m.var;
+      slope += slope_integrals(act, x.mean[p], x.var_at(p)).mean;
+    }
+    slope /= static_cast<double>(x.count());
+    const double in_mean = x.avg_mean(), out_mean = y.avg_mean();
+    y.channel_mean_sq = out_mean * out_mean + slope * slope * std::max(0.0, x.channel_mean_sq - in_mean * in_mean);
+    return y;
+  };
+  auto scaled = [](Plane x, double s) {
+    for (double& m : x.mean) m *= s;
+    for (double& v : x.second) v *= s * s;
+    x.channel_mean_sq *= s * s;
+    return x;
   };
 
+  // The forward pass, keeping what the backward pass needs.
+  struct ConvStep {
+    ConvWeights w;
+    Plane input;     // what the conv reads
+    Plane pre_norm;  // post-activation: the conv's output (the norm's input); pre-activation: the norm's input
+    Plane pre_act;   // the activation's input (when one follows)
+    bool has_act = false;
+  };
+  struct BlockState {
+    double input_scale = 1.0, lambda = 1.0, beta = 1.0;
+    Plane stream_in, sum;  // sum: the post-activation pre-rectification sum
+    Plane rectifier_input;  // post-activation: the input of the ReLU that last rectified the stream entering
+    std::vector<ConvStep> steps;
+    bool projection = false;
+    ConvWeights shortcut;
+    Plane shortcut_input, shortcut_out;
+  };
+  std::vector<BlockState> states;
+
   ResnetBookkeeping out;
-  out.formulae =
-      "resnet variance bookkeeping (wide limit, no borders): plain conv var = fan_in·std²·E[a²]; standardised "
-      "conv var = (gain·scale)²·Var(a); BatchNorm → N(β, γ²); out = λ·shortcut + β·branch (independent)";
-  StreamMoments x = conv.apply(ParamRole::conv_stem, config.in_channels * 9, base * 9, -1, {0.0, input_var}, false);
-  if (!preact) x = activate(norm(x));
-  out.stem = x;
+  out.formulae = std::string("resnet variance bookkeeping, position-resolved (") +
+                 (borders ? "zero-padded borders" : "interior only") +
+                 "): plain conv E[y²] = C_in·std²·Σ_taps E[a²]; standardised conv Var = (gain·scale)²·(avg E[a²] − "
+                 "avg(mean)²); BatchNorm on the batch statistics; out = λ·shortcut + β·branch (independent); "
+                 "backward: transposed conv sums, φ'² per position, BatchNorm γ²/σ² less the batch mean";
+  const int image = config.image_size;
+  Plane x = conv_forward(Plane::uniform(image, 0.0, input_var),
+                         weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
+  Plane rectifier_input;
+  if (!preact) {
+    rectifier_input = norm(x);
+    x = activate(rectifier_input);
+  }
+  out.stem = x.population();
   std::int64_t channels = base;
   for (int b = 0; b < layout.blocks(); ++b) {
     const std::int64_t width = base << layout.stage(b), block_out = width * expansion;
+    const int stride = layout.transition(b) ? 2 : 1;
     struct Shape {
-      std::int64_t in, out, kernel;
+      std::int64_t in, out;
+      int kernel, stride;
     };
-    std::vector<Shape> shapes = layout.bottleneck
-                                    ? std::vector<Shape>{{channels, width, 1}, {width, width, 3}, {width, block_out, 1}}
-                                    : std::vector<Shape>{{channels, width, 3}, {width, width, 3}};
+    const std::vector<Shape> shapes =
+        layout.bottleneck ? std::vector<Shape>{{channels, width, 1, 1}, {width, width, 3, stride}, {width, block_out, 1, 1}}
+                          : std::vector<Shape>{{channels, width, 3, stride}, {width, width, 3, 1}};
     const int m = static_cast<int>(shapes.size());
-    const double s = rule.resnet_block(b).input_scale;
+    BlockState st;
+    st.input_scale = rule.resnet_block(b).input_scale;
     const ResidualSpec residual = rule.residual(b, Branch::ffn);
-    out.stream_in.push_back(x);
-    const StreamMoments scaled{s * x.mean, s * s * x.var};
-    StreamMoments cur = scaled, first_conv_input;
+    st.lambda = residual.lambda;
+    st.beta = residual.beta;
+    st.stream_in = x;
+    st.rectifier_input = rectifier_input;
+    out.stream_in.push_back(x.population());
+    Plane cur = scaled(x, st.input_scale), first_conv_input;
     for (int j = 0; j < m; ++j) {
-      const ParamRole role = j == m - 1 ? ParamRole::conv_branch_out : ParamRole::conv_branch;
-      const std::int64_t k2 = shapes[j].kernel * shapes[j].kernel;
-      StreamMoments input = preact ? activate(norm(cur)) : cur;
-      if (j == 0) first_conv_input = input;
-      cur = conv.apply(role, shapes[j].in * k2, shapes[j].out * k2, b, input, true);
-      if (!preact) {
-        cur = norm(cur);
-        if (j < m - 1) cur = activate(cur);
+      ConvStep step;
+      step.w = weights(j == m - 1 ? ParamRole::conv_branch_out : ParamRole::conv_branch, shapes[j].in, shapes[j].out,
+                       shapes[j].kernel, shapes[j].stride, b, true);
+      if (preact) {
+        step.pre_norm = cur;
+        step.pre_act = norm(cur);
+        step.has_act = true;
+        step.input = activate(step.pre_act);
+      } else {
+        step.input = cur;
       }
+      if (j == 0) first_conv_input = step.input;
+      cur = conv_forward(step.input, step.w, borders);
+      if (!preact) {
+        step.pre_norm = cur;
+        cur = norm(cur);
+        if (j < m - 1) {
+          step.pre_act = cur;
+          step.has_act = true;
+          cur = activate(cur);
+        }
+      }
+      st.steps.push_back(std::move(step));
     }
-    out.branch.push_back(cur);
-    StreamMoments shortcut = x;
-    if (layout.projection(b)) {
-      shortcut = conv.apply(ParamRole::conv_shortcut, channels, block_out, b, first_conv_input, true);
-      if (!preact) shortcut = norm(shortcut);
+    out.branch.push_back(cur.population());
+    Plane shortcut = x;
+    st.projection = layout.projection(b);
+    if (st.projection) {
+      st.shortcut = weights(ParamRole::conv_shortcut, channels, block_out, 1, stride, b, true);
+      // Pre-activation: the projection reads act(norm(s·x)) (the first conv's input); post-activation: s·x.
+      st.shortcut_input = first_conv_input;
+      st.shortcut_out = conv_forward(st.shortcut_input, st.shortcut, borders);
+      shortcut = preact ? st.shortcut_out : norm(st.shortcut_out);
     }
-    StreamMoments sum{residual.lambda * shortcut.mean + residual.beta * cur.mean,
-                      residual.lambda * residual.lambda * shortcut.var + residual.beta * residual.beta * cur.var};
+    Plane sum = shortcut;
+    for (std::size_t p = 0; p < sum.count(); ++p) {
+      const double mean = st.lambda * shortcut.mean[p] + st.beta * cur.mean[p];
+      const double var = st.lambda * st.lambda * shortcut.var_at(p) + st.beta * st.beta * cur.var_at(p);
+      sum.mean[p] = mean;
+      sum.second[p] = var + mean * mean;
+    }
+    sum.channel_mean_sq = st.lambda * st.lambda * shortcut.channel_mean_sq + st.beta * st.beta * cur.channel_mean_sq +
+                          2.0 * st.lambda * st.beta * shortcut.avg_mean() * cur.avg_mean();
     // A zero branch leaves a post-activation ReLU stream as it is (ReLU is idempotent on its non-negative output);
     // the Gaussian closure would not see that.
-    const bool rectified_identity = !preact && !layout.projection(b) && act == Activation::relu &&
-                                    residual.beta * residual.beta * cur.var == 0.0 && cur.mean == 0.0 &&
-                                    residual.lambda >= 0.0;
+    const bool rectified_identity = !preact && !st.projection && act == Activation::relu &&
+                                    st.beta * st.beta * cur.avg_second() == 0.0 && residual.lambda >= 0.0;
+    st.sum = sum;
     x = preact || rectified_identity ? sum : activate(sum);
-    out.stream_out.push_back(x);
+    if (rectified_identity) st.sum = Plane();  // the stream passes: its entries that are 0 stay 0
+    else rectifier_input = sum;
+    out.stream_out.push_back(x.population());
+    states.push_back(std::move(st));
     channels = block_out;
   }
+
+  // Backward from the loss: mean softmax cross-entropy over `batch` images (near-uniform predictions), the
+  // classifier (fan_out = classes), global average pooling (every position gets 1/HW of the pooled gradient).
+  const std::int64_t classes = config.classes;
+  const InitSpec head = rule.init(ParamInfo{ParamRole::readout, channels, classes, -1, ""});
+  const double head_var = head.kind == InitSpec::Kind::constant ? 0.0 : head.std * head.std;
+  Plane final_in = x;
+  Plane final_pre_act;
+  if (preact) {
+    final_pre_act = norm(x);
+    final_in = activate(final_pre_act);
+  }
+  const StreamMoments pooled = final_in.population();
+  // The logits: head_var·C·E[pooled²] per class, shared by the images through the pooled mean (corr).
+  const double logit_second = head_var * static_cast<double>(channels) * (pooled.var + pooled.mean * pooled.mean);
+  const double logit_shared = head_var * static_cast<double>(channels) * pooled.mean * pooled.mean;
+  const theory::Signal logits{0.0, logit_second, logit_second > 0 ? logit_shared / logit_second : 0.0};
+  const double d_logit = theory::cross_entropy_grad_var(logits, classes, static_cast<std::int64_t>(batch),
+                                                        options.grad_scale);
+  const double d_pooled = static_cast<double>(classes) * head_var * d_logit;
+  const double area = static_cast<double>(final_in.count());
+  GradPlane g;
+  g.size = final_in.size;
+  g.second.assign(final_in.count(), d_pooled / (area * area));
+  g.image_mean_sq = d_pooled / (area * area);
+
+  auto act_backward = [&](const GradPlane& dy, const Plane& pre) {
+    GradPlane dx = dy;
+    double slope_mean = 0.0;
+    for (std::size_t p = 0; p < dy.second.size(); ++p) {
+      const Slope s = slope_integrals(act, pre.mean[p], pre.var_at(p));
+      dx.second[p] *= s.second;
+      slope_mean += s.mean;
+    }
+    slope_mean /= static_cast<double>(dy.second.size());
+    dx.image_mean_sq = dy.image_mean_sq * slope_mean * slope_mean;
+    return dx;
+  };
+  // BatchNorm's backward: γ/σ̄·(g − mean_batch(g) − x̂·mean(g·x̂)); the last term is O(1/(N·HW)) and dropped.
+  auto norm_backward = [&](const GradPlane& dy, const Plane& pre) {
+    if (!normed) return dy;
+    const NormStats s = norm_stats(pre);
+    const double k = gamma * gamma / (s.sd * s.sd);
+    GradPlane dx = dy;
+    for (double& v : dx.second) v = k * std::max(0.0, v - dy.image_mean_sq / batch);
+    dx.image_mean_sq = k * dy.image_mean_sq * (1.0 - 1.0 / batch);
+    return dx;
+  };
+  auto add_into = [](GradPlane& into, const GradPlane& other, double weight) {
+    for (std::size_t p = 0; p < into.second.size(); ++p) into.second[p] += weight * other.second[p];
+    into.image_mean_sq += weight * other.image_mean_sq;
+  };
+  auto times = [](GradPlane gp, double weight) {
+    for (double& v : gp.second) v *= weight;
+    gp.image_mean_sq *= weight;
+    return gp;
+  };
+
+  if (preact) g = norm_backward(act_backward(g, final_pre_act), x);
+  const int blocks = layout.blocks();
+  out.grad_in.assign(static_cast<std::size_t>(blocks), 0.0);
+  out.grad_branch.assign(static_cast<std::size_t>(blocks), 0.0);
+  out.grad_out.assign(static_cast<std::size_t>(blocks), 0.0);
+  bool masked = false;  // g is already zero where the rectified stream is (a zero-branch block above passed it)
+  for (int b = blocks - 1; b >= 0; --b) {
+    const BlockState& st = states[static_cast<std::size_t>(b)];
+    out.grad_out[static_cast<std::size_t>(b)] = g.avg();
+    GradPlane d_sum = g;
+    if (!preact && st.sum.count() != 0) {
+      // The ReLU of this sum made the stream a zero-branch block above masked with: it does not mask twice.
+      if (!masked) d_sum = act_backward(g, st.sum);
+      masked = false;
+    } else if (!preact) {
+      // A ReLU of the rectified stream: its gradient is 0 where the stream is 0 (ReLU'(0) = 0), the same entries
+      // for every such block in a row: the first one masks, the rest pass.
+      if (!masked) d_sum = act_backward(g, st.rectifier_input);
+      masked = true;
+    }
+    GradPlane d_branch = times(d_sum, st.beta * st.beta);
+    out.grad_branch[static_cast<std::size_t>(b)] = d_branch.avg();
+    // The branch backward, conv by conv from the last.
+    const int m = static_cast<int>(st.steps.size());
+    GradPlane cur = d_branch;
+    GradPlane d_first_input;  // the gradient at the first conv's input (pre-activation: shared with the projection)
+    for (int j = m - 1; j >= 0; --j) {
+      const ConvStep& step = st.steps[static_cast<std::size_t>(j)];
+      if (!preact) {
+        if (j < m - 1) cur = act_backward(cur, step.pre_act);
+        cur = norm_backward(cur, step.pre_norm);
+      }
+      cur = conv_backward(cur, step.input.size, step.w, borders);
+      if (preact) {
+        if (j == 0 && st.projection) {
+          // The projection reads the same act(norm(s·x)): its gradient joins before the norm and activation
+          // (independent weights: the second moments add).
+          GradPlane d_short = times(d_sum, st.lambda * st.lambda);
+          add_into(cur, conv_backward(d_short, step.input.size, st.shortcut, borders), 1.0);
+        }
+        cur = norm_backward(act_backward(cur, step.pre_act), step.pre_norm);
+      }
+    }
+    GradPlane d_x = times(cur, st.input_scale * st.input_scale);
+    if (!st.projection) {
+      add_into(d_x, d_sum, st.lambda * st.lambda);
+    } else if (!preact) {
+      GradPlane d_short = norm_backward(times(d_sum, st.lambda * st.lambda), st.shortcut_out);
+      add_into(d_x, times(conv_backward(d_short, st.shortcut_input.size, st.shortcut, borders),
+                          st.input_scale * st.input_scale),
+               1.0);
+    }
+    g = d_x;
+    out.grad_in[static_cast<std::size_t>(b)] = g.avg();
+  }
+  // stem.out is the stream entering block 0.
+  out.grad_stem = out.grad_in.empty() ? g.avg() : out.grad_in.front();
   return out;
 }
 

@@ -1,21 +1,25 @@
-// scaling/resnet_theory: each ResNet rule's theory, the variance bookkeeping of the residual stream at
-// initialisation: the predicted mean and variance of the stream entering and leaving every block and of every
-// branch output (the probes blocks.b.in, blocks.b.branch, blocks.b.out of models/resnet.h).
+// scaling/resnet_theory: each ResNet rule's theory at initialisation: the predicted mean and variance of the
+// stream entering and leaving every block and of every branch output (the probes blocks.b.in, blocks.b.branch,
+// blocks.b.out of models/resnet.h), forward and backward.
 //
 // The model is read from the rule exactly as models/resnet builds it (the same ParamInfo roles and fans, λ, β,
-// input scale, weight standardisation and its gain). Conventions and approximations (the wide limit):
-// - Every element is treated as Gaussian N(mean, var) with a mean shared by all elements (the probes' mean and
-//   population variance over the whole tensor); distinct elements of a conv's input are independent and the
-//   conv's weights independent of them: a plain conv with weight std² = c/fan_in maps E[a²] to var c·E[a²]
-//   (mean 0); a weight-standardised conv (zero-mean rows of squared norm (gain·scale)²) maps Var(a) to
-//   (gain·scale)²·Var(a); BatchNorm maps anything to N(β_norm, γ²); an activation's moments are Gaussian
-//   integrals (trapezoid rule); the shortcut and the branch are independent.
-// - Zero padding at the image borders is ignored (it lowers a 3x3 conv's output variance by about
-//   (perimeter / area)/3, a few percent at 32x32) and so are the small positive correlations ReLU leaves between
-//   a conv's inputs (measured NF-ResNets at 16x16 end a 50-block stage near 2.3 where this bookkeeping says 3.0).
+// input scale, weight standardisation and its gain). Conventions and approximations (docs/theory.md, "ResNets"):
+// - Position-resolved: every activation is a map over the image positions of per-position mean and second
+//   moment (the same for every channel and image); a conv sums, at each output position, the taps inside the image
+//   (zero padding at the borders; options.borders = false gives the interior-only wide limit).
+// - Each element is Gaussian given its position's mean and variance; distinct elements of a conv's input are
+//   independent of its weights: a plain conv with weight std² = c/fan_in maps E[a²] to c·avg_taps E[a²]; a
+//   weight-standardised conv (zero-mean rows of squared norm (gain·scale)²) maps to (gain·scale)²·(avg_taps E[a²]
+//   − (avg_taps mean)²); BatchNorm uses the batch statistics over images and positions; an activation's moments
+//   are Gaussian integrals; the shortcut and the branch are independent.
 // - A post-activation stream is rectified: its mean is tracked and the sum λ·x + β·f is closed as a Gaussian.
+// - Backward: the mean softmax cross-entropy gradient of near-uniform predictions, the classifier, average
+//   pooling (the gradient is shared by an image's positions), transposed convs over the same taps, φ'(x)² per
+//   position, BatchNorm's γ²/σ² less the part of the gradient its batch mean removes (the image-mean part, tracked
+//   as E[(mean over positions)²], divided by the batch size).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,11 +36,22 @@ struct StreamMoments {
 struct ResnetBookkeeping {
   StreamMoments stem;                                        // probe stem.out
   std::vector<StreamMoments> stream_in, branch, stream_out;  // per block
+  // Backward: the gradient's second moment (its variance: gradients have mean ≈ 0) at stem.out and per block at
+  // the stream entering it, its branch output and the stream leaving it.
+  double grad_stem = 0.0;
+  std::vector<double> grad_in, grad_branch, grad_out;
   std::string formulae;                                      // one line: what was used
 };
 
+struct ResnetTheoryOptions {
+  bool borders = true;         // zero padding at the image borders (false: every position is interior)
+  std::int64_t batch = 1;      // images per micro-batch (the loss is their mean; BatchNorm's batch)
+  double grad_scale = 1.0;     // on the loss (1/grad_accum)
+};
+
 // The bookkeeping for a ResNet initialised by `rule`, on inputs of elementwise variance input_var (mean 0).
-ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRule& rule, double input_var = 1.0);
+ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRule& rule, double input_var = 1.0,
+                                     const ResnetTheoryOptions& options = {});
 
 // E[φ(x)] and E[φ(x)²] for x ~ N(mean, var).
 StreamMoments activation_moments(Activation kind, double mean, double var);

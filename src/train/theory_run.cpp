@@ -37,16 +37,20 @@ double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
   return probe::finalize(sums).corr;
 }
 
-// A ResNet's predictions: the rule's variance bookkeeping (scaling/resnet_theory.h) for the stem, every block's
-// stream in, branch and stream out; token correlations, the logits and all gradients have no prediction.
+// A ResNet's predictions: the rule's position-resolved bookkeeping (scaling/resnet_theory.h) for the stem, every
+// block's stream in, branch and stream out, forward and backward; token correlations and the logits have none.
 theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& rule) {
   const ResnetConfig& config = spec.model.resnet();
+  ResnetTheoryOptions options;
+  options.batch = spec.train.batch / spec.train.grad_accum;
+  options.grad_scale = 1.0 / spec.train.grad_accum;
   // Every image kind gives pixels of variance 1 per channel (synthetic N(0, 1); files normalised per channel).
-  const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, rule, 1.0);
+  const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, rule, 1.0, options);
   const double nan = std::nan("");
   theory::ProbePrediction prediction;
   prediction.formulae = bookkeeping.formulae;
-  auto add = [&](const std::string& name, const char* kind, int block, const StreamMoments* moments) {
+  auto add = [&](const std::string& name, const char* kind, int block, const StreamMoments* moments,
+                 double backward) {
     theory::ProbeTheory p;
     p.name = name;
     p.kind = kind;
@@ -54,21 +58,21 @@ theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& r
     p.mean = moments ? moments->mean : nan;
     p.var = moments ? moments->var : nan;
     p.corr = nan;
-    p.backward_var = nan;
+    p.backward_var = backward;
     p.no_forward = moments ? "corr: images have no token correlation in the bookkeeping"
                            : "the classifier's logits are outside the variance bookkeeping";
-    p.no_backward = "the ResNet bookkeeping predicts forward statistics only";
+    if (std::isnan(backward)) p.no_backward = "the classifier's logits are outside the variance bookkeeping";
     prediction.probes.push_back(std::move(p));
   };
-  add("stem.out", "embed", -1, &bookkeeping.stem);
+  add("stem.out", "embed", -1, &bookkeeping.stem, bookkeeping.grad_stem);
   for (std::size_t b = 0; b < bookkeeping.stream_in.size(); ++b) {
     const std::string prefix = "blocks." + std::to_string(b);
     const int block = static_cast<int>(b);
-    add(prefix + ".in", "residual", block, &bookkeeping.stream_in[b]);
-    add(prefix + ".branch", "branch", block, &bookkeeping.branch[b]);
-    add(prefix + ".out", "residual", block, &bookkeeping.stream_out[b]);
+    add(prefix + ".in", "residual", block, &bookkeeping.stream_in[b], bookkeeping.grad_in[b]);
+    add(prefix + ".branch", "branch", block, &bookkeeping.branch[b], bookkeeping.grad_branch[b]);
+    add(prefix + ".out", "residual", block, &bookkeeping.stream_out[b], bookkeeping.grad_out[b]);
   }
-  add("head.logits", "logits", -1, nullptr);
+  add("head.logits", "logits", -1, nullptr, nan);
   return prediction;
 }
 
