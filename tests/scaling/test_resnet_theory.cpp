@@ -17,24 +17,20 @@
 namespace proplab {
 namespace {
 
+// The population mean and variance over all elements of a tensor.
+StreamMoments population(const Tensor& x) {
+  const std::vector<float> v = x.to_vector();
+  double mean = 0, sq = 0;
+  for (float e : v) mean += e;
+  mean /= static_cast<double>(v.size());
+  for (float e : v) sq += (e - mean) * (e - mean);
+  return {mean, sq / static_cast<double>(v.size())};
+}
+
 class VarianceSink final : public ProbeSink {
  public:
-  void forward(int probe, const Tensor& x, std::int64_t) override {
-    const std::vector<float> v = x.to_vector();
-    double mean = 0, sq = 0;
-    for (float e : v) mean += e;
-    mean /= static_cast<double>(v.size());
-    for (float e : v) sq += (e - mean) * (e - mean);
-    moments[probe] = {mean, sq / static_cast<double>(v.size())};
-  }
-  void backward(int probe, const Tensor& g, std::int64_t) override {
-    const std::vector<float> v = g.to_vector();
-    double mean = 0, sq = 0;
-    for (float e : v) mean += e;
-    mean /= static_cast<double>(v.size());
-    for (float e : v) sq += (e - mean) * (e - mean);
-    grad_var[probe] = sq / static_cast<double>(v.size());
-  }
+  void forward(int probe, const Tensor& x, std::int64_t) override { moments[probe] = population(x); }
+  void backward(int probe, const Tensor& g, std::int64_t) override { grad_var[probe] = population(g).var; }
   void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
   std::map<int, StreamMoments> moments;
   std::map<int, double> grad_var;
