@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numbers>
+#include <utility>
 
 #include "scaling/resnet_util.h"
 #include "theory/model_theory.h"
@@ -65,6 +67,28 @@ Slope slope_integrals(Activation kind, double mean, double var) {
   }
   return {first, second};
 }
+
+// The activation's integrals per distinct (mean, var): most positions of a map (all of its interior) share them, and
+// the smooth activations' quadrature is thousands of evaluations.
+class ActivationIntegrals {
+ public:
+  explicit ActivationIntegrals(Activation kind) : kind_(kind) {}
+  const StreamMoments& moments(double mean, double var) {
+    auto [it, fresh] = moments_.try_emplace({mean, var});
+    if (fresh) it->second = gaussian_integrals(kind_, mean, var);
+    return it->second;
+  }
+  const Slope& slope(double mean, double var) {
+    auto [it, fresh] = slopes_.try_emplace({mean, var});
+    if (fresh) it->second = slope_integrals(kind_, mean, var);
+    return it->second;
+  }
+
+ private:
+  Activation kind_;
+  std::map<std::pair<double, double>, StreamMoments> moments_;
+  std::map<std::pair<double, double>, Slope> slopes_;
+};
 
 // Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
 // second moment E[a²][p]. Borders make them position-dependent (zero padding).
@@ -208,6 +232,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   const double gamma = rule.init(ParamInfo{ParamRole::norm_gain, 1, 1, -1, ""}).value;
   const double shift = rule.init(ParamInfo{ParamRole::norm_bias, 1, 1, -1, ""}).value;
   const double batch = static_cast<double>(std::max<std::int64_t>(1, options.batch));
+  ActivationIntegrals integrals(act);
 
   auto weights = [&](ParamRole role, std::int64_t in, std::int64_t out, int kernel, int stride, int block,
                      bool reads_activation) {
@@ -257,10 +282,10 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     Plane y = x;
     double slope = 0.0;
     for (std::size_t p = 0; p < x.count(); ++p) {
-      const StreamMoments m = gaussian_integrals(act, x.mean[p], x.var_at(p));
+      const StreamMoments& m = integrals.moments(x.mean[p], x.var_at(p));
       y.mean[p] = m.mean;
       y.second[p] = m.var;
-      slope += slope_integrals(act, x.mean[p], x.var_at(p)).mean;
+      slope += integrals.slope(x.mean[p], x.var_at(p)).mean;
     }
     slope /= static_cast<double>(x.count());
     const double in_mean = x.avg_mean(), out_mean = y.avg_mean();
@@ -285,6 +310,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   struct BlockState {
     double input_scale = 1.0, lambda = 1.0, beta = 1.0;
     Plane stream_in, sum;  // sum: the post-activation pre-rectification sum
+    bool passes = false;   // post-activation zero-branch block: ReLU of the rectified stream, which it leaves as is
     Plane rectifier_input;  // post-activation: the input of the ReLU that last rectified the stream entering
     std::vector<ConvStep> steps;
     bool projection = false;
@@ -378,9 +404,9 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     const bool rectified_identity = !preact && !st.projection && act == Activation::relu &&
                                     st.beta * st.beta * cur.avg_second() == 0.0 && residual.lambda >= 0.0;
     st.sum = sum;
+    st.passes = rectified_identity;  // its entries that are 0 stay 0
     x = preact || rectified_identity ? sum : activate(sum);
-    if (rectified_identity) st.sum = Plane();  // the stream passes: its entries that are 0 stay 0
-    else rectifier_input = sum;
+    if (!rectified_identity) rectifier_input = sum;
     out.stream_out.push_back(x.population());
     states.push_back(std::move(st));
     channels = block_out;
@@ -415,7 +441,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     GradPlane dx = dy;
     double slope_mean = 0.0;
     for (std::size_t p = 0; p < dy.second.size(); ++p) {
-      const Slope s = slope_integrals(act, pre.mean[p], pre.var_at(p));
+      const Slope& s = integrals.slope(pre.mean[p], pre.var_at(p));
       dx.second[p] *= s.second;
       slope_mean += s.mean;
     }
@@ -453,7 +479,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     const BlockState& st = states[static_cast<std::size_t>(b)];
     out.grad_out[static_cast<std::size_t>(b)] = g.avg();
     GradPlane d_sum = g;
-    if (!preact && st.sum.count() != 0) {
+    if (!preact && !st.passes) {
       // The ReLU of this sum made the stream a zero-branch block above masked with: it does not mask twice.
       if (!masked) d_sum = act_backward(g, st.sum);
       masked = false;
