@@ -1,5 +1,6 @@
-// bench_sgemm: cblas_sgemm GFLOP/s at the reference transformer's matrix shapes (see sgemm_rate.h), per shape
-// and as the FLOP-weighted rate of one training step, for each requested OpenBLAS thread count.
+// bench_sgemm: sgemm GFLOP/s at the reference transformer's matrix shapes (see sgemm_rate.h), per shape and as
+// the FLOP-weighted rate of one training step, for each requested thread count, through proplab's ops::sgemm
+// (fixed pieces on the OpenMP pool, bitwise the same for any thread count) and through OpenBLAS's own threads.
 //
 //   bench_sgemm [--threads 1,2] [--repeats 15] [--no-attention] [--json]
 //
@@ -21,7 +22,7 @@ const char* group_name(proplab::bench::SgemmGroup group) {
 }
 
 void print_table(const proplab::bench::SgemmStepRate& step) {
-  std::printf("OpenBLAS threads %d\n", step.threads);
+  std::printf("%d threads, %s\n", step.threads, proplab::bench::gemm_path_name(step.path));
   std::printf("  %-22s %5s %5s %5s %3s %3s %4s %9s %10s %9s\n", "shape", "M", "N", "K", "tA", "tB", "beta", "per_step",
               "us/call", "GFLOP/s");
   for (const auto& rate : step.rates) {
@@ -43,9 +44,10 @@ void print_json(const std::vector<proplab::bench::SgemmStepRate>& steps) {
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const auto& step = steps[t];
     std::printf(
-        "  {\"threads\": %d, \"step_gflop\": %.6f, \"step_ms\": %.6f, \"step_gflops\": %.3f, "
+        "  {\"threads\": %d, \"path\": \"%s\", \"step_gflop\": %.6f, \"step_ms\": %.6f, \"step_gflops\": %.3f, "
         "\"linear_gflops\": %.3f, \"attention_gflops\": %.3f, \"other_load_cores\": %.3f, \"shapes\": [\n",
-        step.threads, step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
+        step.threads, step.path == proplab::bench::GemmPath::proplab ? "proplab" : "openblas_threads",
+        step.step_flops / 1e9, step.step_seconds * 1e3, step.step_gflops,
         step.group_gflops(proplab::bench::SgemmGroup::linear), step.group_gflops(proplab::bench::SgemmGroup::attention),
         step.other_load_cores);
     for (std::size_t i = 0; i < step.rates.size(); ++i) {
@@ -66,12 +68,12 @@ void print_json(const std::vector<proplab::bench::SgemmStepRate>& steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"cblas_sgemm GFLOP/s at the reference transformer's shapes (4 layers, width 256, batch 8 x 128)"};
+  CLI::App app{"sgemm GFLOP/s at the reference transformer's shapes (4 layers, width 256, batch 8 x 128)"};
   std::vector<int> thread_counts{1, 2};
   int repeats = 15;
   bool no_attention = false;
   bool json = false;
-  app.add_option("--threads", thread_counts, "OpenBLAS thread counts to measure, comma separated")
+  app.add_option("--threads", thread_counts, "thread counts to measure, comma separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 1024));
   app.add_option("--repeats", repeats, "timed samples per shape (the median is reported)")
@@ -84,8 +86,9 @@ int main(int argc, char** argv) {
   const auto shapes = proplab::bench::step_sgemm_shapes(dims, !no_attention);
   std::vector<proplab::bench::SgemmStepRate> steps;
   bool wrong = false;
-  for (int threads : thread_counts) {
-    steps.push_back(proplab::bench::measure_sgemm_rates(shapes, threads, repeats));
+  for (int threads : thread_counts) for (const auto path : {proplab::bench::GemmPath::proplab,
+                                                             proplab::bench::GemmPath::openblas_threads}) {
+    steps.push_back(proplab::bench::measure_sgemm_rates(shapes, threads, repeats, 2e-3, path));
     for (const auto& rate : steps.back().rates) {
       if (rate.max_rel_error > kMaxRelError) {
         std::fprintf(stderr, "bench_sgemm: %s gives relative error %.3g (> %.0e) against the reference\n",

@@ -1,5 +1,6 @@
-// bench/sgemm_rate: cblas_sgemm throughput at the matrix shapes of one training step of a transformer, the
-// ceiling a CPU engine built on OpenBLAS can reach. Header-only so any bench executable (bench_sgemm, the
+// bench/sgemm_rate: sgemm throughput at the matrix shapes of one training step of a transformer, the ceiling a
+// CPU engine built on OpenBLAS can reach: through proplab's ops::sgemm (OpenBLAS single-threaded on fixed pieces
+// of C on the OpenMP pool, what every proplab product runs) or through OpenBLAS's own threading (GemmPath). Header-only so any bench executable (bench_sgemm, the
 // engine benchmark) can measure it in the same run as its own timings.
 //
 // Shapes follow core/tensor.h: activations are [rows, features] with rows = batch * seq_len, Linear weights
@@ -31,6 +32,10 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/gemm.h"
+
+extern "C" void openblas_set_num_threads(int);
+extern "C" int openblas_get_parallel(void);
 
 namespace proplab::bench {
 
@@ -46,6 +51,14 @@ struct SgemmModelDims {
 };
 
 enum class SgemmGroup { linear, attention };
+
+// proplab: ops::sgemm. openblas_threads: one cblas_sgemm call on OpenBLAS's own threads (not bitwise the same
+// for different thread counts, which is why proplab does not use it; measured for comparison).
+enum class GemmPath { proplab, openblas_threads };
+
+inline const char* gemm_path_name(GemmPath path) {
+  return path == GemmPath::proplab ? "proplab ops::sgemm" : "OpenBLAS's own threads";
+}
 
 // One sgemm C[M, N] = alpha op(A) op(B) + beta C, row-major, run `per_step` times in one training step.
 struct SgemmShape {
@@ -71,6 +84,7 @@ struct SgemmRate {
 
 struct SgemmStepRate {
   int threads = 0;
+  GemmPath path = GemmPath::proplab;
   std::vector<SgemmRate> rates;
   double step_flops = 0.0;    // sum of flops * per_step over the shapes measured
   double step_seconds = 0.0;  // sum of seconds * per_step
@@ -167,10 +181,14 @@ class OtherLoad {
 
 namespace detail {
 
-inline void run_sgemm(const SgemmShape& s, const float* a, const float* b, float* c) {
+inline void run_sgemm(const SgemmShape& s, const float* a, const float* b, float* c, GemmPath path) {
   // Row-major leading dimensions of the stored (untransposed) matrices.
   const int lda = s.trans_a ? s.m : s.k;
   const int ldb = s.trans_b ? s.k : s.n;
+  if (path == GemmPath::proplab) {
+    ops::sgemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, a, lda, b, ldb, s.beta, c, s.n);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans, s.m, s.n,
               s.k, 1.0f, a, lda, b, ldb, s.beta, c, s.n);
 }
@@ -204,17 +222,28 @@ inline double spot_check(const SgemmShape& s, const std::vector<float>& a, const
 
 }  // namespace detail
 
-// Median seconds per call of each shape with OpenBLAS on `threads` threads (set through proplab::set_threads,
-// which is left at that value). Each of `repeats` samples times enough back-to-back calls to last at least
+// Median seconds per call of each shape on `threads` threads (set through proplab::set_threads, which is left at
+// that value), through `path`; OpenBLAS is back on one thread afterwards. Each of `repeats` samples times enough back-to-back calls to last at least
 // min_sample_seconds, so the small attention sgemms are not timer noise (median: the middle sample, the upper
 // middle one for an even count). Must not be called inside an OpenMP parallel region.
 inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, int threads, int repeats = 15,
-                                         double min_sample_seconds = 2e-3) {
+                                         double min_sample_seconds = 2e-3, GemmPath path = GemmPath::proplab) {
   PROPLAB_CHECK(threads >= 1, "threads must be >= 1, got ", threads);
   PROPLAB_CHECK(repeats >= 1, "repeats must be >= 1, got ", repeats);
   set_threads(threads);
+  // OpenBLAS's OpenMP build follows set_threads; its pthreads build keeps its own count, which ops::sgemm keeps
+  // at 1 (its openblas_set_num_threads would also set the caller's OpenMP count in the OpenMP build).
+  const bool own_count = path == GemmPath::openblas_threads && openblas_get_parallel() != 2;
+  if (own_count) openblas_set_num_threads(threads);
+  struct BackToOneThread {
+    bool on;
+    ~BackToOneThread() {
+      if (on) openblas_set_num_threads(1);
+    }
+  } back_to_one_thread{own_count};
   SgemmStepRate result;
   result.threads = threads;
+  result.path = path;
   const OtherLoad other_load;
   for (const SgemmShape& shape : shapes) {
     const std::size_t a_size = static_cast<std::size_t>(shape.m) * shape.k;
@@ -226,14 +255,14 @@ inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, 
     for (std::size_t i = 0; i < a_size; ++i) a[i] = rng.normal(i);
     for (std::size_t i = 0; i < b_size; ++i) b[i] = rng.normal(a_size + i);
 
-    detail::run_sgemm(shape, a.data(), b.data(), c.data());
+    detail::run_sgemm(shape, a.data(), b.data(), c.data(), path);
     SgemmRate rate;
     rate.shape = shape;
     rate.max_rel_error = detail::spot_check(shape, a, b, c);
 
     // Calibrate the calls per sample on a warm cache (the first call above also warmed OpenBLAS's threads).
     auto start = std::chrono::steady_clock::now();
-    detail::run_sgemm(shape, a.data(), b.data(), c.data());
+    detail::run_sgemm(shape, a.data(), b.data(), c.data(), path);
     const double one_call = std::max(detail::seconds_since(start), 1e-7);
     const int calls = std::max(1, static_cast<int>(std::ceil(min_sample_seconds / one_call)));
 
@@ -242,7 +271,7 @@ inline SgemmStepRate measure_sgemm_rates(const std::vector<SgemmShape>& shapes, 
     for (int r = 0; r < repeats; ++r) {
       // beta = 1 shapes accumulate into C; its values grow but stay far from overflow for these call counts.
       start = std::chrono::steady_clock::now();
-      for (int call = 0; call < calls; ++call) detail::run_sgemm(shape, a.data(), b.data(), c.data());
+      for (int call = 0; call < calls; ++call) detail::run_sgemm(shape, a.data(), b.data(), c.data(), path);
       samples.push_back(detail::seconds_since(start) / calls);
     }
     std::nth_element(samples.begin(), samples.begin() + repeats / 2, samples.end());

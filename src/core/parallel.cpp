@@ -4,8 +4,6 @@
 
 #include <algorithm>
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace proplab {
 
 namespace {
@@ -16,7 +14,6 @@ void set_threads(int n) {
   if (n <= 0) n = omp_get_num_procs();
   g_threads = n;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
 }
 
 int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }

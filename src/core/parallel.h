@@ -1,10 +1,9 @@
 // core/parallel: the one thread pool (OpenMP) and thread-count-independent reductions.
 //
 // Invariants:
-// - set_threads(n) sets both OpenMP and OpenBLAS to n threads; OpenBLAS is never called from inside an OpenMP
-//   parallel region (two pools on few cores oversubscribe). One exception, ops/conv: with the OpenMP or
-//   sequential build of OpenBLAS (which run single-threaded inside a parallel region: still one pool) it runs
-//   one small sgemm per thread on independent sample chunks.
+// - set_threads(n) sets the OpenMP pool to n threads. OpenBLAS always runs on one thread: ops/gemm splits every
+//   matrix product into pieces fixed by its shape and runs them on this pool, because OpenBLAS's own threading
+//   changes the last bits of a product with the thread count.
 // - Reductions are split into chunks of a fixed size (kReduceChunk elements), independent of the thread count;
 //   the per-chunk partial results are combined in chunk order. So every reduction gives bitwise the same
 //   result for any number of threads.

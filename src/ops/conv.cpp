@@ -6,24 +6,22 @@
 // sgemm per chunk into its own partial, and the partials are added in chunk order, so it is bitwise the same for
 // any thread count.
 //
-// Threads: with the OpenMP (or the sequential) build of OpenBLAS, chunks run in parallel on the OpenMP pool and
-// each calls sgemm from inside the region, where OpenBLAS runs single-threaded: one pool, no oversubscription,
-// and no fork-join inside every small sgemm (OpenBLAS's threads wait on each other by spinning and yielding,
-// which cost almost as much CPU time as the products at these shapes). With the pthreads build (which would
-// start its own threads in every caller) chunks run one after another, each sgemm on OpenBLAS's threads, and
-// im2col/col2im on the OpenMP pool. Either way every chunk computes the same numbers. Chunks are handed out
-// dynamically: on shared cores a thread that loses its core no longer holds up the others at the barrier.
+// Threads: with several chunks, chunks run in parallel on the OpenMP pool and each calls ops::sgemm (ops/gemm.h)
+// from inside the region, where it runs on the calling thread: one pool, no oversubscription, and no fork-join
+// inside every small product. With a single chunk, im2col/col2im and the product's fixed pieces run on the pool
+// instead. Either way every chunk computes the same numbers, so results are bitwise the same for any thread count.
+// Chunks are handed out dynamically: on shared cores a thread that loses its core no longer holds up the others
+// at the barrier.
 //
 // On CUDA the same scheme runs in kernels/conv.cuh (im2col, cuBLASLt gemm, a gathering col2im), with bf16 product
 // inputs under MatmulPrecision::bf16 (core/device.h); the CPU always runs f32.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "ops/dispatch.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
@@ -31,8 +29,6 @@
 #include "kernels/conv.cuh"
 #include "kernels/matmul.cuh"
 #endif
-
-extern "C" int openblas_get_parallel(void);
 
 namespace proplab::ops {
 
@@ -42,10 +38,6 @@ constexpr std::int64_t kParallelMin = 1 << 14;
 // Upper bound on the floats of one chunk's column buffer (1 MiB: it stays in the L2 cache between im2col and
 // sgemm, which measured faster than fewer, larger sgemm calls); at least one sample per chunk.
 constexpr std::int64_t kColumnBudget = 1 << 18;
-
-// True when sgemm may be called from inside an OpenMP parallel region (see the header comment): OpenBLAS reports
-// 0 for its sequential build, 1 for pthreads, 2 for OpenMP.
-bool blas_in_parallel_regions() { return openblas_get_parallel() != 1; }
 
 struct ConvGeometry {
   std::int64_t n = 0, c_in = 0, h = 0, w = 0;
@@ -199,8 +191,8 @@ float* scratch(std::vector<float>& buffer, std::int64_t count) {
 void forward_columns(const float* x_data, const ConvGeometry& g, const float* weight, const float* bias_data,
                      float* y_data) {
   const std::int64_t chunks = (g.n + g.chunk - 1) / g.chunk;
-  const bool per_thread = blas_in_parallel_regions();
-#pragma omp parallel if (per_thread && chunks > 1)
+  const bool per_chunk = chunks > 1;
+#pragma omp parallel if (per_chunk)
   {
     thread_local std::vector<float> cols_buffer, out_buffer;
     float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
@@ -211,13 +203,11 @@ void forward_columns(const float* x_data, const ConvGeometry& g, const float* we
       const std::int64_t count = std::min(g.chunk, g.n - n0);
       const std::int64_t columns = count * g.pixels;
       for (std::int64_t group = 0; group < g.groups; ++group) {
-        im2col(x_data, g, group, n0, count, cols, !per_thread);
+        im2col(x_data, g, group, n0, count, cols, !per_chunk);
         // out [C_out_g, columns] = W_g [C_out_g, patch] · cols [patch, columns]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(g.c_out_group),
-                    static_cast<int>(columns), static_cast<int>(g.patch), 1.0f,
-                    weight + group * g.c_out_group * g.patch, static_cast<int>(g.patch), cols,
-                    static_cast<int>(columns), 0.0f, out, static_cast<int>(columns));
-#pragma omp parallel for collapse(2) schedule(static) if (!per_thread && g.c_out_group * columns > kParallelMin)
+        sgemm(false, false, g.c_out_group, columns, g.patch, 1.0f, weight + group * g.c_out_group * g.patch, g.patch,
+              cols, columns, 0.0f, out, columns);
+#pragma omp parallel for collapse(2) schedule(static) if (!per_chunk && g.c_out_group * columns > kParallelMin)
         for (std::int64_t s = 0; s < count; ++s) {
           for (std::int64_t o = 0; o < g.c_out_group; ++o) {
             const std::int64_t channel = group * g.c_out_group + o;
@@ -338,8 +328,8 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
   const std::int64_t weight_numel = g.c_out * g.patch;
   thread_local std::vector<float> partial_buffer;
   float* partials = scratch(partial_buffer, chunks * weight_numel);
-  const bool per_thread = blas_in_parallel_regions();
-#pragma omp parallel if (per_thread && chunks > 1)
+  const bool per_chunk = chunks > 1;
+#pragma omp parallel if (per_chunk)
   {
     thread_local std::vector<float> cols_buffer, d_out_buffer;
     float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
@@ -351,25 +341,22 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
       const std::int64_t columns = count * g.pixels;
       for (std::int64_t group = 0; group < g.groups; ++group) {
         // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
-#pragma omp parallel for collapse(2) schedule(static) if (!per_thread && g.c_out_group * columns > kParallelMin)
+#pragma omp parallel for collapse(2) schedule(static) if (!per_chunk && g.c_out_group * columns > kParallelMin)
         for (std::int64_t s = 0; s < count; ++s) {
           for (std::int64_t o = 0; o < g.c_out_group; ++o) {
             const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
             std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
           }
         }
-        im2col(x_data, g, group, n0, count, cols, !per_thread);
+        im2col(x_data, g, group, n0, count, cols, !per_chunk);
         // partial d_W_g [C_out_g, patch] = d_out [C_out_g, columns] · cols^T [columns, patch]
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(g.c_out_group), static_cast<int>(g.patch),
-                    static_cast<int>(columns), 1.0f, d_out, static_cast<int>(columns), cols, static_cast<int>(columns),
-                    0.0f, partials + chunk * weight_numel + group * g.c_out_group * g.patch, static_cast<int>(g.patch));
+        sgemm(false, true, g.c_out_group, g.patch, columns, 1.0f, d_out, columns, cols, columns, 0.0f,
+              partials + chunk * weight_numel + group * g.c_out_group * g.patch, g.patch);
         if (d_x && !d_x_by_conv) {
           // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(g.patch), static_cast<int>(columns),
-                      static_cast<int>(g.c_out_group), 1.0f, weight.f32() + group * g.c_out_group * g.patch,
-                      static_cast<int>(g.patch), d_out, static_cast<int>(columns), 0.0f, cols,
-                      static_cast<int>(columns));
-          col2im(cols, g, group, n0, count, d_x->f32(), !per_thread);
+          sgemm(true, false, g.patch, columns, g.c_out_group, 1.0f, weight.f32() + group * g.c_out_group * g.patch,
+                g.patch, d_out, columns, 0.0f, cols, columns);
+          col2im(cols, g, group, n0, count, d_x->f32(), !per_chunk);
         }
       }
     }

@@ -1,16 +1,16 @@
-// ops/linear: y = x W^T + b on the CPU through OpenBLAS sgemm, on CUDA through kernels::gemm (cuBLASLt).
+// ops/linear: y = x W^T + b on the CPU through ops::sgemm (ops/gemm.h: OpenBLAS in fixed pieces on the OpenMP
+// pool, bitwise the same for any thread count), on CUDA through kernels::gemm (cuBLASLt).
 //
-// x may carry any leading dimensions ([rows, in] or [B, T, in]); they are flattened into rows. OpenBLAS is only
-// ever called from the calling thread, never inside an OpenMP region (core/parallel.h). On CUDA with
+// x may carry any leading dimensions ([rows, in] or [B, T, in]); they are flattened into rows. On CUDA with
 // MatmulPrecision::bf16 (core/device.h) every product's two operands are rounded to bf16 into scratch first
 // (kernels/convert); outputs, the bias and the gradients stay f32 and accumulate in f32. The CPU always runs f32.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "ops/dispatch.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
@@ -116,9 +116,8 @@ void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, T
     if (!bias) std::fill(y_data, y_data + rows * out_features, 0.0f);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(out_features),
-              static_cast<int>(in_features), 1.0f, x.f32(), static_cast<int>(in_features), weight.f32(),
-              static_cast<int>(in_features), beta, y_data, static_cast<int>(out_features));
+  sgemm(false, true, rows, out_features, in_features, 1.0f, x.f32(), in_features, weight.f32(), in_features, beta,
+        y_data, out_features);
 }
 
 void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, Tensor* d_x, Tensor& d_weight,
@@ -159,21 +158,19 @@ void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, T
     missing_device_impl(op, device);
 #endif
   }
-  const int m = static_cast<int>(rows), n_out = static_cast<int>(out_features), n_in = static_cast<int>(in_features);
+  const std::int64_t m = rows, n_out = out_features, n_in = in_features;
   if (d_x && d_x->numel() > 0) {
     if (out_features == 0) {
       std::fill(d_x->f32(), d_x->f32() + d_x->numel(), 0.0f);
     } else {
       // d_x [rows, in] = d_y [rows, out] · W [out, in]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, d_y.f32(), n_out, weight.f32(), n_in,
-                  0.0f, d_x->f32(), n_in);
+      sgemm(false, false, m, n_in, n_out, 1.0f, d_y.f32(), n_out, weight.f32(), n_in, 0.0f, d_x->f32(), n_in);
     }
   }
   if (rows == 0 || out_features == 0) return;
   if (in_features > 0) {
     // d_W [out, in] += d_y^T [out, rows] · x [rows, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, m, 1.0f, d_y.f32(), n_out, x.f32(), n_in, 1.0f,
-                d_weight.f32(), n_in);
+    sgemm(true, false, n_out, n_in, m, 1.0f, d_y.f32(), n_out, x.f32(), n_in, 1.0f, d_weight.f32(), n_in);
   }
   if (d_bias) add_column_sums(d_y.f32(), rows, out_features, d_bias->f32());
 }

@@ -1,0 +1,103 @@
+#include "ops/gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "core/error.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace proplab::ops {
+
+namespace {
+
+// About 64 MFLOP per piece (≈ 0.7 ms at one core's sgemm rate): every piece packs the operand it shares with the
+// others again, which at 8 MFLOP pieces cost 7–10% of the reference transformer's Linear products on 2 threads;
+// at 64 MFLOP they run within ±3% of OpenBLAS's own threading (bench_sgemm, docs/perf.md). The count is rounded
+// up to an even number, and pieces are near-equal multiples of 16, so 2, 4 or 8 threads share them evenly.
+constexpr std::int64_t kPieceFlops = std::int64_t{1} << 26;
+constexpr std::int64_t kMinPiece = 64;    // no piece thinner than this many rows or columns
+constexpr std::int64_t kPieceAlign = 16;  // pieces are multiples of this many rows or columns
+constexpr std::int64_t kMaxPieces = 64;
+
+// OpenBLAS's build: 0 sequential, 1 pthreads, 2 OpenMP.
+extern "C" int openblas_get_parallel(void);
+
+// Makes the next OpenBLAS call single-threaded; undone when it goes out of scope. OpenBLAS's OpenMP build runs
+// single-threaded inside an active parallel region and otherwise on omp_get_max_threads() threads (its
+// openblas_set_num_threads would also set the caller's OpenMP thread count, so it is not used): outside a region,
+// the calling thread's OpenMP count is 1 for the call. The pthreads build keeps its own count: set to 1 once.
+class OneBlasThread {
+ public:
+  OneBlasThread() {
+    static const bool openmp_build = [] {
+      const bool openmp = openblas_get_parallel() == 2;
+      if (!openmp) openblas_set_num_threads(1);
+      return openmp;
+    }();
+    if (openmp_build && !omp_in_parallel()) {
+      saved_ = omp_get_max_threads();
+      omp_set_num_threads(1);
+    }
+  }
+  ~OneBlasThread() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+int as_int(std::int64_t v, const char* what) {
+  PROPLAB_CHECK(v >= 0 && v <= INT_MAX, "sgemm: ", what, " = ", v, " is out of BLAS's int range");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+GemmPieces gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k) {
+  GemmPieces p;
+  p.split_rows = m >= n;
+  const std::int64_t length = p.split_rows ? m : n;
+  p.size = std::max<std::int64_t>(length, 1);
+  const std::int64_t flops = 2 * m * n * std::max<std::int64_t>(k, 1);
+  std::int64_t wanted = std::min({flops / kPieceFlops, length / kMinPiece, kMaxPieces});
+  if (wanted <= 1) return p;
+  wanted += wanted % 2;  // an even count shares evenly among 2, 4, 8 ... threads
+  const std::int64_t even = (length + wanted - 1) / wanted;
+  p.size = (even + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
+  p.count = (length + p.size - 1) / p.size;
+  return p;
+}
+
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  const GemmPieces pieces = gemm_pieces(m, n, k);
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int ik = as_int(k, "k"), ilda = as_int(lda, "lda"), ildb = as_int(ldb, "ldb"), ildc = as_int(ldc, "ldc");
+  as_int(m, "m");
+  as_int(n, "n");
+#pragma omp parallel for schedule(dynamic) if (pieces.count > 1 && !omp_in_parallel())
+  for (std::int64_t piece = 0; piece < pieces.count; ++piece) {
+    const OneBlasThread one_thread;
+    const std::int64_t start = piece * pieces.size;
+    const std::int64_t length = std::min(pieces.size, (pieces.split_rows ? m : n) - start);
+    if (pieces.split_rows) {
+      // Rows [start, start + length) of C and of op(A): A's rows, or A's columns when it is stored transposed.
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(length), static_cast<int>(n), ik, alpha,
+                  a + (trans_a ? start : start * lda), ilda, b, ildb, beta, c + start * ldc, ildc);
+    } else {
+      // Columns [start, start + length) of C and of op(B): B's columns, or B's rows when it is stored transposed.
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(length), ik, alpha, a, ilda,
+                  b + (trans_b ? start * ldb : start), ildb, beta, c + start, ildc);
+    }
+  }
+}
+
+}  // namespace proplab::ops

@@ -1,0 +1,34 @@
+// ops/gemm: every CPU matrix product in proplab (Linear, convolution, the sgemm benchmarks) goes through sgemm
+// here, which gives results that are bitwise the same for any thread count.
+//
+// Why not OpenBLAS's own threading: a multi-threaded OpenBLAS sgemm splits the product among its threads, and the
+// piece each thread gets decides which micro-kernel (and which edge kernels) compute an element, so the last bits
+// of C depend on the thread count (measured with Debian's OpenBLAS 0.3.21 on an AMD EPYC, Haswell kernels: 22444
+// of 262144 elements of a 256×1024×256 product differ between 1 and 2 threads). So OpenBLAS always runs on one
+// thread, and sgemm splits C into pieces that are a function of the shape alone (rows or columns, whichever
+// dimension is longer; near-equal multiples of 16, none thinner than 64, about 64 MFLOP each), each computed by one
+// single-threaded OpenBLAS call on proplab's OpenMP pool (dynamic schedule, so a thread that loses its core does
+// not hold up the rest). K is never split, so each element is one dot product in OpenBLAS's order whatever the
+// pool. Called inside a parallel region (the convolution's per-chunk loop), the pieces run on the calling thread.
+#pragma once
+
+#include <cstdint>
+
+namespace proplab::ops {
+
+// C[m, n] = alpha · op(A) · op(B) + beta · C, row-major; op(A) is [m, k] (A stored [k, m] when trans_a), op(B)
+// is [k, n] (B stored [n, k] when trans_b); lda, ldb, ldc are the stored matrices' row strides. beta = 0 ignores
+// C's previous contents (NaN included), as in BLAS.
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+// The pieces sgemm splits an m × n × k product into, along rows (split_rows) or columns of C: `count` pieces of
+// `size` (the last one shorter). Exposed for the tests; a function of the shape alone.
+struct GemmPieces {
+  bool split_rows = true;
+  std::int64_t size = 0;
+  std::int64_t count = 1;
+};
+GemmPieces gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k);
+
+}  // namespace proplab::ops
