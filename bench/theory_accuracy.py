@@ -28,6 +28,8 @@ import h5py
 TRANSFORMER_RULES = ["standard", "xavier", "deepnorm", "deepscalelm", "tfixup", "admin"]
 NORMS = ["pre", "post", "none"]
 MLPS = [("relu", 2.0, 0.0), ("tanh", 1.76, 0.05), ("gelu", 2.3, 0.05)]
+# Residual MLPs (activation, σ_w², σ_b², rule): their forward prediction includes the O(1/width) shift.
+RESIDUAL_MLPS = [("relu", 2.0, 0.0, "deepscalelm"), ("relu", 2.0, 0.0, "depth_mup"), ("tanh", 1.5, 0.05, "deepscalelm")]
 # Every study here: one step of one point per seed, recorded.
 HEAD = 'name = "accuracy"\nseed = 1\n[model]\n'
 TAIL = '[record]\nevery = 1\n[device]\ntype = "cpu"\n'
@@ -191,14 +193,21 @@ eval_every = 0
 
 def mlp_rows(args, out):
     rows = []
-    for activation, sigma_w2, sigma_b2 in MLPS:
+    variants = [(a, w, b, None) for a, w, b in MLPS] + RESIDUAL_MLPS
+    for activation, sigma_w2, sigma_b2, rule in variants:
+        residual = rule is not None
+        # deepscalelm's β² = 2/N_adds needs at least two residual adds (--quick has 2 layers).
+        layers = max(args.layers, 4) if residual else args.layers
         study = f"""{HEAD}type = "mlp"
-layers = {args.layers}
+layers = {layers}
 width = {args.width}
 input_dim = {args.width}
 activation = "{activation}"
 sigma_w2 = {sigma_w2}
 sigma_b2 = {sigma_b2}
+residual = {"true" if residual else "false"}
+[scaling]
+rule = "{rule or "standard"}"
 [train]
 steps = 1
 batch = 64
@@ -206,12 +215,16 @@ eval_every = 0
 {TAIL}[sweep]
 grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
 """
-        print(f"theory_accuracy: MLP {activation}", file=sys.stderr, flush=True)
-        runs, _ = run_sweep(args.proplab, study, os.path.join(out, f"mlp_{activation}"), args.jobs)
+        label = f"mlp_{activation}" + (f"_residual_{rule}" if residual else "")
+        print(f"theory_accuracy: MLP {activation}" + (f" residual {rule}" if residual else ""), file=sys.stderr,
+              flush=True)
+        runs, _ = run_sweep(args.proplab, study, os.path.join(out, label), args.jobs)
         paths = [point_path(runs, seed=s) for s in range(1, args.seeds + 1)]
-        select = lambda name, kind: kind in ("preact", "postact")
-        rows.append(("MLP", f"{activation} (σ_w² = {sigma_w2}, σ_b² = {sigma_b2})", "-",
-                     summary(errors(paths, "forward", select)), summary(errors(paths, "backward", select))))
+        kinds = ("preact", "postact", "residual") if residual else ("preact", "postact")
+        select = lambda name, kind, kinds=kinds: kind in kinds
+        name = f"{activation} (σ_w² = {sigma_w2}, σ_b² = {sigma_b2})" + (f", residual {rule}" if residual else "")
+        rows.append(("MLP", name, "-", summary(errors(paths, "forward", select)),
+                     summary(errors(paths, "backward", select))))
     return rows
 
 
@@ -270,7 +283,8 @@ def main():
     rows = transformer_rows(args, args.out) + mlp_rows(args, args.out) + resnet_rows(args, args.out)
     lines = [f"Width {args.width}, {args.layers} layers (ResNets: as stated), averaged over {args.seeds} seed(s): "
              "relative error of the seed-averaged measured variance, median / worst over the probes "
-             "(transformers: the residual stream; MLPs: preact and postact; ResNets: each block's output).",
+             "(transformers: the residual stream; MLPs: preact and postact, and the stream of residual ones; ResNets: "
+             "each block's output).",
              "",
              "| model | rule | tokens | forward var | backward var |",
              "|---|---|---|---|---|"]

@@ -1,6 +1,7 @@
 #include "theory/model_theory.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -493,6 +494,8 @@ struct BandTerms {
   double post_log_slope = 1.0;  // d log Var[φ(h)] / d log K
   double kappa = 0.0;           // relative variance of the batch mean of φ(h)², per unit (× 1/width)
   double post_kappa = 0.0;      // the same for the centred (φ(h) − E φ)², the postact probe's own spread
+  double post_var = 0.0;        // Var[φ(h)]
+  double post_pair_cov = 0.0;   // Cov(φ(u), φ(v)) for two samples' pre-activations u, v (correlation `corr`)
 };
 
 // `pre`: the layer's pre-activations (mean 0: after a zero-mean linear layer), its corr the correlation between
@@ -527,7 +530,29 @@ BandTerms band_terms(Activation phi, const Signal& pre, std::int64_t samples, co
   };
   t.kappa = average(square, m2);
   t.post_kappa = centred_var > 0 ? average(centred_square, centred_var) : 0.0;
+  t.post_var = centred_var;
+  t.post_pair_cov = rule.expect_pair(f, f, pre.mean, sd, corr) - m1 * m1;
   return t;
+}
+
+// Var[log var] of a residual stream y = λ·x + β·φ(W x + b) (the residual MLP's layers l ≥ 1) over
+// initialisations, from the input stream's `input_log_var` (docs/theory.md, "Finite-width bands", residual
+// streams). Three parts, to first order in 1/width, every moment of the stream taken to scale with its variance:
+// the input's own spread, carried with the share its skip and its branch (whose Var[φ] follows the stream through
+// K with slope post_log_slope·weight_share) keep in y; the branch variance's own spread post_kappa/width; and
+// the empirical cross-covariance of x and φ across units (zero in expectation, each unit's product an
+// independent draw of its branch weights), Var = (v_x·Var φ/B + (1 − 1/B)·c_x·v_x·Cov(φ_b, φ_b'))/width.
+double residual_stream_log_var(const Signal& x, const Signal& y, const BandTerms& t, double lambda, double beta,
+                               double weight_share, double input_log_var, std::int64_t width,
+                               std::int64_t samples) {
+  if (!(y.var > 0)) return 0.0;
+  const double n = static_cast<double>(width);
+  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
+  const double skip = lambda * lambda * x.var, branch = beta * beta * t.post_var;
+  const double carried = (skip + branch * t.post_log_slope * weight_share) / y.var;
+  const double cross = (x.var * t.post_var / b + (1.0 - 1.0 / b) * x.corr * x.var * t.post_pair_cov) / n;
+  return carried * carried * input_log_var + branch * branch * t.post_kappa / n / (y.var * y.var) +
+         4.0 * lambda * lambda * beta * beta * cross / (y.var * y.var);
 }
 
 // The measurement's own spread: the log of a mean of squares of `units` × samples Gaussian values whose samples
@@ -535,6 +560,135 @@ BandTerms band_terms(Activation phi, const Signal& pre, std::int64_t samples, co
 double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr) {
   const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
   return 2.0 / static_cast<double>(units) * (1.0 / b + (1.0 - 1.0 / b) * corr * corr);
+}
+
+// The O(1/width) shift of a residual MLP's expected variances (docs/theory.md, "Finite-width bands", the mean of a
+// residual stream). At finite width each sample's stream has its own scale Q_b and its own mean over units x̄_b:
+// its branch's pre-activations are N(0, K_b) with K_b = w·n·Q_b + σ_b², so a sample with a larger scale also gets a
+// larger branch mean m(K_b) (ReLU: √(K_b/2π)), which its stream accumulates. The measured variance over units and
+// samples is mean_b Q_b − (mean_b x̄_b)², which exceeds the infinite-width λ²v + β²Var φ by the samples' spread of
+// x̄_b (less its 1/B part) plus the Jensen and covariance terms below. Per sample, (q, d) = (δQ_b/Q, δx̄_b) is
+// carried linearly from layer to layer with fresh noise from each layer's weights: the branch's mean square, its
+// mean over units and the skip–branch cross term, each an average over `width` independent units. `total` is the
+// covariance of one sample's (q, d), `common` the part two samples share (their noises correlate through the
+// pre-activations' correlation); the per-sample spread of x̄_b is total − common.
+struct ResidualMeanShift {
+  double pre = 0.0, post = 0.0, out = 0.0;  // relative shifts of the layer's preact, postact and out variances
+};
+
+std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const std::vector<Signal>& inputs_,
+                                                        const std::vector<Signal>& pres,
+                                                        const std::vector<Signal>& posts,
+                                                        const std::vector<double>& bias_vars,
+                                                        const std::vector<std::pair<double, double>>& residuals,
+                                                        std::int64_t width, std::int64_t samples,
+                                                        double input_norm_spread, const GaussHermite& rule) {
+  const std::size_t layers = pres.size();
+  std::vector<ResidualMeanShift> shifts(layers);
+  if (layers < 2) return shifts;
+  const double n = static_cast<double>(width);
+  const double batch = static_cast<double>(std::max<std::int64_t>(1, samples));
+  const auto f = [phi](double x) { return activation_value(phi, x); };
+  const auto f2 = [&](double x) { return f(x) * f(x); };
+  // E[φ] and E[φ²] at pre-activation variance K·(1 + δ), and their first and (halved) second derivatives in δ.
+  struct Slopes {
+    double m = 0, a = 0, m1 = 0, m2 = 0, a1 = 0, a2 = 0;
+  };
+  const auto slopes = [&](double k) {
+    constexpr double h = 1e-3;
+    const auto at = [&](double scale) {
+      const double sd = std::sqrt(k * scale);
+      return std::pair<double, double>{rule.expect(f, 0.0, sd), rule.expect(f2, 0.0, sd)};
+    };
+    const auto [m0, a0] = at(1.0);
+    const auto [m_up, a_up] = at(1.0 + h);
+    const auto [m_down, a_down] = at(1.0 - h);
+    return Slopes{m0,
+                  a0,
+                  (m_up - m_down) / (2 * h),
+                  0.5 * (m_up - 2 * m0 + m_down) / (h * h),
+                  (a_up - a_down) / (2 * h),
+                  0.5 * (a_up - 2 * a0 + a_down) / (h * h)};
+  };
+  // Covariances (× width) of one unit's φ², φ for one sample (c = 1) or two samples whose pre-activations
+  // correlate by c: Cov(φ²,φ²), Cov(φ²,φ), Cov(φ,φ).
+  struct UnitCov {
+    double ee = 0, em = 0, mm = 0;
+  };
+  const auto unit_cov = [&](double k, double c, const Slopes& sl) {
+    const double sd = std::sqrt(k);
+    if (c >= 1.0) {
+      return UnitCov{rule.expect([&](double x) { return f2(x) * f2(x); }, 0.0, sd) - sl.a * sl.a,
+                     rule.expect([&](double x) { return f2(x) * f(x); }, 0.0, sd) - sl.a * sl.m,
+                     sl.a - sl.m * sl.m};
+    }
+    return UnitCov{rule.expect_pair(f2, f2, 0.0, sd, c) - sl.a * sl.a,
+                   rule.expect_pair(f2, f, 0.0, sd, c) - sl.a * sl.m, rule.expect_pair(f, f, 0.0, sd, c) - sl.m * sl.m};
+  };
+  using Cov2 = std::array<double, 3>;  // (qq, qd, dd)
+  // Layer 0's output is the first stream: Q = E[φ²], x̄ = E[φ]; the data's per-sample norms enter through K_0.
+  const Signal& pre0 = pres[0];
+  const double share0 = pre0.var > 0 ? std::max(0.0, pre0.var - bias_vars[0]) / pre0.var : 0.0;
+  const Slopes s0 = slopes(pre0.var);
+  const double v0 = share0 * share0 * input_norm_spread;
+  const UnitCov same0 = unit_cov(pre0.var, 1.0, s0), pair0 = unit_cov(pre0.var, std::clamp(pre0.corr, -1.0, 1.0), s0);
+  Cov2 total{(s0.a1 * s0.a1 * v0 + same0.ee / n) / (s0.a * s0.a),
+             (s0.a1 * s0.m1 * v0 + same0.em / n) / s0.a, s0.m1 * s0.m1 * v0 + same0.mm / n};
+  Cov2 common{pair0.ee / n / (s0.a * s0.a), pair0.em / n / s0.a, pair0.mm / n};
+  double shift_q = s0.a2 * v0, shift_mean = s0.m2 * v0;  // E[Q_b] − Q, E[x̄_b] − x̄
+  for (std::size_t l = 1; l < layers; ++l) {
+    const Signal& x = inputs_[l];
+    const Signal& pre = pres[l];
+    const double lambda = residuals[l].first, beta = residuals[l].second;
+    const double q = x.var + x.mean * x.mean;
+    if (!(pre.var > 0) || !(q > 0)) break;
+    const double share = std::max(0.0, pre.var - bias_vars[l]) / pre.var;
+    const Slopes sl = slopes(pre.var);
+    const UnitCov same = unit_cov(pre.var, 1.0, sl), pair = unit_cov(pre.var, std::clamp(pre.corr, -1.0, 1.0), sl);
+    const double corr_x = std::clamp(x.corr, -1.0, 1.0);
+    // Shifts at this layer's preact and postact, from the input stream's.
+    const double jensen_a = sl.a1 * share * shift_q / q + sl.a2 * share * share * total[0];
+    const double jensen_m = sl.m1 * share * shift_q / q + sl.m2 * share * share * total[0];
+    const double spread_m_total = sl.m1 * sl.m1 * share * share * total[0] + same.mm / n;
+    const double spread_m_common = sl.m1 * sl.m1 * share * share * common[0] + pair.mm / n;
+    const double post_var = posts[l].var;
+    shifts[l].pre = share * shift_q / q;
+    if (post_var > 0) {
+      shifts[l].post = (jensen_a - 2.0 * sl.m * jensen_m -
+                        (spread_m_common + (spread_m_total - spread_m_common) / batch)) /
+                       post_var;
+    }
+    // The stream after the add.
+    const double mean_out = lambda * x.mean + beta * sl.m;
+    const double var_out = lambda * lambda * x.var + beta * beta * post_var;
+    const double q_out = var_out + mean_out * mean_out;
+    const double mqq = (lambda * lambda * q + beta * beta * sl.a1 * share + 2 * lambda * beta * x.mean * sl.m1 * share) / q_out;
+    const double mqd = 2 * lambda * beta * sl.m / q_out;
+    const double mdq = beta * sl.m1 * share, mdd = lambda;
+    const auto carry = [&](const Cov2& c, const UnitCov& u, double cross) {
+      const double ee = u.ee / n, em = u.em / n, mm = u.mm / n;
+      const double lb = lambda * beta;
+      const double noise_qq = (beta * beta * beta * beta * ee + 4 * lb * beta * beta * x.mean * em +
+                               4 * lb * lb * x.mean * x.mean * mm + 4 * lb * lb * cross / n) /
+                              (q_out * q_out);
+      const double noise_qd = (beta * beta * beta * em + 2 * lb * beta * x.mean * mm) / q_out;
+      const double noise_dd = beta * beta * mm;
+      return Cov2{mqq * mqq * c[0] + 2 * mqq * mqd * c[1] + mqd * mqd * c[2] + noise_qq,
+                  mqq * mdq * c[0] + (mqq * mdd + mqd * mdq) * c[1] + mqd * mdd * c[2] + noise_qd,
+                  mdq * mdq * c[0] + 2 * mdq * mdd * c[1] + mdd * mdd * c[2] + noise_dd};
+    };
+    const double next_shift_q = lambda * lambda * shift_q + beta * beta * jensen_a +
+                                2 * lambda * beta * (x.mean * jensen_m + sl.m * shift_mean + sl.m1 * share * total[1]);
+    shift_mean = lambda * shift_mean + beta * jensen_m;
+    shift_q = next_shift_q;
+    total = carry(total, same, x.var * post_var);
+    common = carry(common, pair, corr_x * x.var * pair.mm);
+    if (var_out > 0) {
+      const double mean_spread = common[2] + (total[2] - common[2]) / batch;
+      shifts[l].out = (shift_q - 2 * mean_out * shift_mean - mean_spread) / var_out;
+    }
+  }
+  return shifts;
 }
 
 }  // namespace
@@ -608,10 +762,11 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       g = s.probe_out >= 0 ? residual_backward(g, d_in, ln.residual.lambda) : d_in;
     }
   }
-  // Finite-width bands (plain MLPs): var_scale is Var[log K_l] of the pre-activation scale over initialisations;
-  // the input batch is taken as given (K_0 fixed).
-  if (!c.residual) {
-    double var_scale = 0.0;
+  // Finite-width bands: var_scale is Var[log K_l] of the pre-activation scale over initialisations; the input
+  // batch is taken as given (K_0 fixed). A layer's output (φ for a plain layer, the residual stream for l ≥ 1 of
+  // the residual form) has log-variance spread `stream`; the next layer's K carries it with its weight share.
+  {
+    double var_scale = 0.0, stream_before = 0.0;
     const auto set_band = [&](int probe, double log_var) {
       if (probe >= 0) b.prediction.probes[probe].var_log_sd = std::sqrt(std::max(0.0, log_var));
     };
@@ -620,14 +775,49 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       const BandTerms t = band_terms(phi, s.pre, inputs.sequences, rule);
       set_band(s.probe_pre, var_scale + square_mean_log_var(c.width, inputs.sequences, s.pre.corr));
       set_band(s.probe_post, t.post_log_slope * t.post_log_slope * var_scale + t.post_kappa / c.width);
-      // The next linear layer: its weight part w·fan_in·E[φ²] of K_{l+1} carries the fluctuation of E[φ²].
+      double stream = t.log_slope * t.log_slope * var_scale + t.kappa / c.width;
+      if (s.probe_out >= 0) {
+        const MlpLayerNumbers& ln = numbers.layers[l];
+        const double share = s.pre.var > 0 ? std::max(0.0, s.pre.var - ln.bias_var) / s.pre.var : 0.0;
+        const Signal out = residual_forward(s.input, s.post, ln.residual.lambda, ln.residual.beta);
+        stream = residual_stream_log_var(s.input, out, t, ln.residual.lambda, ln.residual.beta, share, stream_before,
+                                         c.width, inputs.sequences);
+        set_band(s.probe_out, stream);
+      }
+      stream_before = stream;
+      // The next linear layer: its weight part w·fan_in·E[x²] of K_{l+1} carries the fluctuation of its input.
       const double bias_var = l + 1 < c.layers ? numbers.layers[l + 1].bias_var : numbers.readout_bias_var;
       const double next_var = l + 1 < c.layers ? states[l + 1].pre.var : out.var / (numbers.output_multiplier *
                                                                                    numbers.output_multiplier);
       const double weight_share = next_var > 0 ? std::max(0.0, next_var - bias_var) / next_var : 0.0;
-      var_scale = weight_share * weight_share * (t.log_slope * t.log_slope * var_scale + t.kappa / c.width);
+      var_scale = weight_share * weight_share * stream;
     }
     set_band(probe_out, var_scale + square_mean_log_var(c.outputs, inputs.sequences, out.corr));
+  }
+  // The residual form's O(1/width) shift of the expected variances (docs/theory.md; plain MLPs have none at this
+  // order that the bookkeeping keeps).
+  if (c.residual) {
+    std::vector<Signal> ins, pres, posts;
+    std::vector<double> bias_vars;
+    std::vector<std::pair<double, double>> residuals;
+    for (int l = 0; l < c.layers; ++l) {
+      ins.push_back(states[l].input);
+      pres.push_back(states[l].pre);
+      posts.push_back(states[l].post);
+      bias_vars.push_back(numbers.layers[l].bias_var);
+      residuals.emplace_back(numbers.layers[l].residual.lambda, numbers.layers[l].residual.beta);
+    }
+    const std::vector<ResidualMeanShift> shifts = residual_mlp_mean_shifts(
+        phi, ins, pres, posts, bias_vars, residuals, c.width, inputs.sequences, inputs.input_norm_spread, rule);
+    for (int l = 1; l < c.layers; ++l) {
+      const LayerState& s = states[l];
+      const auto shift = [&](int probe, double relative) {
+        if (probe >= 0) b.prediction.probes[probe].var *= 1.0 + relative;
+      };
+      shift(s.probe_pre, shifts[l].pre);
+      shift(s.probe_post, shifts[l].post);
+      shift(s.probe_out, shifts[l].out);
+    }
   }
   for (ProbeTheory& p : b.prediction.probes) {
     p.corr = kNaN;

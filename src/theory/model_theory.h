@@ -77,6 +77,9 @@ struct TheoryInputs {
   // MLP: the mean and variance of the input vectors' elements.
   double input_mean = 0.0;
   double input_var = 1.0;
+  // MLP: the relative variance of one sample's mean square over its elements (N(0, 1) inputs of dimension d:
+  // 2/d); 0 when every sample has the same norm. Only the residual form's O(1/width) shift uses it.
+  double input_norm_spread = 0.0;
   // MLP regression: E[t²] of the targets (the mean-squared-error gradient is (y - t)/numel).
   double target_second_moment = 1.0;
   // The micro-batch: sequences (MLP: samples) and tokens per sequence (0: config.seq_len); the loss is the mean
@@ -143,11 +146,13 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
 void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& inputs,
                              const std::function<void(int block, double branch_var)>& adjust);
 // Predictions for every probe of an MLP, plus its mean-field summary. c_0 (for the summary) is input_corr or 0.
-// Plain (non-residual) MLPs also get the finite-width band of every preact, postact and readout probe (var_log_sd):
+// MLPs also get the finite-width band of every preact, postact, residual and readout probe (var_log_sd):
 // each layer's weights rescale the next layer's pre-activation scale by a random factor whose log has variance
 // κ/width (κ from the activation's fourth moments at the layer's variance and sample correlation, averaged over
 // the micro-batch), carried through the depth by the slope of the length map (1 for ReLU and linear: Hanin & Nica's
-// random walk, 5·l/width for one ReLU input), plus the measurement's own χ² spread.
+// random walk, 5·l/width for one ReLU input), plus the measurement's own χ² spread. In the residual form the stream
+// carries its input's spread by the share the skip and the branch keep, plus the branch variance's own spread and
+// the skip–branch cross-covariance's (docs/theory.md, "Finite-width bands").
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs);
 
 // The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits for near-uniform predictions:

@@ -96,6 +96,7 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& 
   // Gaussian data: x ~ N(0, I); regression targets y = W x (+ noise) with W entries N(0, 1/input_dim).
   inputs.input_mean = 0.0;
   inputs.input_var = 1.0;
+  inputs.input_norm_spread = 2.0 / static_cast<double>(spec.model.mlp().input_dim);
   inputs.target_second_moment = 1.0 + spec.data.gaussian_noise * spec.data.gaussian_noise;
   return theory::predict_mlp(mlp_numbers(rule, spec.model.mlp()), inputs);
 }

@@ -43,7 +43,8 @@ def main():
         if model.startswith("ResNet"):
             assert forward != "-" and backward != "-", row  # forward and backward predictions
     assert seen == expected, f"transformer rows {sorted(seen)} != {sorted(expected)}"
-    assert sum(1 for r in rows if r.startswith("| MLP")) == 3, table
+    assert sum(1 for r in rows if r.startswith("| MLP")) == 6, table  # 3 plain, 3 residual
+    assert sum(1 for r in rows if r.startswith("| MLP") and "residual" in r) == 3, table
     assert sum(1 for r in rows if r.startswith("| ResNet")) == 3, table
     print(f"theory_accuracy --quick: {len(rows)} rows, all well-formed")
     return 0

@@ -10,6 +10,7 @@
 // (1/π, 0.4937, 0.6048) within 0.02.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,8 +105,8 @@ ModelConfig relu_he_config(int layers, int width) {
 // One forward pass of a freshly initialised network (seed) on independent N(0, 1) inputs (input variance 1,
 // correlation between samples ≈ 0), every probe captured into `sink`; returns the network.
 std::unique_ptr<Model> forward_pass(const ModelConfig& config, std::int64_t rows, std::uint64_t seed,
-                                    CapturingSink& sink) {
-  std::unique_ptr<Model> model = make_model(config, ScalingConfig{}, seed);
+                                    CapturingSink& sink, const ScalingConfig& scaling = ScalingConfig{}) {
+  std::unique_ptr<Model> model = make_model(config, scaling, seed);
   const CounterRng rng(seed, 1);
   std::vector<float> inputs(static_cast<std::size_t>(rows * config.mlp().input_dim));
   for (std::size_t i = 0; i < inputs.size(); ++i) inputs[i] = rng.normal(i);
@@ -131,13 +132,15 @@ std::vector<CapturingSink::Capture> measure_preacts(const ModelConfig& config, s
   return preacts;
 }
 
-theory::ProbePrediction predict(const ModelConfig& config, std::int64_t rows) {
+theory::ProbePrediction predict(const ModelConfig& config, std::int64_t rows,
+                                const ScalingConfig& scaling = ScalingConfig{}) {
   theory::TheoryInputs inputs;
   inputs.input_mean = 0.0;
   inputs.input_var = 1.0;
   inputs.input_corr = 0.0;
+  inputs.input_norm_spread = 2.0 / static_cast<double>(config.mlp().input_dim);
   inputs.sequences = rows;
-  return theory::predict_mlp(mlp_numbers(ScalingConfig{}, config.mlp()), inputs);
+  return theory::predict_mlp(mlp_numbers(scaling, config.mlp()), inputs);
 }
 
 TEST(MlpMeasured, ReluHePreactivationVarianceThroughFiftyLayers) {
@@ -211,9 +214,10 @@ TEST(MlpMeasured, ReluHeCorrelationOfIndependentInputs) {
 }
 
 // The population variance of every probe of one freshly initialised network (seed) on independent N(0, 1) inputs.
-std::map<std::string, double> measure_vars(const ModelConfig& config, std::int64_t rows, std::uint64_t seed) {
+std::map<std::string, double> measure_vars(const ModelConfig& config, std::int64_t rows, std::uint64_t seed,
+                                          const ScalingConfig& scaling = ScalingConfig{}) {
   CapturingSink sink;
-  const std::unique_ptr<Model> model = forward_pass(config, rows, seed, sink);
+  const std::unique_ptr<Model> model = forward_pass(config, rows, seed, sink, scaling);
   std::map<std::string, double> vars;
   for (const ProbeInfo& info : model->probes()) {
     if (sink.forward_.count(info.depth)) vars[info.name] = element_moments(sink.forward_[info.depth].values).var;
@@ -238,15 +242,17 @@ TEST(MlpMeasured, OneReluInputFollowsHaninAndNicasRandomWalk) {
 // every preact and postact probe should be about standard normal: within ±1 about 68% of the time, within ±2
 // about 95%, standard deviation about 1. (z's of one network are correlated along its depth, so the tolerances
 // allow for the effectively fewer samples.)
-void expect_band_holds(const ModelConfig& config, std::int64_t rows, const char* label) {
+void expect_band_holds(const ModelConfig& config, std::int64_t rows, const char* label,
+                       const ScalingConfig& scaling = ScalingConfig{},
+                       const std::vector<std::string>& kinds = {"preact", "postact"}) {
   constexpr int kNetworks = 64;
-  const theory::ProbePrediction prediction = predict(config, rows);
+  const theory::ProbePrediction prediction = predict(config, rows, scaling);
   std::vector<double> z;
   for (int n = 0; n < kNetworks; ++n) {
-    for (const auto& [name, var] : measure_vars(config, rows, 5000 + n)) {
+    for (const auto& [name, var] : measure_vars(config, rows, 5000 + n, scaling)) {
       const theory::ProbeTheory* p = prediction.find(name);
       ASSERT_NE(p, nullptr) << name;
-      if (p->kind != "preact" && p->kind != "postact") continue;
+      if (std::find(kinds.begin(), kinds.end(), p->kind) == kinds.end()) continue;
       ASSERT_TRUE(std::isfinite(p->var_log_sd) && p->var_log_sd > 0) << name;
       z.push_back((std::log(var) - (std::log(p->var) - 0.5 * p->var_log_sd * p->var_log_sd)) / p->var_log_sd);
     }
@@ -285,6 +291,27 @@ TEST(MlpMeasured, FiniteWidthBandHoldsOverInitialisations) {
   gelu.mlp().activation = Activation::gelu_erf;
   gelu.mlp().sigma_w2 = 2.3;
   expect_band_holds(gelu, 16, "gelu");
+}
+
+// Residual MLPs, h_l = λ·h_{l-1} + β·φ(W h_{l-1} + b): the stream's band and the O(1/width) shift of its centre
+// (docs/theory.md, "Finite-width bands", residual streams) over 64 networks, the residual probes alone and then
+// every probe. Without the shift the ReLU streams' z-scores averaged +0.48 (deepscalelm) and +0.69 (depth-μP, 88.7%
+// within 2 sd): each sample's stream mean follows its own random scale.
+TEST(MlpMeasured, FiniteWidthBandHoldsForResidualStreams) {
+  ModelConfig relu = relu_he_config(24, 128);
+  relu.mlp().residual = true;
+  ScalingConfig deepscalelm;
+  deepscalelm.rule = "deepscalelm";  // β² = 2/N_adds, λ² = 1 − β²
+  expect_band_holds(relu, 16, "residual relu deepscalelm: stream", deepscalelm, {"residual"});
+  expect_band_holds(relu, 16, "residual relu deepscalelm: all", deepscalelm, {"preact", "postact", "residual"});
+  ScalingConfig depth_mup;
+  depth_mup.rule = "depth_mup";  // λ = 1, β = 1/√L
+  expect_band_holds(relu, 16, "residual relu depth-muP: stream", depth_mup, {"residual"});
+  ModelConfig tanh = relu;
+  tanh.mlp().activation = Activation::tanh;
+  tanh.mlp().sigma_w2 = 1.5;
+  tanh.mlp().sigma_b2 = 0.05;
+  expect_band_holds(tanh, 16, "residual tanh deepscalelm: stream", deepscalelm, {"residual"});
 }
 
 }  // namespace
