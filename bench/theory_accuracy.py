@@ -10,7 +10,8 @@ file holds the prediction beside it). For each setting the measured variances ar
 then compared with the prediction probe by probe:
 - transformers: the residual stream (blocks.l.in / .mid / .out), forward var and backward var;
 - MLPs (ReLU/He, tanh and GELU near their critical points): every preact and postact, forward and backward var;
-- ResNets (BatchNorm, NF, unnormalised): the stream at every block's end, forward and backward var.
+- ResNet-56 at 32×32 (basic and bottleneck, pre- and post-activation; NF, SkipInit, Fixup, BatchNorm and
+  unnormalised): the stream at every block's input and output, forward and backward var.
 Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
 (for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
 OUT_DIR/accuracy.md.
@@ -33,7 +34,12 @@ RESIDUAL_MLPS = [("relu", 2.0, 0.0, "deepscalelm"), ("relu", 2.0, 0.0, "depth_mu
 # Every study here: one step of one point per seed, recorded.
 HEAD = 'name = "accuracy"\nseed = 1\n[model]\n'
 TAIL = '[record]\nevery = 1\n[device]\ntype = "cpu"\n'
-RESNETS = [("batchnorm", "standard"), ("none", "nf"), ("none", "standard")]
+# ResNets (block, pre-activation, norm, rule), ResNet-56 at 32×32, width 1, batch 16 (--quick: ResNet-20 at 16×16).
+RESNETS = [("basic", True, "none", "nf"), ("bottleneck", True, "none", "nf"), ("basic", True, "none", "skipinit"),
+           ("bottleneck", True, "none", "skipinit"), ("basic", False, "none", "skipinit"),
+           ("basic", False, "none", "fixup"), ("bottleneck", False, "none", "fixup"),
+           ("basic", True, "batchnorm", "standard"), ("basic", False, "batchnorm", "standard"),
+           ("basic", True, "none", "standard")]
 
 
 def text(values):
@@ -132,7 +138,9 @@ def errors(paths, direction, select):
     for i, name in enumerate(names):
         if not select(name, kinds[i]):
             continue
-        if math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean[i]):
+        if predicted[i] == 0 and mean[i] == 0:
+            out.append(0.0)  # exact: e.g. Fixup's zero classifier leaves every gradient 0
+        elif math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean[i]):
             out.append(abs(mean[i] - predicted[i]) / abs(predicted[i]))
         else:
             unpredicted += 1
@@ -229,14 +237,20 @@ grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
 
 
 def resnet_rows(args, out):
-    depth = 20 if args.quick else 110
-    study = f"""{HEAD}type = "resnet"
+    depth = 20 if args.quick else 56
+    rows = []
+    for block, preact, norm, rule in RESNETS:
+        study = f"""{HEAD}type = "resnet"
 depth = {depth}
+block = "{block}"
 width = 1
-preact = true
+preact = {"true" if preact else "false"}
+norm = "{norm}"
 image_size = {16 if args.quick else 32}
 in_channels = 3
 classes = 10
+[scaling]
+rule = "{rule}"
 [data]
 kind = "images"
 [train]
@@ -246,15 +260,16 @@ batch = 16
 lr = 0.01
 {TAIL}[sweep]
 grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
-zip = {{ "model.norm" = ["batchnorm", "none", "none"], "scaling.rule" = ["standard", "nf", "standard"] }}
 """
-    print(f"theory_accuracy: ResNet-{depth}", file=sys.stderr, flush=True)
-    runs, _ = run_sweep(args.proplab, study, os.path.join(out, "resnet"), args.jobs)
-    rows = []
-    for norm, rule in RESNETS:
-        paths = [point_path(runs, norm=norm, rule=rule, seed=s) for s in range(1, args.seeds + 1)]
-        select = lambda name, kind: name.startswith("blocks.") and name.endswith(".out") and name.count(".") == 2
-        rows.append((f"ResNet-{depth}, {norm}", rule, "-", summary(errors(paths, "forward", select)),
+        label = f"{block}, {'pre' if preact else 'post'}-act, {'no norm' if norm == 'none' else norm}"
+        print(f"theory_accuracy: ResNet-{depth} {label}, {rule}", file=sys.stderr, flush=True)
+        runs, _ = run_sweep(args.proplab, study,
+                            os.path.join(out, f"resnet_{block}_{'pre' if preact else 'post'}_{norm}_{rule}"), args.jobs)
+        paths = [point_path(runs, seed=s) for s in range(1, args.seeds + 1)]
+        # The stream: every block's input and output.
+        select = lambda name, kind: (name.startswith("blocks.") and name.count(".") == 2
+                                     and (name.endswith(".in") or name.endswith(".out")))
+        rows.append((f"ResNet-{depth}, {label}", rule, "-", summary(errors(paths, "forward", select)),
                      summary(errors(paths, "backward", select))))
     return rows
 

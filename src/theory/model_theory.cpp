@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numbers>
 #include <sstream>
 
 #include "core/error.h"
@@ -88,12 +89,52 @@ std::vector<std::string> transformer_probe_names(const TransformerConfig& config
   return names;
 }
 
+double softmax_sum_p_sq(double spread, std::int64_t classes) {
+  PROPLAB_CHECK(classes > 0 && spread >= 0.0, "softmax_sum_p_sq: needs classes > 0 and spread >= 0, got ", classes,
+                " and ", spread);
+  const double c = static_cast<double>(classes);
+  if (classes == 1) return 1.0;
+  if (spread < 1e-12) return 1.0 / c;
+  // z on a trapezoid grid over ±9 sd (spacing at most 0.2), log t on a uniform grid wide enough for both ends:
+  // the integrand is t²·E[e^{2z}] at small t and dies with φ^{C−1} at large t. With u = log t + z every term is
+  // exp(2u − e^u) or exp(−e^u), which neither overflows nor loses the peak.
+  const double sd = std::sqrt(spread);
+  const int nz = static_cast<int>(std::clamp(std::ceil(18.0 * sd / 0.2), 401.0, 4001.0));
+  const double z_lo = -9.0 * sd, dz = 18.0 * sd / (nz - 1);
+  std::vector<double> z(static_cast<std::size_t>(nz)), w(static_cast<std::size_t>(nz));
+  for (int i = 0; i < nz; ++i) {
+    z[i] = z_lo + i * dz;
+    w[i] = std::exp(-0.5 * z[i] * z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
+           (i == 0 || i == nz - 1 ? 0.5 : 1.0);
+  }
+  constexpr int kT = 1500;
+  const double lt_lo = std::log(1e-3) - 9.0 * sd - std::log(c), lt_hi = std::log(1e3) + 9.0 * sd;
+  const double dlt = (lt_hi - lt_lo) / (kT - 1);
+  double total = 0.0;
+  for (int k = 0; k < kT; ++k) {
+    const double lt = lt_lo + k * dlt;
+    double phi = 0.0, t2_psi = 0.0;
+    for (int i = 0; i < nz; ++i) {
+      const double u = lt + z[i];
+      if (u > 700.0) continue;  // exp(−e^u) = 0
+      const double e = std::exp(u);
+      phi += w[i] * std::exp(-e);
+      t2_psi += w[i] * std::exp(2.0 * u - e);
+    }
+    if (phi <= 0.0) continue;
+    total += t2_psi * std::exp((c - 1.0) * std::log(phi)) * dlt * (k == 0 || k == kT - 1 ? 0.5 : 1.0);
+  }
+  return std::clamp(c * total, 1.0 / c, 1.0);
+}
+
 double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::int64_t rows, double grad_scale) {
   PROPLAB_CHECK(classes > 1 && rows > 0, "cross_entropy_grad_var: needs classes > 1 and rows > 0");
   const double c = static_cast<double>(classes), r = static_cast<double>(rows);
-  const double spread = logits.var * (1.0 - logits.corr);
-  const double growth = std::exp(std::min(spread, 700.0));
-  const double sum_p_sq = growth / (growth + c - 1.0);
+  // Within one row the C logits are products with independent weight rows, so their spread across classes is the
+  // whole variance: what the rows share (logits.corr, through the stream's mean or the tokens' correlation) is
+  // shared across rows, not across a row's classes. (Attention's softmax differs: a query's logits share the
+  // keys' common part, which it ignores.)
+  const double sum_p_sq = softmax_sum_p_sq(logits.var, classes);
   return (sum_p_sq - 2.0 / c + 1.0) / c / (r * r) * grad_scale * grad_scale;
 }
 
@@ -354,7 +395,7 @@ HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_sig
   const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
   Signal logits = linear_forward(head_signal, d, head_std * head_std);
   logits.var *= multiplier_sq;
-  const double other_spread = logits.var * (1.0 - logits.corr);
+  const double other_spread = logits.var;  // a row's spread across classes (see cross_entropy_grad_var)
   // Tied head: the row's own input token's logit is h·E_tok with h = α·E_tok/σ_tok + rest (α² the aligned
   // variance), so it has mean α·σ_tok·d and variance σ_tok²·d·(var_h + α²) (|E_tok|² is χ²-distributed).
   const double dims = static_cast<double>(d), classes = static_cast<double>(c.vocab);

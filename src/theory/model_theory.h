@@ -155,9 +155,16 @@ void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& in
 // the skip–branch cross-covariance's (docs/theory.md, "Finite-width bands").
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs);
 
-// The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits for near-uniform predictions:
-// with S = E[Σ_v p_v²] ≈ e^{σ_z²(1-r_z)}/(e^{σ_z²(1-r_z)} + C - 1) (log-normal softmax weights), each row
-// contributes Σ_v (p_v - y_v)² = S - 2·E[p_y] + 1 with E[p_y] ≈ 1/C, so Var = (S - 2/C + 1)/C / rows² · scale².
+// E[Σ_v p_v²] of the softmax of C independent N(0, spread) logits, to about 0.5% at any spread (not the log-normal
+// estimate e^D/(e^D + C − 1), which is 16% high at D = 1 and twice too high at D = 4 with C = 10): with
+// 1/(a + R)² = ∫ t·e^{−t(a+R)} dt and E[e^{−tR}] = φ(t)^{C−1} for R the sum of the other C − 1 weights,
+// S = C·∫ t²·ψ(t)·φ(t)^{C−1} d(log t), φ(t) = E[exp(−t·e^z)], ψ(t) = E[e^{2z}·exp(−t·e^z)], z ~ N(0, spread).
+double softmax_sum_p_sq(double spread, std::int64_t classes);
+
+// The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits: with S = E[Σ_v p_v²]
+// (softmax_sum_p_sq at the logits' whole variance: a row's classes come from independent weight rows), each row
+// contributes Σ_v (p_v - y_v)² = S - 2·E[p_y] + 1 with E[p_y] ≈ 1/C (targets independent of the logits), so
+// Var = (S - 2/C + 1)/C / rows² · scale².
 double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::int64_t rows, double grad_scale);
 
 // The same variance when each row has one outlying logit (a tied head's logit for the row's own input token):

@@ -45,7 +45,7 @@ def main():
     assert seen == expected, f"transformer rows {sorted(seen)} != {sorted(expected)}"
     assert sum(1 for r in rows if r.startswith("| MLP")) == 6, table  # 3 plain, 3 residual
     assert sum(1 for r in rows if r.startswith("| MLP") and "residual" in r) == 3, table
-    assert sum(1 for r in rows if r.startswith("| ResNet")) == 3, table
+    assert sum(1 for r in rows if r.startswith("| ResNet")) == 10, table  # basic/bottleneck x pre/post x rules
     print(f"theory_accuracy --quick: {len(rows)} rows, all well-formed")
     return 0
 
