@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The shipped studies' "What you should see" lines about training (loss curves), checked on the studies' output.
+
+Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [STUDY_NAME...]
+
+check_study_claims.py checks what a study says about step 0; this script checks what it says about training. By
+default every study is swept whole, as shipped (compare_norms, rezero_skipinit and depth_mup: about 15 minutes on
+2 CPU cores). With --reduced (what ctest runs, `study_training_claims`) each study runs a stated smaller version
+that keeps its depths and its comparison: fewer steps, and for rezero_skipinit and depth_mup a narrower model
+(REDUCED below says which). Every claim is asserted next to the header line it checks. A loss "at a step range"
+is the mean training loss over those steps (one batch per step is noisy). Exit 0 when every claim holds, 1
+(listing the failures) otherwise.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+
+STUDIES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "studies")
+
+# The reduced versions: the same grid (depths, rules, norms) with these keys overridden.
+REDUCED = {
+    "compare_norms": ["train.steps=120"],
+    "rezero_skipinit": ["train.steps=100", "model.width=32"],
+    "depth_mup": ["train.steps=100", "model.width=32"],
+}
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+        self.passed = 0
+
+    def check(self, study, claim, ok, detail):
+        line = f"{study}: {claim}: {detail}"
+        if ok:
+            self.passed += 1
+            print("  ok   " + line, flush=True)
+        else:
+            self.failures.append(line)
+            print("  FAIL " + line, flush=True)
+
+
+class Curve:
+    """The training loss of one run file."""
+
+    def __init__(self, path):
+        with h5py.File(path, "r") as f:
+            self.loss = [float(v) for v in f["train/loss"][:]]
+
+    def mean(self, first, last):
+        """Mean training loss over steps [first, last) (clipped to the run)."""
+        values = self.loss[max(0, first):min(len(self.loss), last)]
+        return sum(values) / len(values)
+
+    def start(self):
+        return self.mean(0, 5)
+
+    def end(self, steps=20):
+        return self.mean(len(self.loss) - steps, len(self.loss))
+
+    def area(self):
+        """Mean loss over the whole run: lower for a curve that falls faster."""
+        return self.mean(0, len(self.loss))
+
+
+def sweep(proplab, study, work, reduced):
+    out = os.path.join(work, study)
+    shutil.rmtree(out, ignore_errors=True)  # a sweep resumes: never read points an earlier binary wrote
+    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2"]
+    if reduced:
+        for override in REDUCED[study]:
+            command += ["--set", override]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return lambda point: Curve(os.path.join(out, point + ".h5"))
+
+
+def compare_norms(proplab, work, c, reduced):
+    point = sweep(proplab, "compare_norms", work, reduced)
+    name = "compare_norms"
+    pre, post, dslm = point("norm=pre,rule=standard"), point("norm=post,rule=standard"), point(
+        "norm=post,rule=deepscalelm")
+    # "norm=pre,rule=standard: ... it trains."
+    c.check(name, "Pre-LN trains", pre.end() < 0.8 * pre.start(), f"loss {pre.start():.3f} -> {pre.end():.3f}")
+    # "norm=post,rule=standard: ... The early loss falls more slowly."
+    early = min(60, len(pre.loss) // 2)
+    c.check(name, "Post-LN's early loss falls more slowly than Pre-LN's", post.mean(0, early) > pre.mean(0, early),
+             f"mean loss over steps 0-{early - 1}: Post-LN {post.mean(0, early):.3f}, Pre-LN {pre.mean(0, early):.3f}")
+    # "norm=post,rule=deepscalelm: ... Post-LN trains as well as Pre-LN."
+    c.check(name, "Post-LN DeepScaleLM trains as well as Pre-LN", dslm.end() < 1.05 * pre.end(),
+            f"final loss {dslm.end():.3f} vs Pre-LN {pre.end():.3f}")
+
+
+def rezero_skipinit(proplab, work, c, reduced):
+    point = sweep(proplab, "rezero_skipinit", work, reduced)
+    name = "rezero_skipinit"
+    for layers in (16, 64):
+        rezero, skipinit = point(f"layers={layers},norm=none,rule=rezero"), point(f"layers={layers},norm=none,rule=skipinit")
+        post = point(f"layers={layers},norm=post,rule=standard")
+        # "ReZero and SkipInit build the same network here ... their runs are identical, loss for loss".
+        c.check(name, f"{layers} layers: ReZero and SkipInit train identically", rezero.loss == skipinit.loss,
+                f"final loss {rezero.end():.4f} vs {skipinit.end():.4f}")
+        # "At 16 layers Post-LN's loss falls faster than ReZero's; at 64 layers ReZero's falls faster".
+        if layers == 16:
+            c.check(name, "16 layers: Post-LN's loss falls faster than ReZero's", post.area() < rezero.area(),
+                    f"mean loss over the run: post-LN {post.area():.3f}, rezero {rezero.area():.3f}")
+        else:
+            c.check(name, "64 layers: ReZero's loss falls faster than Post-LN's", rezero.area() < post.area(),
+                    f"mean loss over the run: rezero {rezero.area():.3f}, post-LN {post.area():.3f}")
+
+
+def depth_mup(proplab, work, c, reduced):
+    point = sweep(proplab, "depth_mup", work, reduced)
+    name = "depth_mup"
+    gains = {}
+    for rule in ("depth_mup", "standard"):
+        finals = [point(f"layers={layers},rule={rule}").end() for layers in (4, 16, 64)]
+        gains[rule] = finals[0] - finals[-1]
+        print(f"  {name}: {rule} final loss at 4 / 16 / 64 layers: " + " / ".join(f"{v:.3f}" for v in finals))
+    # "rule=depth_mup: ... at one learning rate the deeper networks reach a lower loss (64 layers below 4) ...
+    # rule=standard: ... its 64-layer network ends no better than its 4-layer one".
+    c.check(name, "depth-muP: 64 layers end below 4 layers", gains["depth_mup"] > 0,
+            f"final loss 4 layers - 64 layers: {gains['depth_mup']:.3f}")
+    c.check(name, "standard: depth gains less than a tenth of what it gains depth-muP",
+            gains["standard"] < 0.1 * gains["depth_mup"],
+            f"final loss 4 layers - 64 layers: standard {gains['standard']:.3f}, depth_mup {gains['depth_mup']:.3f}")
+
+
+STUDIES = {
+    "compare_norms": compare_norms,
+    "rezero_skipinit": rezero_skipinit,
+    "depth_mup": depth_mup,
+}
+
+
+def main():
+    args = [a for a in sys.argv[1:] if a != "--reduced"]
+    reduced = "--reduced" in sys.argv[1:]
+    if len(args) < 2:
+        raise SystemExit(__doc__)
+    proplab, work = args[0], args[1]
+    chosen = args[2:] or list(STUDIES)
+    unknown = [s for s in chosen if s not in STUDIES]
+    if unknown:
+        raise SystemExit(f"check_training_claims: unknown study {unknown[0]}; choose from {', '.join(STUDIES)}")
+    os.makedirs(work, exist_ok=True)
+    c = Checker()
+    for study in chosen:
+        what = "a reduced version (" + ", ".join(REDUCED[study]) + ")" if reduced else "the whole study"
+        print(f"{study}: sweeping {what}", flush=True)
+        STUDIES[study](proplab, work, c, reduced)
+    print(f"{c.passed} claims hold, {len(c.failures)} do not")
+    for failure in c.failures:
+        print("FAILED: " + failure)
+    return 1 if c.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
