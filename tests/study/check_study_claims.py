@@ -11,13 +11,11 @@ whole (about 30 s). Claims about longer training (loss curves) need the full stu
 """
 import math
 import os
-import shutil
-import subprocess
 import sys
 
 import h5py
 
-STUDIES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "studies")
+from claims_common import Checker, sweep_study
 
 
 def text(values):
@@ -57,30 +55,10 @@ class Run:
         return [float(values[i]) for i, k in enumerate(self.kinds) if k == kind]
 
 
-class Checker:
-    def __init__(self):
-        self.failures = []
-        self.passed = 0
-
-    def check(self, study, claim, ok, detail):
-        line = f"{study}: {claim}: {detail}"
-        if ok:
-            self.passed += 1
-            print("  ok   " + line)
-        else:
-            self.failures.append(line)
-            print("  FAIL " + line)
-
-
 def sweep(proplab, study, work, extra=(), full=False):
-    out = os.path.join(work, study)
-    shutil.rmtree(out, ignore_errors=True)  # a sweep resumes: never read points an earlier binary wrote
-    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2"]
-    if not full:
-        command += ["--set", "train.steps=1", "--set", "train.eval_every=1", *extra]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    """The study's points for one step (or whole, with full), with extra `--set` overrides."""
+    overrides = [] if full else ["train.steps=1", "train.eval_every=1", *extra]
+    out = sweep_study(proplab, study, work, overrides)
     return lambda point: Run(os.path.join(out, point + ".h5"))
 
 
@@ -111,7 +89,7 @@ def stages(run, values):
 
 
 def compare_norms(proplab, work, c):
-    point = sweep(proplab, "compare_norms", work, ["--set", "train.warmup=0"])
+    point = sweep(proplab, "compare_norms", work, ["train.warmup=0"])
     name = "compare_norms"
     pre, post, dslm = point("norm=pre,rule=standard"), point("norm=post,rule=standard"), point(
         "norm=post,rule=deepscalelm")
@@ -142,7 +120,7 @@ def compare_norms(proplab, work, c):
 
 
 def transformer_depth(proplab, work, c):
-    point = sweep(proplab, "transformer_depth", work, ["--set", "train.warmup=0"])
+    point = sweep(proplab, "transformer_depth", work, ["train.warmup=0"])
     name = "transformer_depth"
     growth = []
     for layers in (12, 48, 192):
@@ -190,7 +168,7 @@ def transformer_depth(proplab, work, c):
 
 
 def rezero_skipinit(proplab, work, c):
-    point = sweep(proplab, "rezero_skipinit", work, ["--set", "train.warmup=0"])
+    point = sweep(proplab, "rezero_skipinit", work, ["train.warmup=0"])
     name = "rezero_skipinit"
     for layers in (16, 64):
         rezero, skipinit = point(f"layers={layers},norm=none,rule=rezero"), point(f"layers={layers},norm=none,rule=skipinit")
@@ -212,7 +190,7 @@ def rezero_skipinit(proplab, work, c):
 
 
 def depth_mup(proplab, work, c):
-    point = sweep(proplab, "depth_mup", work, ["--set", "train.warmup=0"])
+    point = sweep(proplab, "depth_mup", work, ["train.warmup=0"])
     name = "depth_mup"
     # "rule=depth_mup: final-block forward variance about the same at 4, 16 and 64 layers ... rule=standard: at
     # initialisation its final-block variance is nearly depth-independent too".
@@ -293,7 +271,7 @@ def resnet_spp(proplab, work, c):
 
 
 def resnet_depth(proplab, work, c):
-    point = sweep(proplab, "resnet_depth", work, ["--set", "train.warmup=0", "--set", "train.eval_batches=1"])
+    point = sweep(proplab, "resnet_depth", work, ["train.warmup=0", "train.eval_batches=1"])
     name = "resnet_depth"
     for depth in (20, 56):
         # "Fixup and SkipInit runs have the same stream variance at every block of a stage (identity blocks)".
@@ -366,10 +344,7 @@ def main():
     for study in chosen:
         print(f"{study}: sweeping its points for one step (the step-0 record of the full study)", flush=True)
         STUDIES[study](proplab, work, c)
-    print(f"{c.passed} claims hold, {len(c.failures)} do not")
-    for failure in c.failures:
-        print("FAILED: " + failure)
-    return 1 if c.failures else 0
+    return c.report()
 
 
 if __name__ == "__main__":

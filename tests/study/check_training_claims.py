@@ -12,13 +12,11 @@ is the mean training loss over those steps (one batch per step is noisy). Exit 0
 (listing the failures) otherwise.
 """
 import os
-import shutil
-import subprocess
 import sys
 
 import h5py
 
-STUDIES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "studies")
+from claims_common import Checker, sweep_study
 
 # The reduced versions: the same grid (depths, rules, norms) with these keys overridden.
 REDUCED = {
@@ -26,21 +24,6 @@ REDUCED = {
     "rezero_skipinit": ["train.steps=100", "model.width=32"],
     "depth_mup": ["train.steps=100", "model.width=32"],
 }
-
-
-class Checker:
-    def __init__(self):
-        self.failures = []
-        self.passed = 0
-
-    def check(self, study, claim, ok, detail):
-        line = f"{study}: {claim}: {detail}"
-        if ok:
-            self.passed += 1
-            print("  ok   " + line, flush=True)
-        else:
-            self.failures.append(line)
-            print("  FAIL " + line, flush=True)
 
 
 class Curve:
@@ -67,15 +50,7 @@ class Curve:
 
 
 def sweep(proplab, study, work, reduced):
-    out = os.path.join(work, study)
-    shutil.rmtree(out, ignore_errors=True)  # a sweep resumes: never read points an earlier binary wrote
-    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2"]
-    if reduced:
-        for override in REDUCED[study]:
-            command += ["--set", override]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    out = sweep_study(proplab, study, work, REDUCED[study] if reduced else ())
     return lambda point: Curve(os.path.join(out, point + ".h5"))
 
 
@@ -153,10 +128,7 @@ def main():
         what = "a reduced version (" + ", ".join(REDUCED[study]) + ")" if reduced else "the whole study"
         print(f"{study}: sweeping {what}", flush=True)
         STUDIES[study](proplab, work, c, reduced)
-    print(f"{c.passed} claims hold, {len(c.failures)} do not")
-    for failure in c.failures:
-        print("FAILED: " + failure)
-    return 1 if c.failures else 0
+    return c.report()
 
 
 if __name__ == "__main__":
