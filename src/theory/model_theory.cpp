@@ -613,18 +613,22 @@ double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr
 // mean over units and the skip–branch cross term, each an average over `width` independent units. `total` is the
 // covariance of one sample's (q, d), `common` the part two samples share (their noises correlate through the
 // pre-activations' correlation); the per-sample spread of x̄_b is total − common.
+// One MLP layer's forward signals (out: the residual stream after the add, layers l ≥ 1 of the residual form) and
+// its probes.
+struct MlpLayerState {
+  Signal input, pre, post, out;
+  int probe_pre = -1, probe_post = -1, probe_out = -1;
+};
+
 struct ResidualMeanShift {
   double pre = 0.0, post = 0.0, out = 0.0;  // relative shifts of the layer's preact, postact and out variances
 };
 
-std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const std::vector<Signal>& inputs_,
-                                                        const std::vector<Signal>& pres,
-                                                        const std::vector<Signal>& posts,
-                                                        const std::vector<double>& bias_vars,
-                                                        const std::vector<std::pair<double, double>>& residuals,
+std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const std::vector<MlpLayerState>& states,
+                                                        const std::vector<MlpLayerNumbers>& numbers,
                                                         std::int64_t width, std::int64_t samples,
                                                         double input_norm_spread, const GaussHermite& rule) {
-  const std::size_t layers = pres.size();
+  const std::size_t layers = states.size();
   std::vector<ResidualMeanShift> shifts(layers);
   if (layers < 2) return shifts;
   const double n = static_cast<double>(width);
@@ -668,8 +672,8 @@ std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const st
   };
   using Cov2 = std::array<double, 3>;  // (qq, qd, dd)
   // Layer 0's output is the first stream: Q = E[φ²], x̄ = E[φ]; the data's per-sample norms enter through K_0.
-  const Signal& pre0 = pres[0];
-  const double share0 = pre0.var > 0 ? std::max(0.0, pre0.var - bias_vars[0]) / pre0.var : 0.0;
+  const Signal& pre0 = states[0].pre;
+  const double share0 = pre0.var > 0 ? std::max(0.0, pre0.var - numbers[0].bias_var) / pre0.var : 0.0;
   const Slopes s0 = slopes(pre0.var);
   const double v0 = share0 * share0 * input_norm_spread;
   const UnitCov same0 = unit_cov(pre0.var, 1.0, s0), pair0 = unit_cov(pre0.var, std::clamp(pre0.corr, -1.0, 1.0), s0);
@@ -678,12 +682,12 @@ std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const st
   Cov2 common{pair0.ee / n / (s0.a * s0.a), pair0.em / n / s0.a, pair0.mm / n};
   double shift_q = s0.a2 * v0, shift_mean = s0.m2 * v0;  // E[Q_b] − Q, E[x̄_b] − x̄
   for (std::size_t l = 1; l < layers; ++l) {
-    const Signal& x = inputs_[l];
-    const Signal& pre = pres[l];
-    const double lambda = residuals[l].first, beta = residuals[l].second;
+    const Signal& x = states[l].input;
+    const Signal& pre = states[l].pre;
+    const double lambda = numbers[l].residual.lambda, beta = numbers[l].residual.beta;
     const double q = x.var + x.mean * x.mean;
     if (!(pre.var > 0) || !(q > 0)) break;
-    const double share = std::max(0.0, pre.var - bias_vars[l]) / pre.var;
+    const double share = std::max(0.0, pre.var - numbers[l].bias_var) / pre.var;
     const Slopes sl = slopes(pre.var);
     const UnitCov same = unit_cov(pre.var, 1.0, sl), pair = unit_cov(pre.var, std::clamp(pre.corr, -1.0, 1.0), sl);
     const double corr_x = std::clamp(x.corr, -1.0, 1.0);
@@ -692,7 +696,7 @@ std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const st
     const double jensen_m = sl.m1 * share * shift_q / q + sl.m2 * share * share * total[0];
     const double spread_m_total = sl.m1 * sl.m1 * share * share * total[0] + same.mm / n;
     const double spread_m_common = sl.m1 * sl.m1 * share * share * common[0] + pair.mm / n;
-    const double post_var = posts[l].var;
+    const double post_var = states[l].post.var;
     shifts[l].pre = share * shift_q / q;
     if (post_var > 0) {
       shifts[l].post = (jensen_a - 2.0 * sl.m * jensen_m -
@@ -742,14 +746,10 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
   const GaussHermite rule(64);
   Builder b;
   const char* no_corr = "corr: one token per sample (the token correlation is not defined)";
-  struct LayerState {
-    Signal input, pre, post;
-    int probe_pre = -1, probe_post = -1, probe_out = -1;
-  };
-  std::vector<LayerState> states(static_cast<std::size_t>(c.layers));
+  std::vector<MlpLayerState> states(static_cast<std::size_t>(c.layers));
   Signal h{inputs.input_mean, inputs.input_var, 0.0};
   for (int l = 0; l < c.layers; ++l) {
-    LayerState& s = states[l];
+    MlpLayerState& s = states[l];
     const MlpLayerNumbers& ln = numbers.layers[l];
     const std::string prefix = "layers." + std::to_string(l);
     s.input = h;
@@ -762,6 +762,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
     h = s.post;
     if (c.residual && l > 0) {
       h = residual_forward(s.input, s.post, ln.residual.lambda, ln.residual.beta);
+      s.out = h;
       s.probe_out = b.add(prefix + ".out", "residual", l);
       b.set_forward(s.probe_out, h);
     }
@@ -786,7 +787,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
   g = linear_backward(GradSignal{g.var * numbers.output_multiplier * numbers.output_multiplier, 0.0}, c.outputs,
                       numbers.readout_weight_var);
   for (int l = c.layers - 1; l >= 0; --l) {
-    const LayerState& s = states[l];
+    const MlpLayerState& s = states[l];
     const MlpLayerNumbers& ln = numbers.layers[l];
     GradSignal d_post = g;
     if (s.probe_out >= 0) {
@@ -812,7 +813,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       if (probe >= 0) b.prediction.probes[probe].var_log_sd = std::sqrt(std::max(0.0, log_var));
     };
     for (int l = 0; l < c.layers; ++l) {
-      const LayerState& s = states[l];
+      const MlpLayerState& s = states[l];
       const BandTerms t = band_terms(phi, s.pre, inputs.sequences, rule);
       set_band(s.probe_pre, var_scale + square_mean_log_var(c.width, inputs.sequences, s.pre.corr));
       set_band(s.probe_post, t.post_log_slope * t.post_log_slope * var_scale + t.post_kappa / c.width);
@@ -820,8 +821,7 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
       if (s.probe_out >= 0) {
         const MlpLayerNumbers& ln = numbers.layers[l];
         const double share = s.pre.var > 0 ? std::max(0.0, s.pre.var - ln.bias_var) / s.pre.var : 0.0;
-        const Signal out = residual_forward(s.input, s.post, ln.residual.lambda, ln.residual.beta);
-        stream = residual_stream_log_var(s.input, out, t, ln.residual.lambda, ln.residual.beta, share, stream_before,
+        stream = residual_stream_log_var(s.input, s.out, t, ln.residual.lambda, ln.residual.beta, share, stream_before,
                                          c.width, inputs.sequences);
         set_band(s.probe_out, stream);
       }
@@ -838,20 +838,10 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
   // The residual form's O(1/width) shift of the expected variances (docs/theory.md; plain MLPs have none at this
   // order that the bookkeeping keeps).
   if (c.residual) {
-    std::vector<Signal> ins, pres, posts;
-    std::vector<double> bias_vars;
-    std::vector<std::pair<double, double>> residuals;
-    for (int l = 0; l < c.layers; ++l) {
-      ins.push_back(states[l].input);
-      pres.push_back(states[l].pre);
-      posts.push_back(states[l].post);
-      bias_vars.push_back(numbers.layers[l].bias_var);
-      residuals.emplace_back(numbers.layers[l].residual.lambda, numbers.layers[l].residual.beta);
-    }
     const std::vector<ResidualMeanShift> shifts = residual_mlp_mean_shifts(
-        phi, ins, pres, posts, bias_vars, residuals, c.width, inputs.sequences, inputs.input_norm_spread, rule);
+        phi, states, numbers.layers, c.width, inputs.sequences, inputs.input_norm_spread, rule);
     for (int l = 1; l < c.layers; ++l) {
-      const LayerState& s = states[l];
+      const MlpLayerState& s = states[l];
       const auto shift = [&](int probe, double relative) {
         if (probe >= 0) b.prediction.probes[probe].var *= 1.0 + relative;
       };
