@@ -92,15 +92,27 @@ class ActivationIntegrals {
 
 // Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
 // second moment E[a²][p]. Borders make them position-dependent (zero padding).
-// channel_mean_sq: E over channels of the square of a channel's mean over images and positions (the part of the
-// second moment a channel shares; BatchNorm removes it, so its scale is Var − this).
+// channel_mean_sq: E over channels of the square of a channel's mean over images (at an interior position; the part
+// of the second moment a channel shares across images).
+// mean_share[p]: E over channels of δ_c(p)·δ̄_c, where δ_c(p) is channel c's own mean at p (over images, less the
+// channels' shared mean[p]) and δ̄_c its average over positions. What BatchNorm subtracts at p is the channel's mean
+// over the whole batch: near a zero-padded border a conv's output reads fewer taps, so its channel-specific mean
+// there is a smaller part of the mean BatchNorm removes (see `norm`).
 struct Plane {
   int size = 0;
   std::vector<double> mean, second;
   double channel_mean_sq = 0.0;
+  std::vector<double> mean_share;
   static Plane uniform(int size, double mean, double var) {
     const std::size_t n = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
-    return {size, std::vector<double>(n, mean), std::vector<double>(n, var + mean * mean), mean * mean};
+    return {size, std::vector<double>(n, mean), std::vector<double>(n, var + mean * mean), mean * mean,
+            std::vector<double>(n, 0.0)};
+  }
+  // E over channels of δ̄_c²: the channel-specific part of a channel's mean over the batch.
+  double avg_mean_share() const {
+    double s = 0.0;
+    for (double m : mean_share) s += m;
+    return mean_share.empty() ? 0.0 : s / static_cast<double>(mean_share.size());
   }
   std::size_t count() const { return mean.size(); }
   double avg_mean() const {
@@ -188,6 +200,35 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
   const double shared = x.avg_mean();
   y.channel_mean_sq = w.standardised ? w.ws_norm_sq * std::max(0.0, x.channel_mean_sq - shared * shared)
                                      : w.weight_var * static_cast<double>(w.in) * taps * x.channel_mean_sq;
+  // The channel-specific mean at p is Σ_{taps inside} w·(input channel means), so two positions share the taps both
+  // read (input channel means taken as the same at every position): E[δ(p)·δ(p')] = C_in·E[w²]·channel_mean_sq·
+  // |T(p) ∩ T(p')|, T the taps inside. Averaged over p' it factorises by axis: A(p_x)·A(p_y), A(o) = Σ_k
+  // [tap k of o inside]·(fraction of outputs whose tap k is inside). Interior only: k² (every tap everywhere).
+  if (w.standardised || !borders) {
+    std::fill(y.mean_share.begin(), y.mean_share.end(), y.channel_mean_sq);
+  } else {
+    const int pad = w.kernel / 2;
+    std::vector<double> inside_share(static_cast<std::size_t>(w.kernel), 0.0), axis(static_cast<std::size_t>(out));
+    auto inside = [&](int o, int k) {
+      const int i = o * w.stride + k - pad;
+      return i >= 0 && i < x.size;
+    };
+    for (int k = 0; k < w.kernel; ++k) {
+      for (int o = 0; o < out; ++o) inside_share[static_cast<std::size_t>(k)] += inside(o, k) ? 1.0 : 0.0;
+      inside_share[static_cast<std::size_t>(k)] /= static_cast<double>(out);
+    }
+    for (int o = 0; o < out; ++o) {
+      double a = 0.0;
+      for (int k = 0; k < w.kernel; ++k)
+        if (inside(o, k)) a += inside_share[static_cast<std::size_t>(k)];
+      axis[static_cast<std::size_t>(o)] = a;
+    }
+    const double scale = w.weight_var * static_cast<double>(w.in) * x.channel_mean_sq;
+    for (int oy = 0; oy < out; ++oy)
+      for (int ox = 0; ox < out; ++ox)
+        y.mean_share[static_cast<std::size_t>(oy) * out + ox] =
+            scale * axis[static_cast<std::size_t>(oy)] * axis[static_cast<std::size_t>(ox)];
+  }
   return y;
 }
 
@@ -259,22 +300,29 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   };
   // A channel's batch statistics: its mean deviates from the shared mean by channel_mean_sq − mean², which its
   // variance then lacks.
+  // A channel's batch mean is the shared mean plus its own δ̄_c; its batch variance lacks E[δ̄_c²] (and the shared
+  // mean's square).
   auto norm_stats = [&](const Plane& x) {
     const double m = x.avg_mean();
-    return NormStats{m, std::sqrt(std::max(x.avg_second() - x.channel_mean_sq, 1e-30))};
+    return NormStats{m, std::sqrt(std::max(x.avg_second() - m * m - x.avg_mean_share(), 1e-30))};
   };
+  // At p the channel loses its batch mean: Var(p) − 2·E[δ(p)·δ̄] + E[δ̄²] (the per-position variance includes the
+  // channel-specific means δ(p)). In the interior this is Var − E[δ̄²]; at a border, whose taps read less of the
+  // channel's mean, more of its variance stays. Afterwards the channel-specific means average to zero over the
+  // positions, so mean_share is 0.
   auto norm = [&](const Plane& x) -> Plane {
     if (!normed) return x;
     const NormStats s = norm_stats(x);
-    const double deviation = std::max(0.0, x.channel_mean_sq - s.mean * s.mean);
+    const double share = x.avg_mean_share();
     Plane y = x;
     for (std::size_t p = 0; p < x.count(); ++p) {
       const double m = shift + gamma * (x.mean[p] - s.mean) / s.sd,
-                   v = gamma * gamma * std::max(0.0, x.var_at(p) - deviation) / (s.sd * s.sd);
+                   v = gamma * gamma * std::max(0.0, x.var_at(p) - 2.0 * x.mean_share[p] + share) / (s.sd * s.sd);
       y.mean[p] = m;
       y.second[p] = v + m * m;
     }
     y.channel_mean_sq = shift * shift;
+    std::fill(y.mean_share.begin(), y.mean_share.end(), 0.0);
     return y;
   };
   // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
@@ -290,11 +338,15 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     slope /= static_cast<double>(x.count());
     const double in_mean = x.avg_mean(), out_mean = y.avg_mean();
     y.channel_mean_sq = out_mean * out_mean + slope * slope * std::max(0.0, x.channel_mean_sq - in_mean * in_mean);
+    // δ_out(p) ≈ φ'-mean(p)·δ(p): E[δ_out(p)·δ̄_out] ≈ slope(p)·(mean slope)·E[δ(p)·δ̄].
+    for (std::size_t p = 0; p < x.count(); ++p)
+      y.mean_share[p] = integrals.slope(x.mean[p], x.var_at(p)).mean * slope * x.mean_share[p];
     return y;
   };
   auto scaled = [](Plane x, double s) {
     for (double& m : x.mean) m *= s;
     for (double& v : x.second) v *= s * s;
+    for (double& v : x.mean_share) v *= s * s;
     x.channel_mean_sq *= s * s;
     return x;
   };
@@ -399,6 +451,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     }
     sum.channel_mean_sq = st.lambda * st.lambda * shortcut.channel_mean_sq + st.beta * st.beta * cur.channel_mean_sq +
                           2.0 * st.lambda * st.beta * shortcut.avg_mean() * cur.avg_mean();
+    for (std::size_t p = 0; p < sum.count(); ++p)
+      sum.mean_share[p] = st.lambda * st.lambda * shortcut.mean_share[p] + st.beta * st.beta * cur.mean_share[p];
     // A zero branch leaves a post-activation ReLU stream as it is (ReLU is idempotent on its non-negative output);
     // the Gaussian closure would not see that.
     const bool rectified_identity = !preact && !st.projection && act == Activation::relu &&

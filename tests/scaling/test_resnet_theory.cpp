@@ -213,5 +213,56 @@ TEST(ResnetTheoryAccuracy, NfResnetForwardAndBackwardWithinTargets) {
   }
 }
 
+// BatchNorm ResNets (pre-activation, He init, width 1, 32×32, batch 16, 16 seeds): near a zero-padded border a conv of
+// ReLU outputs reads fewer taps, so a channel's own mean there is a smaller part of the batch mean BatchNorm removes,
+// and more of the border's variance stays (docs/theory.md, "ResNets"). Measured with that term: forward median 2.7%,
+// worst 7.0%; the top block's gradient 9.2%; the blocks' backward gains (gradient in / out) median 3.8%, worst 9.7%.
+// Without it (the channel mean taken as the same at every position) this fails: forward 5.0% / 10.5%, top gradient
+// 31%, worst gain 17.6%. The gradient still grows faster towards the input than predicted (input gradient 1.68×
+// the prediction, was 2.14×), not held here: see "ResNets" in docs/theory.md.
+TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
+  ResnetConfig config = config_of(20, true, ResnetNorm::batchnorm);
+  ScalingConfig scaling;
+  scaling.rule = "standard";
+  constexpr int kSeeds = 16, kBatch = 16;
+  std::map<int, double> forward, backward;
+  std::unique_ptr<Resnet> last;
+  for (int seed = 1; seed <= kSeeds; ++seed) {
+    last = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
+    VarianceSink sink;
+    StepContext context;
+    context.sink = &sink;
+    Tensor targets = Tensor::empty({kBatch}, DType::i32);
+    for (int i = 0; i < kBatch; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
+    Batch batch{testing::random_tensor({kBatch, 3, 32, 32}, 100 + seed), targets};
+    last->forward_backward(batch, 1.0f, context);
+    for (const auto& [probe, m] : sink.moments) forward[probe] += m.var / kSeeds;
+    for (const auto& [probe, v] : sink.grad_var) backward[probe] += v / kSeeds;
+  }
+  ResnetTheoryOptions options;
+  options.batch = kBatch;
+  const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
+  std::vector<double> forward_errors, gain_errors;
+  for (int b = 0; b < last->blocks(); ++b) {
+    forward_errors.push_back(std::abs(forward.at(last->probe_block_out(b)) / theory.stream_out[b].var - 1.0));
+    forward_errors.push_back(std::abs(forward.at(last->probe_block_branch(b)) / theory.branch[b].var - 1.0));
+    const double measured_gain = backward.at(last->probe_block_in(b)) / backward.at(last->probe_block_out(b));
+    gain_errors.push_back(std::abs(measured_gain / (theory.grad_in[b] / theory.grad_out[b]) - 1.0));
+  }
+  const int top = last->blocks() - 1;
+  const double top_error = std::abs(backward.at(last->probe_block_out(top)) / theory.grad_out[top] - 1.0);
+  std::sort(forward_errors.begin(), forward_errors.end());
+  std::sort(gain_errors.begin(), gain_errors.end());
+  const double input_ratio = backward.at(last->probe_block_in(0)) / theory.grad_in[0];
+  std::printf("BatchNorm ResNet-20: forward median %.4f worst %.4f; top gradient %.4f; block gains median %.4f worst "
+              "%.4f; input gradient measured/predicted %.3f\n",
+              forward_errors[forward_errors.size() / 2], forward_errors.back(), top_error,
+              gain_errors[gain_errors.size() / 2], gain_errors.back(), input_ratio);
+  EXPECT_LE(forward_errors[forward_errors.size() / 2], 0.03) << "forward median";
+  EXPECT_LE(forward_errors.back(), 0.08) << "forward worst";
+  EXPECT_LE(top_error, 0.15) << "top block's gradient";
+  EXPECT_LE(gain_errors.back(), 0.12) << "worst block gain";
+}
+
 }  // namespace
 }  // namespace proplab
