@@ -155,6 +155,29 @@ INSTANTIATE_TEST_SUITE_P(Rules, ResnetTheoryMeasured,
                                   (info.param.norm == ResnetNorm::none ? "_nonorm" : "_bn");
                          });
 
+// Forward and backward variance per probe, averaged over `seeds` initialisations (batch of `batch` 32×32 images, the
+// targets spread over the classes); `model` is the last network, for its probe ids.
+struct SeedAverage {
+  std::map<int, double> forward, backward;
+  std::unique_ptr<Resnet> model;
+};
+SeedAverage seed_average(const ResnetConfig& config, const ScalingConfig& scaling, int seeds, int batch_size) {
+  SeedAverage out;
+  for (int seed = 1; seed <= seeds; ++seed) {
+    out.model = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
+    VarianceSink sink;
+    StepContext context;
+    context.sink = &sink;
+    Tensor targets = Tensor::empty({batch_size}, DType::i32);
+    for (int i = 0; i < batch_size; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
+    Batch batch{testing::random_tensor({batch_size, 3, 32, 32}, 100 + seed), targets};
+    out.model->forward_backward(batch, 1.0f, context);
+    for (const auto& [probe, m] : sink.moments) out.forward[probe] += m.var / seeds;
+    for (const auto& [probe, v] : sink.grad_var) out.backward[probe] += v / seeds;
+  }
+  return out;
+}
+
 // The NF-ResNet at the 32x32 (docs/theory.md, "ResNets"): stream and branch variances forward and backward,
 // seed-averaged over 16 initialisations of a width-1 ResNet-20 (basic) and ResNet-29 (bottleneck) with a batch of 16,
 // median within 3% and worst within 8% per probe. Measured: basic 0.5% / 1.5% forward, 1.3% / 2.7% backward;
@@ -170,23 +193,11 @@ TEST(ResnetTheoryAccuracy, NfResnetForwardAndBackwardWithinTargets) {
     config.block = block;
     ScalingConfig scaling;
     scaling.rule = "nf";
-    constexpr int kSeeds = 16, kBatch = 16;
-    std::map<int, double> forward, backward;
-    const Resnet* shape = nullptr;
-    std::unique_ptr<Resnet> last;
-    for (int seed = 1; seed <= kSeeds; ++seed) {
-      last = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
-      VarianceSink sink;
-      StepContext context;
-      context.sink = &sink;
-      Tensor targets = Tensor::empty({kBatch}, DType::i32);
-      for (int i = 0; i < kBatch; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
-      Batch batch{testing::random_tensor({kBatch, 3, 32, 32}, 100 + seed), targets};
-      last->forward_backward(batch, 1.0f, context);
-      for (const auto& [probe, m] : sink.moments) forward[probe] += m.var / kSeeds;
-      for (const auto& [probe, v] : sink.grad_var) backward[probe] += v / kSeeds;
-    }
-    shape = last.get();
+    constexpr int kBatch = 16;
+    const SeedAverage average = seed_average(config, scaling, 16, kBatch);
+    const std::map<int, double>& forward = average.forward;
+    const std::map<int, double>& backward = average.backward;
+    const Resnet* shape = average.model.get();
     ResnetTheoryOptions options;
     options.batch = kBatch;
     const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
@@ -224,21 +235,11 @@ TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
   ResnetConfig config = config_of(20, true, ResnetNorm::batchnorm);
   ScalingConfig scaling;
   scaling.rule = "standard";
-  constexpr int kSeeds = 16, kBatch = 16;
-  std::map<int, double> forward, backward;
-  std::unique_ptr<Resnet> last;
-  for (int seed = 1; seed <= kSeeds; ++seed) {
-    last = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
-    VarianceSink sink;
-    StepContext context;
-    context.sink = &sink;
-    Tensor targets = Tensor::empty({kBatch}, DType::i32);
-    for (int i = 0; i < kBatch; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
-    Batch batch{testing::random_tensor({kBatch, 3, 32, 32}, 100 + seed), targets};
-    last->forward_backward(batch, 1.0f, context);
-    for (const auto& [probe, m] : sink.moments) forward[probe] += m.var / kSeeds;
-    for (const auto& [probe, v] : sink.grad_var) backward[probe] += v / kSeeds;
-  }
+  constexpr int kBatch = 16;
+  const SeedAverage average = seed_average(config, scaling, 16, kBatch);
+  const std::map<int, double>& forward = average.forward;
+  const std::map<int, double>& backward = average.backward;
+  const Resnet* last = average.model.get();
   ResnetTheoryOptions options;
   options.batch = kBatch;
   const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
@@ -254,10 +255,11 @@ TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
   std::sort(forward_errors.begin(), forward_errors.end());
   std::sort(gain_errors.begin(), gain_errors.end());
   const double input_ratio = backward.at(last->probe_block_in(0)) / theory.grad_in[0];
-  std::printf("BatchNorm ResNet-20: forward median %.4f worst %.4f; top gradient %.4f; block gains median %.4f worst "
-              "%.4f; input gradient measured/predicted %.3f\n",
-              forward_errors[forward_errors.size() / 2], forward_errors.back(), top_error,
-              gain_errors[gain_errors.size() / 2], gain_errors.back(), input_ratio);
+  std::printf(
+      "BatchNorm ResNet-20: forward median %.4f worst %.4f; top gradient %.4f; block gains median %.4f worst "
+      "%.4f; input gradient measured/predicted %.3f\n",
+      forward_errors[forward_errors.size() / 2], forward_errors.back(), top_error, gain_errors[gain_errors.size() / 2],
+      gain_errors.back(), input_ratio);
   EXPECT_LE(forward_errors[forward_errors.size() / 2], 0.03) << "forward median";
   EXPECT_LE(forward_errors.back(), 0.08) << "forward worst";
   EXPECT_LE(top_error, 0.15) << "top block's gradient";
