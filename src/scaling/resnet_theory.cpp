@@ -90,6 +90,12 @@ class ActivationIntegrals {
   std::map<std::pair<double, double>, Slope> slopes_;
 };
 
+double average(const std::vector<double>& values) {
+  double s = 0.0;
+  for (double v : values) s += v;
+  return values.empty() ? 0.0 : s / static_cast<double>(values.size());
+}
+
 // Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
 // second moment E[a²][p]. Borders make them position-dependent (zero padding).
 // channel_mean_sq: E over channels of the square of a channel's mean over images (at an interior position; the part
@@ -109,11 +115,7 @@ struct Plane {
             std::vector<double>(n, 0.0)};
   }
   // E over channels of δ̄_c²: the channel-specific part of a channel's mean over the batch.
-  double avg_mean_share() const {
-    double s = 0.0;
-    for (double m : mean_share) s += m;
-    return mean_share.empty() ? 0.0 : s / static_cast<double>(mean_share.size());
-  }
+  double avg_mean_share() const { return average(mean_share); }
   std::size_t count() const { return mean.size(); }
   double avg_mean() const {
     double s = 0.0;
@@ -139,11 +141,7 @@ struct GradPlane {
   int size = 0;
   std::vector<double> second;
   double image_mean_sq = 0.0;
-  double avg() const {
-    double s = 0.0;
-    for (double v : second) s += v;
-    return second.empty() ? 0.0 : s / static_cast<double>(second.size());
-  }
+  double avg() const { return average(second); }
 };
 
 // A k×k conv (k = 1 or 3, padding k/2) with stride: which input positions feed output position (oy, ox).
@@ -298,8 +296,6 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   struct NormStats {
     double mean = 0.0, sd = 1.0;
   };
-  // A channel's batch statistics: its mean deviates from the shared mean by channel_mean_sq − mean², which its
-  // variance then lacks.
   // A channel's batch mean is the shared mean plus its own δ̄_c; its batch variance lacks E[δ̄_c²] (and the shared
   // mean's square).
   auto norm_stats = [&](const Plane& x) {
@@ -328,19 +324,19 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
   auto activate = [&](const Plane& x) -> Plane {
     Plane y = x;
-    double slope = 0.0;
+    std::vector<double> slopes(x.count());
     for (std::size_t p = 0; p < x.count(); ++p) {
       const StreamMoments& m = integrals.moments(x.mean[p], x.var_at(p));
       y.mean[p] = m.mean;
       y.second[p] = m.var;
-      slope += integrals.slope(x.mean[p], x.var_at(p)).mean;
+      slopes[p] = integrals.slope(x.mean[p], x.var_at(p)).mean;
     }
-    slope /= static_cast<double>(x.count());
+    const double slope = average(slopes);
     const double in_mean = x.avg_mean(), out_mean = y.avg_mean();
     y.channel_mean_sq = out_mean * out_mean + slope * slope * std::max(0.0, x.channel_mean_sq - in_mean * in_mean);
     // δ_out(p) ≈ φ'-mean(p)·δ(p): E[δ_out(p)·δ̄_out] ≈ slope(p)·(mean slope)·E[δ(p)·δ̄].
     for (std::size_t p = 0; p < x.count(); ++p)
-      y.mean_share[p] = integrals.slope(x.mean[p], x.var_at(p)).mean * slope * x.mean_share[p];
+      y.mean_share[p] = slopes[p] * slope * x.mean_share[p];
     return y;
   };
   auto scaled = [](Plane x, double s) {
