@@ -212,6 +212,9 @@ struct Sublayer {
   TokenField sum;           // post: λx + βf before the norm
   TokenField out;           // the stream after the sublayer
   double branch_var = 0.0;  // the branch output's variance (after dropout), as its probe records it
+  // Kept only by the probed forward pass (the finite-width bands read them): the branch's input (after the norm
+  // for pre), the input of its output projection (attention: the mixed values; FFN: the activation) and its output.
+  TokenField branch_in, mixed, branch;
 };
 
 struct SublayerProbes {
@@ -242,7 +245,7 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
   if (attention) add(p.input, block + ".in", "residual", &x);
   TokenField branch_in = x;
   if (pre) {
-    branch_in = norm_forward(c.norm_kind, x, d);
+    branch_in = norm_forward(c.norm_kind, x, d, c.norm_eps);
     add(p.norm, prefix + ".norm", "norm", &branch_in);
   }
   TokenField branch;
@@ -261,24 +264,30 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
       t.backward_var = kNaN;
       t.no_backward = "the logits' gradient stays inside the fused attention op";
     }
-    const TokenField mixed = causal_mix_forward(s.v, s.weights);
+    TokenField mixed = causal_mix_forward(s.v, s.weights);
     branch = linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
+    if (builder) s.mixed = std::move(mixed);
   } else {
     s.hidden = linear_forward(branch_in, d, bn.ffn_in_std * bn.ffn_in_std, bn.ffn_in_bias_std * bn.ffn_in_bias_std);
     add(p.hidden, prefix + ".preact", "preact", &s.hidden);
-    const TokenField mixed = activation_forward(c.activation, s.hidden, rule);
+    TokenField mixed = activation_forward(c.activation, s.hidden, rule);
     add(p.mixed, prefix + ".postact", "postact", &mixed);
     branch = linear_forward(mixed, f, bn.ffn_out_std * bn.ffn_out_std, bn.ffn_out_bias_std * bn.ffn_out_bias_std);
+    if (builder) s.mixed = std::move(mixed);
   }
   if (c.dropout > 0) branch = dropout_forward(branch, c.dropout);
   s.branch_var = branch.var();
   add(p.branch, prefix + ".out", "branch", &branch);
+  if (builder) {
+    s.branch_in = std::move(branch_in);
+    s.branch = branch;
+  }
   const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
   s.out = residual_forward(x, branch, rn.lambda, rn.beta);
   if (post) {
     s.sum = std::move(s.out);
     add(p.sum, prefix + ".sum", "residual", &s.sum);
-    s.out = norm_forward(c.norm_kind, s.sum, d);
+    s.out = norm_forward(c.norm_kind, s.sum, d, c.norm_eps);
   }
   add(p.result, block + (attention ? ".mid" : ".out"), "residual", &s.out);
   return s;
@@ -295,7 +304,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   b.set_backward(p.result, g_out.signal());
   TokenGrad d_combined = g_out;
   if (post) {
-    d_combined = norm_backward(c.norm_kind, s.sum, scaled(g_out, first_norm_keep));
+    d_combined = norm_backward(c.norm_kind, s.sum, scaled(g_out, first_norm_keep), c.norm_eps);
     b.set_backward(p.sum, d_combined.signal());
   }
   const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
@@ -322,7 +331,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   }
   if (pre) {
     b.set_backward(p.norm, d_branch_in.signal());
-    d_branch_in = norm_backward(c.norm_kind, s.input, d_branch_in);
+    d_branch_in = norm_backward(c.norm_kind, s.input, d_branch_in, c.norm_eps);
   }
   TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
   b.set_backward(p.input, g.signal());
@@ -415,6 +424,27 @@ HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_sig
 
 }  // namespace
 
+namespace {
+double embedding_log_var(const TransformerNumbers& numbers, double r0, std::int64_t sequences, std::int64_t tokens);
+// A field of one sequence as a batch sees it: `sequences` copies whose rows covary by `cross`·cov (the positional
+// part they share, docs/theory.md) and share the field's mean.
+struct BatchField {
+  const TokenField* field;
+  double cross;
+};
+
+// The spread of the stream entering a sublayer.
+struct StreamSpread {
+  double log_var = 0.0;  // Var[log var] over initialisations and batches
+  double cross = 0.0;    // the covariance of two sequences' rows as a fraction of a sequence's own
+};
+StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const Sublayer& s, const SublayerProbes& p,
+                            const StreamSpread& in, std::int64_t sequences, const GaussHermite& quadrature,
+                            Builder& b);
+double linear_square_mean_log_var(const BatchField& input, double gram_spread, std::int64_t units,
+                                  std::int64_t sequences);
+}  // namespace
+
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
   const TransformerConfig& c = numbers.config;
   PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
@@ -443,6 +473,11 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   double token_aligned_var = tok_var;
   const int probe_embed = b.add("embed.out", "embed", -1);
   b.set_forward(probe_embed, x.signal());
+  // Finite-width bands: Var[log var] of the stream entering the next sublayer over initialisations and batches.
+  // The sequences share the position embeddings: a row's covariance with the same position of another sequence is
+  // σ_pos²/(σ_tok² + σ_pos²) of its variance.
+  StreamSpread spread{embedding_log_var(numbers, r0, inputs.sequences, tokens), embed_var > 0 ? pos_var / embed_var : 0.0};
+  b.prediction.probes[static_cast<std::size_t>(probe_embed)].var_log_sd = std::sqrt(spread.log_var);
 
   // The fields of every sublayer would need O(layers·L²) memory; the forward pass keeps the stream entering every
   // `segment`-th sublayer and the backward pass recomputes one segment at a time.
@@ -456,6 +491,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
     const ResidualNumbers& rn = i % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
     Sublayer s = sublayer_forward(numbers, i, x, rule, &b, &probes[static_cast<std::size_t>(i)]);
+    spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, quadrature, b);
     token_aligned_var *= rn.lambda * rn.lambda;
     if (c.norm == NormPlacement::post) {
       const double sum_var = s.sum.var();
@@ -466,7 +502,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   TokenField head_in = x;
   int probe_final = -1;
   if (pre) {
-    head_in = norm_forward(c.norm_kind, x, d);
+    head_in = norm_forward(c.norm_kind, x, d, c.norm_eps);
     token_aligned_var = x.var() > 0.0 ? token_aligned_var * head_in.var() / x.var() : 0.0;
     probe_final = b.add("final_norm.out", "norm", -1);
     b.set_forward(probe_final, head_in.signal());
@@ -481,6 +517,14 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double classes = static_cast<double>(c.vocab);
   const int probe_logits = b.add("head.logits", "logits", -1);
   b.set_forward(probe_logits, logits);
+  // An untied head is a fresh linear map of the normed head input; a tied head reads the input tokens' own
+  // embeddings back, and has no band. Without norms no probe has one: the attention logits follow the stream's
+  // scale, which the bands do not carry (docs/theory.md).
+  if (!c.tie_embeddings && c.norm != NormPlacement::none)
+    b.prediction.probes[static_cast<std::size_t>(probe_logits)].var_log_sd = std::sqrt(linear_square_mean_log_var(
+        {&head_in, spread.cross}, 1.0 / static_cast<double>(d), c.vocab, inputs.sequences));
+  if (c.norm == NormPlacement::none)
+    for (ProbeTheory& t : b.prediction.probes) t.var_log_sd = kNaN;
 
   // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
   // logits and of each other (uncorrelated across tokens).
@@ -503,7 +547,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       TokenGrad::white(layout, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
   if (pre) {
     b.set_backward(probe_final, g.signal());
-    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep));
+    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep), c.norm_eps);
   }
   for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
     const int end = std::min(start + segment, sublayers);
@@ -601,6 +645,204 @@ double residual_stream_log_var(const Signal& x, const Signal& y, const BandTerms
 double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr) {
   const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
   return 2.0 / static_cast<double>(units) * (1.0 / b + (1.0 - 1.0 / b) * corr * corr);
+}
+
+// Σ over the token pairs (i, j) of one sequence of fn(a_ij, b_ij), a and b two covariance layouts: the pairs of a
+// bucket with itself count its positions' variances and, for a bucket of several positions, their `within`
+// covariances.
+template <class F>
+double pair_sum(const TokenCov& a, const TokenCov& b, F fn) {
+  const TokenLayout& layout = *a.layout;
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < a.buckets(); ++i) {
+    const double ni = static_cast<double>(layout.size[static_cast<std::size_t>(i)]);
+    for (std::int64_t j = 0; j < a.buckets(); ++j) {
+      if (i != j) {
+        sum += ni * static_cast<double>(layout.size[static_cast<std::size_t>(j)]) * fn(a.at(i, j), b.at(i, j));
+      } else {
+        sum += ni * fn(a.diag(i), b.diag(i));
+        if (ni > 1)
+          sum += ni * (ni - 1.0) * fn(a.within[static_cast<std::size_t>(i)], b.within[static_cast<std::size_t>(i)]);
+      }
+    }
+  }
+  return sum;
+}
+
+// Σ over all row pairs of the batch of G_a·G_b, G the uncentred Gram matrices of two batch fields.
+double batch_pair_sum(const BatchField& a, const BatchField& b, std::int64_t sequences) {
+  const double n = static_cast<double>(std::max<std::int64_t>(1, sequences));
+  const double ma = a.field->mean * a.field->mean, mb = b.field->mean * b.field->mean;
+  const double within = pair_sum(*a.field, *b.field, [&](double x, double y) { return (x + ma) * (y + mb); });
+  const double across =
+      pair_sum(*a.field, *b.field, [&](double x, double y) { return (a.cross * x + ma) * (b.cross * y + mb); });
+  return n * within + n * (n - 1.0) * across;
+}
+
+// Var[log mean square] that a fresh zero-mean linear map with `units` outputs adds over its weights: each output
+// unit's mean square over the rows is wᵀGw, G the rows' uncentred Gram matrix of its inputs, relative variance
+// 2·tr(G²)/tr(G)², averaged over `units` independent units. G is itself random: an average over the stream's d
+// features, and over each fresh map's units since, E[G_ab²] = Ḡ_ab² + k·(Ḡ_aa·Ḡ_bb + Ḡ_ab²) with k =
+// `gram_spread` = 1/d + Σ 1/units of those maps; so tr(G²)/tr(G)² = R·(1 + k) + k with R the ratio of the expected
+// Gram Ḡ (the field's): the output can have no more independent directions than its input has.
+double linear_square_mean_log_var(const BatchField& input, double gram_spread, std::int64_t units,
+                                  std::int64_t sequences) {
+  const double n = static_cast<double>(std::max<std::int64_t>(1, sequences));
+  const double mu_sq = input.field->mean * input.field->mean;
+  double trace = 0.0;
+  for (std::int64_t i = 0; i < input.field->buckets(); ++i)
+    trace += static_cast<double>(input.field->layout->size[static_cast<std::size_t>(i)]) * (input.field->diag(i) + mu_sq);
+  trace *= n;
+  if (!(trace > 0)) return 0.0;
+  const double ratio = batch_pair_sum(input, input, sequences) / (trace * trace);
+  return 2.0 / static_cast<double>(units) * (ratio * (1.0 + gram_spread) + gram_spread);
+}
+
+// Var[log var] of the embedding output: its mean square over the batch's rows of token and position embeddings,
+// whose entries are drawn once per network. A token row (σ_tok², d entries) counts as often as its token occurs
+// (two rows share a token with probability r0·(σ_tok² + σ_pos²)/σ_tok², from the input correlation), a position
+// row once per sequence, and the cross term 2·tok·pos is zero in expectation.
+double embedding_log_var(const TransformerNumbers& numbers, double r0, std::int64_t sequences, std::int64_t tokens) {
+  const double d = static_cast<double>(numbers.config.width);
+  const double tok = numbers.token_embed_std * numbers.token_embed_std;
+  const double pos = numbers.position_embed_std * numbers.position_embed_std;
+  const double total = tok + pos;
+  if (!(total > 0)) return 0.0;
+  const double b = static_cast<double>(std::max<std::int64_t>(1, sequences));
+  const double rows = b * static_cast<double>(tokens);
+  const double same_token = tok > 0 ? std::clamp(r0 * total / tok, 0.0, 1.0) : 0.0;
+  const double token_part = tok * tok * 2.0 / d * (1.0 / rows + (1.0 - 1.0 / rows) * same_token);
+  const double position_part = pos * pos * 2.0 / (d * static_cast<double>(tokens));
+  const double cross_part = 4.0 * tok * pos / (d * rows) * (1.0 + (b - 1.0) * same_token);
+  return (token_part + position_part + cross_part) / (total * total);
+}
+
+// Relative covariance Cov(g(u), g(v))/E[g]² of g = φ² (uncentred) or (φ − Eφ)² (centred) for u, v ~ N(mean, var)
+// correlated c, and the centred correlation of φ(u), φ(v).
+struct PairSquares {
+  double square = 0.0, centred = 0.0, corr = 0.0;
+};
+PairSquares pair_squares(Activation phi, double mean, double var, double c, const GaussHermite& rule) {
+  PairSquares out;
+  if (!(var > 0)) return out;
+  const double sd = std::sqrt(var);
+  const auto f = [phi](double x) { return activation_value(phi, x); };
+  const double m1 = rule.expect(f, mean, sd);
+  const double m2 = rule.expect([&](double x) { return f(x) * f(x); }, mean, sd);
+  const double centred_var = m2 - m1 * m1;
+  const auto square = [&](double x) { return f(x) * f(x); };
+  const auto centred_square = [&](double x) { return (f(x) - m1) * (f(x) - m1); };
+  const double cc = std::clamp(c, -1.0, 1.0);
+  out.square = (rule.expect_pair(square, square, mean, sd, cc) - m2 * m2) / (m2 * m2);
+  if (centred_var > 0) {
+    out.centred = (rule.expect_pair(centred_square, centred_square, mean, sd, cc) - centred_var * centred_var) /
+                  (centred_var * centred_var);
+    out.corr = (rule.expect_pair(f, f, mean, sd, cc) - m1 * m1) / centred_var;
+  }
+  return out;
+}
+
+// The bands of one sublayer's probes (docs/theory.md, "Finite-width bands", transformers) from the spread
+// `stream.log_var` of the stream entering it and its cross-sequence correlation `stream.cross`; updates both to
+// the stream leaving it. Each fresh linear map adds linear_square_mean_log_var of its input; an activation adds its
+// units' own spread (over the batch's row pairs) and carries its input's scale with its log-slope; a norm fixes
+// its output's scale (no band; its input's spread does not pass into the branch); the residual add mixes the
+// skip's and the branch's spreads with their shares of the sum, plus the skip–branch cross term. Neglected: the
+// attention weights' own fluctuation over the query/key draws, biases and dropout.
+StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const Sublayer& s, const SublayerProbes& p,
+                            const StreamSpread& in, std::int64_t sequences, const GaussHermite& quadrature,
+                            Builder& b) {
+  const TransformerConfig& c = numbers.config;
+  const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width;
+  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const bool attention = index % 2 == 0;
+  const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
+  const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
+  const double seqs = static_cast<double>(std::max<std::int64_t>(1, sequences));
+  const double tokens = static_cast<double>(s.input.layout->length), rows = seqs * tokens;
+  const auto set_band = [&](int probe, double log_var) {
+    if (probe >= 0) b.prediction.probes[static_cast<std::size_t>(probe)].var_log_sd = std::sqrt(std::max(0.0, log_var));
+  };
+  if (!(post && index > 0)) set_band(p.input, in.log_var);  // Post-LN's later inputs are norm outputs
+  // A LayerNorm's output keeps s²/(s² + ε) of unit variance (s² ≈ (1 − 1/d)·var its input's feature variance), so
+  // it carries the share ε/(s² + ε) of its input's log-scale; RMSNorm the same with the second moment.
+  const auto norm_passes = [&](const TokenField& x) {
+    const double s2 = c.norm_kind == NormKind::layernorm ? (1.0 - 1.0 / static_cast<double>(d)) * x.var()
+                                                         : x.var() + x.mean * x.mean;
+    const double share = s2 > 0 ? c.norm_eps / (s2 + c.norm_eps) : 0.0;
+    return share * share;
+  };
+  // The branch's scale follows the stream's unless a norm sets it (pre: the branch reads the normed stream).
+  const double scale_log_var = pre ? norm_passes(s.input) * in.log_var : in.log_var;
+  double slope = 1.0, fresh = 0.0;  // the branch's log-slope on the stream's scale, and its own spread
+  double branch_cross = in.cross;   // the branch output's cross-sequence correlation
+  const double stream_gram = 1.0 / static_cast<double>(d);  // the stream's Gram: an average over its d features
+  if (attention) {
+    // mixed = P·(W_v x̂): per value unit a fresh linear map of the attention-averaged inputs, whose rows have the
+    // mixed field's covariance; then the output projection of the mixed values.
+    const BatchField mixed{&s.mixed, in.cross};
+    fresh = linear_square_mean_log_var(mixed, stream_gram, d, sequences) +
+            linear_square_mean_log_var(mixed, 2.0 * stream_gram, d, sequences);
+  } else {
+    set_band(p.hidden, scale_log_var + linear_square_mean_log_var({&s.branch_in, in.cross}, stream_gram, f, sequences));
+    const double hidden_gram = stream_gram + 1.0 / static_cast<double>(f);
+    // The activation's units: the relative variance of one unit's mean of φ² over the batch's rows, whose pairs
+    // correlate by c_ij within a sequence and by cross·c_ij across sequences.
+    const double var_h = s.hidden.var(), mean_h = s.hidden.mean;
+    const double corr_h = s.hidden.corr(0.0);
+    // A pair's actual correlation scatters about its expectation c by Var = k·(1 - c²)² (the Gram's sampling):
+    // E[κ(c)] ≈ κ(c) + ½κ''(c)·Var.
+    const auto pair_at = [&](double corr) {
+      PairSquares at = pair_squares(c.activation, mean_h, var_h, corr, quadrature);
+      const double h = 0.02, lo = std::clamp(corr - h, -1.0, 1.0 - 2 * h), mid = lo + h;
+      const PairSquares a = pair_squares(c.activation, mean_h, var_h, lo, quadrature);
+      const PairSquares m = pair_squares(c.activation, mean_h, var_h, mid, quadrature);
+      const PairSquares z = pair_squares(c.activation, mean_h, var_h, lo + 2 * h, quadrature);
+      const double spread = hidden_gram * (1.0 - corr * corr) * (1.0 - corr * corr) / (2.0 * h * h);
+      at.square += 0.5 * (a.square - 2.0 * m.square + z.square) * spread;
+      at.centred += 0.5 * (a.centred - 2.0 * m.centred + z.centred) * spread;
+      return at;
+    };
+    const PairSquares self = pair_squares(c.activation, mean_h, var_h, 1.0, quadrature);
+    const PairSquares within = pair_at(corr_h);
+    const PairSquares across = pair_at(in.cross);
+    const PairSquares across_other = pair_at(in.cross * corr_h);
+    const auto unit_spread = [&](double PairSquares::*m) {
+      return (self.*m + (tokens - 1.0) * within.*m + (seqs - 1.0) * (across.*m + (tokens - 1.0) * across_other.*m)) /
+             rows;
+    };
+    const BandTerms t = band_terms(c.activation, Signal{mean_h, var_h, corr_h}, 1, quadrature);
+    set_band(p.mixed, t.post_log_slope * t.post_log_slope * scale_log_var + unit_spread(&PairSquares::centred) / f);
+    slope = t.log_slope;
+    fresh = unit_spread(&PairSquares::square) / f +
+            linear_square_mean_log_var({&s.mixed, across.corr}, hidden_gram, d, sequences);
+    // The output projection maps the activation's uncentred Gram: its mean is shared by every row.
+    const double m_sq = s.mixed.mean * s.mixed.mean, v_phi = s.mixed.var();
+    branch_cross = (across.corr * v_phi + m_sq) / (v_phi + m_sq);
+  }
+  set_band(p.branch, slope * slope * scale_log_var + fresh);
+  if (pre) slope *= std::sqrt(norm_passes(s.input));
+  // The residual add y = λx + βb: v_y = λ²v_x + β²v_b + 2λβ·C, C the empirical skip–branch covariance (zero in
+  // expectation; over the output projection's weights Var C = Σ_row pairs G_b·G_x/(d·rows²)).
+  const TokenField& y = post ? s.sum : s.out;
+  const double vx = s.input.var(), vb = s.branch_var, vy = y.var();
+  if (!(vy > 0)) return {};
+  const double lambda = rn.lambda, beta = rn.beta;
+  const double cross_var = batch_pair_sum({&s.branch, branch_cross}, {&s.input, in.cross}, sequences) /
+                           (static_cast<double>(d) * rows * rows);
+  const double carried = (lambda * lambda * vx + beta * beta * vb * slope) / vy;
+  const double own = beta * beta * vb / vy;
+  StreamSpread out;
+  out.log_var = carried * carried * in.log_var + own * own * fresh +
+                4.0 * lambda * lambda * beta * beta * cross_var / (vy * vy);
+  out.cross = (lambda * lambda * vx * in.cross + beta * beta * vb * branch_cross) / vy;
+  if (post) {
+    set_band(p.sum, out.log_var);
+    out.log_var *= norm_passes(s.sum);  // the norm fixes the stream's scale but for ε's share
+  }
+  set_band(p.result, out.log_var);
+  if (post) b.prediction.probes[static_cast<std::size_t>(p.result)].var_log_sd = kNaN;
+  return out;
 }
 
 // The O(1/width) shift of a residual MLP's expected variances (docs/theory.md, "Finite-width bands", the mean of a

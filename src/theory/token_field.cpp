@@ -308,28 +308,31 @@ TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double wei
   return scaled(d_y, static_cast<double>(fan_out) * weight_var);
 }
 
-TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features) {
+TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features, double eps) {
   TokenField y;
   for (std::int64_t a = 0; a < x.buckets(); ++a)
     PROPLAB_CHECK(x.diag(a) > 0.0, "token norm_forward: needs a positive variance at every position");
   if (kind == NormKind::layernorm) {
-    // layernorm_forward per pair: variance 1, correlation r·(1 - 1/features).
+    // layernorm_forward per pair: variance 1, correlation r·(1 - 1/features); ε shrinks a token whose feature
+    // variance is s² ≈ (1 - 1/features)·var by s²/(s² + ε).
     const double keep = layernorm_forward(Signal{0.0, 1.0, 1.0}, features).corr;
-    map_pairs(x, y, [keep](double c, double vi, double vj, bool same, std::int64_t, std::int64_t) {
-      return same ? 1.0 : pair_r(c, vi, vj) * keep;
+    const double centred = 1.0 - 1.0 / static_cast<double>(features);
+    auto shrink = [&](double v) { return eps > 0.0 ? centred * v / (centred * v + eps) : 1.0; };
+    map_pairs(x, y, [&](double c, double vi, double vj, bool same, std::int64_t, std::int64_t) {
+      return same ? shrink(vi) : pair_r(c, vi, vj) * keep * std::sqrt(shrink(vi) * shrink(vj));
     });
     return y;
   }
   const double mu_sq = x.mean * x.mean;
-  y.mean = x.mean / std::sqrt(x.var() + mu_sq);
-  map_pairs(x, y, [mu_sq](double c, double vi, double vj, bool, std::int64_t, std::int64_t) {
-    return c / std::sqrt((vi + mu_sq) * (vj + mu_sq));
+  y.mean = x.mean / std::sqrt(x.var() + mu_sq + eps);
+  map_pairs(x, y, [mu_sq, eps](double c, double vi, double vj, bool, std::int64_t, std::int64_t) {
+    return c / std::sqrt((vi + mu_sq + eps) * (vj + mu_sq + eps));
   });
   return y;
 }
 
-TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y) {
-  const double shift = kind == NormKind::layernorm ? 0.0 : x.mean * x.mean;
+TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y, double eps) {
+  const double shift = (kind == NormKind::layernorm ? 0.0 : x.mean * x.mean) + eps;
   const std::int64_t p = x.buckets();
   std::vector<double> inv_std(static_cast<std::size_t>(p));
   for (std::int64_t a = 0; a < p; ++a) {

@@ -83,10 +83,12 @@ TokenField linear_forward(const TokenField& x, std::int64_t fan_in, double weigh
 // G' = fan_out·σ_w²·G.
 TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double weight_var);
 
-// LayerNorm (over `features`) or RMSNorm per token, each pair as layernorm_forward / rmsnorm_forward maps it.
-TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features);
-// G'(i, j) = G(i, j)/√(σ_i² σ_j²) (LayerNorm; RMSNorm divides by the second moments).
-TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y);
+// LayerNorm (over `features`) or RMSNorm per token, each pair as layernorm_forward / rmsnorm_forward maps it, with
+// the norm's ε in the denominator (LayerNorm: a token of feature variance s² ≈ (1 - 1/features)·var keeps
+// s²/(s² + ε) of its unit variance; RMSNorm divides by √(second moment + ε)).
+TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features, double eps = 0.0);
+// G'(i, j) = G(i, j)/√((σ_i² + ε)(σ_j² + ε)) (LayerNorm; RMSNorm divides by the second moments + ε).
+TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y, double eps = 0.0);
 
 // A pointwise nonlinearity: each bucket's variance and mean exactly (theory/moments at that variance), the cross
 // terms from the pair correlation map at the mean variance (tabulated in θ = arccos r for GELU and tanh, closed
