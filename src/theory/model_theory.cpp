@@ -425,153 +425,6 @@ HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_sig
 }  // namespace
 
 namespace {
-double embedding_log_var(const TransformerNumbers& numbers, double r0, std::int64_t sequences, std::int64_t tokens);
-// A field of one sequence as a batch sees it: `sequences` copies whose rows covary by `cross`·cov (the positional
-// part they share, docs/theory.md) and share the field's mean.
-struct BatchField {
-  const TokenField* field;
-  double cross;
-};
-
-// The spread of the stream entering a sublayer.
-struct StreamSpread {
-  double log_var = 0.0;  // Var[log var] over initialisations and batches
-  double cross = 0.0;    // the covariance of two sequences' rows as a fraction of a sequence's own
-};
-StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const Sublayer& s, const SublayerProbes& p,
-                            const StreamSpread& in, std::int64_t sequences, const GaussHermite& quadrature,
-                            Builder& b);
-double linear_square_mean_log_var(const BatchField& input, double gram_spread, std::int64_t units,
-                                  std::int64_t sequences);
-}  // namespace
-
-ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
-  const TransformerConfig& c = numbers.config;
-  PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
-                " block descriptions for ", c.layers, " layers");
-  const std::int64_t d = c.width;
-  const std::int64_t tokens = inputs.tokens > 0 ? inputs.tokens : c.seq_len;
-  const double p = c.dropout;
-  const bool pre = c.norm == NormPlacement::pre;
-  const GaussHermite quadrature(64);
-  ActivationPairMaps rule(quadrature);
-  Builder b;
-
-  // Forward.
-  const double tok_var = numbers.token_embed_std * numbers.token_embed_std;
-  const double pos_var = numbers.position_embed_std * numbers.position_embed_std;
-  const double embed_var = tok_var + pos_var;
-  double r0 = inputs.input_corr ? *inputs.input_corr
-                                : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
-  const std::shared_ptr<const TokenLayout> layout =
-      inputs.exact_positions ? TokenLayout::exact(tokens) : TokenLayout::for_length(tokens);
-  TokenField x = TokenField::exchangeable(layout, Signal{0.0, embed_var, clamp_unit(r0)});
-  if (p > 0) x = dropout_forward(x, p);
-  // The variance of the stream's component along its row's own token embedding (σ_tok·u, u the unit-variance
-  // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
-  // a tied head reads it back as the input token's own logit.
-  double token_aligned_var = tok_var;
-  const int probe_embed = b.add("embed.out", "embed", -1);
-  b.set_forward(probe_embed, x.signal());
-  // Finite-width bands: Var[log var] of the stream entering the next sublayer over initialisations and batches.
-  // The sequences share the position embeddings: a row's covariance with the same position of another sequence is
-  // σ_pos²/(σ_tok² + σ_pos²) of its variance.
-  StreamSpread spread{embedding_log_var(numbers, r0, inputs.sequences, tokens), embed_var > 0 ? pos_var / embed_var : 0.0};
-  b.prediction.probes[static_cast<std::size_t>(probe_embed)].var_log_sd = std::sqrt(spread.log_var);
-
-  // The fields of every sublayer would need O(layers·L²) memory; the forward pass keeps the stream entering every
-  // `segment`-th sublayer and the backward pass recomputes one segment at a time.
-  const int sublayers = 2 * c.layers;
-  const std::size_t field_bytes = static_cast<std::size_t>(layout->buckets() * layout->buckets()) * sizeof(double);
-  const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
-  std::vector<TokenField> checkpoints;
-  std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
-  for (int i = 0; i < sublayers; ++i) {
-    if (i % segment == 0) checkpoints.push_back(x);
-    const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
-    const ResidualNumbers& rn = i % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
-    Sublayer s = sublayer_forward(numbers, i, x, rule, &b, &probes[static_cast<std::size_t>(i)]);
-    spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, quadrature, b);
-    token_aligned_var *= rn.lambda * rn.lambda;
-    if (c.norm == NormPlacement::post) {
-      const double sum_var = s.sum.var();
-      token_aligned_var = sum_var > 0.0 ? token_aligned_var * s.out.var() / sum_var : 0.0;
-    }
-    x = std::move(s.out);
-  }
-  TokenField head_in = x;
-  int probe_final = -1;
-  if (pre) {
-    head_in = norm_forward(c.norm_kind, x, d, c.norm_eps);
-    token_aligned_var = x.var() > 0.0 ? token_aligned_var * head_in.var() / x.var() : 0.0;
-    probe_final = b.add("final_norm.out", "norm", -1);
-    b.set_forward(probe_final, head_in.signal());
-  }
-  const Signal head_signal = head_in.signal();
-  const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
-  const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
-  const HeadLogits head = head_logits(numbers, head_signal, token_aligned_var, tok_var);
-  const Signal& logits = head.logits;
-  const double other_spread = head.other_spread, self_mean = head.self_mean, self_var = head.self_var;
-  const bool self_logit = head.self_logit;
-  const double classes = static_cast<double>(c.vocab);
-  const int probe_logits = b.add("head.logits", "logits", -1);
-  b.set_forward(probe_logits, logits);
-  // An untied head is a fresh linear map of the normed head input; a tied head reads the input tokens' own
-  // embeddings back, and has no band. Without norms no probe has one: the attention logits follow the stream's
-  // scale, which the bands do not carry (docs/theory.md).
-  if (!c.tie_embeddings && c.norm != NormPlacement::none)
-    b.prediction.probes[static_cast<std::size_t>(probe_logits)].var_log_sd = std::sqrt(linear_square_mean_log_var(
-        {&head_in, spread.cross}, 1.0 / static_cast<double>(d), c.vocab, inputs.sequences));
-  if (c.norm == NormPlacement::none)
-    for (ProbeTheory& t : b.prediction.probes) t.var_log_sd = kNaN;
-
-  // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
-  // logits and of each other (uncorrelated across tokens).
-  const std::int64_t rows = inputs.sequences * tokens;
-  const double logit_grad_var =
-      self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
-                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
-  b.set_backward(probe_logits, GradSignal{logit_grad_var, 0.0});
-  // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
-  // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
-  // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
-  double first_norm_keep = 1.0;
-  if (self_logit) {
-    const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
-    const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
-    const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
-    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
-  }
-  TokenGrad g =
-      TokenGrad::white(layout, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
-  if (pre) {
-    b.set_backward(probe_final, g.signal());
-    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep), c.norm_eps);
-  }
-  for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
-    const int end = std::min(start + segment, sublayers);
-    std::vector<Sublayer> states;
-    states.reserve(static_cast<std::size_t>(end - start));
-    TokenField stream = checkpoints[static_cast<std::size_t>(start / segment)];
-    for (int i = start; i < end; ++i) {
-      states.push_back(sublayer_forward(numbers, i, stream, rule, nullptr, nullptr));
-      stream = states.back().out;
-    }
-    for (int i = end - 1; i >= start; --i) {
-      const double keep = i == sublayers - 1 && c.norm == NormPlacement::post ? first_norm_keep : 1.0;
-      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, keep, rule, b,
-                            probes[static_cast<std::size_t>(i)]);
-      states.pop_back();
-    }
-  }
-  b.set_backward(probe_embed, g.signal());
-
-  b.prediction.formulae = transformer_formulae(c, inputs);
-  return b.prediction;
-}
-
-namespace {
 
 // The finite-width spread of a layer's pre-activation scale (docs/theory.md, "Finite-width bands").
 struct BandTerms {
@@ -620,32 +473,18 @@ BandTerms band_terms(Activation phi, const Signal& pre, std::int64_t samples, co
   return t;
 }
 
-// Var[log var] of a residual stream y = λ·x + β·φ(W x + b) (the residual MLP's layers l ≥ 1) over
-// initialisations, from the input stream's `input_log_var` (docs/theory.md, "Finite-width bands", residual
-// streams). Three parts, to first order in 1/width, every moment of the stream taken to scale with its variance:
-// the input's own spread, carried with the share its skip and its branch (whose Var[φ] follows the stream through
-// K with slope post_log_slope·weight_share) keep in y; the branch variance's own spread post_kappa/width; and
-// the empirical cross-covariance of x and φ across units (zero in expectation, each unit's product an
-// independent draw of its branch weights), Var = (v_x·Var φ/B + (1 − 1/B)·c_x·v_x·Cov(φ_b, φ_b'))/width.
-double residual_stream_log_var(const Signal& x, const Signal& y, const BandTerms& t, double lambda, double beta,
-                               double weight_share, double input_log_var, std::int64_t width,
-                               std::int64_t samples) {
-  if (!(y.var > 0)) return 0.0;
-  const double n = static_cast<double>(width);
-  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
-  const double skip = lambda * lambda * x.var, branch = beta * beta * t.post_var;
-  const double carried = (skip + branch * t.post_log_slope * weight_share) / y.var;
-  const double cross = (x.var * t.post_var / b + (1.0 - 1.0 / b) * x.corr * x.var * t.post_pair_cov) / n;
-  return carried * carried * input_log_var + branch * branch * t.post_kappa / n / (y.var * y.var) +
-         4.0 * lambda * lambda * beta * beta * cross / (y.var * y.var);
-}
+// A field of one sequence as a batch sees it: `sequences` copies whose rows covary by `cross`·cov (the positional
+// part they share, docs/theory.md) and share the field's mean.
+struct BatchField {
+  const TokenField* field;
+  double cross;
+};
 
-// The measurement's own spread: the log of a mean of squares of `units` × samples Gaussian values whose samples
-// correlate by `corr` (variance 2/units·(1/B + (1 − 1/B)·corr²)).
-double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr) {
-  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
-  return 2.0 / static_cast<double>(units) * (1.0 / b + (1.0 - 1.0 / b) * corr * corr);
-}
+// The spread of the stream entering a sublayer.
+struct StreamSpread {
+  double log_var = 0.0;  // Var[log var] over initialisations and batches
+  double cross = 0.0;    // the covariance of two sequences' rows as a fraction of a sequence's own
+};
 
 // Σ over the token pairs (i, j) of one sequence of fn(a_ij, b_ij), a and b two covariance layouts: the pairs of a
 // bucket with itself count its positions' variances and, for a bucket of several positions, their `within`
@@ -742,6 +581,49 @@ PairSquares pair_squares(Activation phi, double mean, double var, double c, cons
   return out;
 }
 
+// pair_squares tabulated over the correlation (201 points on [−1, 1], linear in between) with band_terms, for one
+// activation at one pre-activation mean and variance; a normed model's blocks read (nearly) the same variance, so
+// the last 16 tables are kept and one within 10⁻³ of the asked variance (and mean) is reused.
+class PairSquareTables {
+ public:
+  struct Table {
+    Activation phi;
+    double mean = 0.0, var = 0.0;
+    BandTerms terms;
+    std::vector<PairSquares> grid;
+    PairSquares at(double c) const {
+      const double x = (std::clamp(c, -1.0, 1.0) + 1.0) * 0.5 * static_cast<double>(grid.size() - 1);
+      const std::size_t i = std::min(static_cast<std::size_t>(x), grid.size() - 2);
+      const double w = x - static_cast<double>(i);
+      const PairSquares& a = grid[i];
+      const PairSquares& b = grid[i + 1];
+      return {a.square + w * (b.square - a.square), a.centred + w * (b.centred - a.centred),
+              a.corr + w * (b.corr - a.corr)};
+    }
+  };
+  explicit PairSquareTables(const GaussHermite& rule) : rule_(&rule) {}
+  const Table& get(Activation phi, double mean, double var) {
+    for (const auto& t : tables_)
+      if (t->phi == phi && std::fabs(t->var - var) <= 1e-3 * var && std::fabs(t->mean - mean) <= 1e-3 * std::sqrt(var))
+        return *t;
+    auto t = std::make_unique<Table>();
+    t->phi = phi;
+    t->mean = mean;
+    t->var = var;
+    t->terms = band_terms(phi, Signal{mean, var, 0.0}, 1, *rule_);
+    constexpr int points = 201;
+    for (int i = 0; i < points; ++i)
+      t->grid.push_back(pair_squares(phi, mean, var, -1.0 + 2.0 * i / (points - 1), *rule_));
+    if (tables_.size() == 16) tables_.erase(tables_.begin());
+    tables_.push_back(std::move(t));
+    return *tables_.back();
+  }
+
+ private:
+  const GaussHermite* rule_;
+  std::vector<std::unique_ptr<Table>> tables_;
+};
+
 // The bands of one sublayer's probes (docs/theory.md, "Finite-width bands", transformers) from the spread
 // `stream.log_var` of the stream entering it and its cross-sequence correlation `stream.cross`; updates both to
 // the stream leaving it. Each fresh linear map adds linear_square_mean_log_var of its input; an activation adds its
@@ -750,8 +632,7 @@ PairSquares pair_squares(Activation phi, double mean, double var, double c, cons
 // skip's and the branch's spreads with their shares of the sum, plus the skip–branch cross term. Neglected: the
 // attention weights' own fluctuation over the query/key draws, biases and dropout.
 StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const Sublayer& s, const SublayerProbes& p,
-                            const StreamSpread& in, std::int64_t sequences, const GaussHermite& quadrature,
-                            Builder& b) {
+                            const StreamSpread& in, std::int64_t sequences, PairSquareTables& tables, Builder& b) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width;
   const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
@@ -792,18 +673,19 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
     const double corr_h = s.hidden.corr(0.0);
     // A pair's actual correlation scatters about its expectation c by Var = k·(1 - c²)² (the Gram's sampling):
     // E[κ(c)] ≈ κ(c) + ½κ''(c)·Var.
+    const PairSquareTables::Table& table = tables.get(c.activation, mean_h, var_h);
     const auto pair_at = [&](double corr) {
-      PairSquares at = pair_squares(c.activation, mean_h, var_h, corr, quadrature);
+      PairSquares at = table.at(corr);
       const double h = 0.02, lo = std::clamp(corr - h, -1.0, 1.0 - 2 * h), mid = lo + h;
-      const PairSquares a = pair_squares(c.activation, mean_h, var_h, lo, quadrature);
-      const PairSquares m = pair_squares(c.activation, mean_h, var_h, mid, quadrature);
-      const PairSquares z = pair_squares(c.activation, mean_h, var_h, lo + 2 * h, quadrature);
+      const PairSquares a = table.at(lo);
+      const PairSquares m = table.at(mid);
+      const PairSquares z = table.at(lo + 2 * h);
       const double spread = hidden_gram * (1.0 - corr * corr) * (1.0 - corr * corr) / (2.0 * h * h);
       at.square += 0.5 * (a.square - 2.0 * m.square + z.square) * spread;
       at.centred += 0.5 * (a.centred - 2.0 * m.centred + z.centred) * spread;
       return at;
     };
-    const PairSquares self = pair_squares(c.activation, mean_h, var_h, 1.0, quadrature);
+    const PairSquares self = table.at(1.0);
     const PairSquares within = pair_at(corr_h);
     const PairSquares across = pair_at(in.cross);
     const PairSquares across_other = pair_at(in.cross * corr_h);
@@ -811,7 +693,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
       return (self.*m + (tokens - 1.0) * within.*m + (seqs - 1.0) * (across.*m + (tokens - 1.0) * across_other.*m)) /
              rows;
     };
-    const BandTerms t = band_terms(c.activation, Signal{mean_h, var_h, corr_h}, 1, quadrature);
+    const BandTerms& t = table.terms;
     set_band(p.mixed, t.post_log_slope * t.post_log_slope * scale_log_var + unit_spread(&PairSquares::centred) / f);
     slope = t.log_slope;
     fresh = unit_spread(&PairSquares::square) / f +
@@ -843,6 +725,165 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
   set_band(p.result, out.log_var);
   if (post) b.prediction.probes[static_cast<std::size_t>(p.result)].var_log_sd = kNaN;
   return out;
+}
+
+}  // namespace
+
+ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs) {
+  const TransformerConfig& c = numbers.config;
+  PROPLAB_CHECK(static_cast<int>(numbers.blocks.size()) == c.layers, "predict_transformer: ", numbers.blocks.size(),
+                " block descriptions for ", c.layers, " layers");
+  const std::int64_t d = c.width;
+  const std::int64_t tokens = inputs.tokens > 0 ? inputs.tokens : c.seq_len;
+  const double p = c.dropout;
+  const bool pre = c.norm == NormPlacement::pre;
+  const GaussHermite quadrature(64);
+  ActivationPairMaps rule(quadrature);
+  Builder b;
+
+  // Forward.
+  const double tok_var = numbers.token_embed_std * numbers.token_embed_std;
+  const double pos_var = numbers.position_embed_std * numbers.position_embed_std;
+  const double embed_var = tok_var + pos_var;
+  double r0 = inputs.input_corr ? *inputs.input_corr
+                                : (embed_var > 0 ? tok_var / (static_cast<double>(c.vocab) * embed_var) : 1.0);
+  const std::shared_ptr<const TokenLayout> layout =
+      inputs.exact_positions ? TokenLayout::exact(tokens) : TokenLayout::for_length(tokens);
+  TokenField x = TokenField::exchangeable(layout, Signal{0.0, embed_var, clamp_unit(r0)});
+  if (p > 0) x = dropout_forward(x, p);
+  // The variance of the stream's component along its row's own token embedding (σ_tok·u, u the unit-variance
+  // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
+  // a tied head reads it back as the input token's own logit.
+  double token_aligned_var = tok_var;
+  const int probe_embed = b.add("embed.out", "embed", -1);
+  b.set_forward(probe_embed, x.signal());
+  // Finite-width bands: Var[log var] of the stream entering the next sublayer over initialisations and batches.
+  // The sequences share the position embeddings: a row's covariance with the same position of another sequence is
+  // σ_pos²/(σ_tok² + σ_pos²) of its variance.
+  PairSquareTables tables(quadrature);
+  StreamSpread spread{embedding_log_var(numbers, r0, inputs.sequences, tokens), embed_var > 0 ? pos_var / embed_var : 0.0};
+  b.prediction.probes[static_cast<std::size_t>(probe_embed)].var_log_sd = std::sqrt(spread.log_var);
+
+  // The fields of every sublayer would need O(layers·L²) memory; the forward pass keeps the stream entering every
+  // `segment`-th sublayer and the backward pass recomputes one segment at a time.
+  const int sublayers = 2 * c.layers;
+  const std::size_t field_bytes = static_cast<std::size_t>(layout->buckets() * layout->buckets()) * sizeof(double);
+  const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
+  std::vector<TokenField> checkpoints;
+  std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
+  for (int i = 0; i < sublayers; ++i) {
+    if (i % segment == 0) checkpoints.push_back(x);
+    const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
+    const ResidualNumbers& rn = i % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
+    Sublayer s = sublayer_forward(numbers, i, x, rule, &b, &probes[static_cast<std::size_t>(i)]);
+    if (c.norm != NormPlacement::none)
+      spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, tables, b);
+    token_aligned_var *= rn.lambda * rn.lambda;
+    if (c.norm == NormPlacement::post) {
+      const double sum_var = s.sum.var();
+      token_aligned_var = sum_var > 0.0 ? token_aligned_var * s.out.var() / sum_var : 0.0;
+    }
+    x = std::move(s.out);
+  }
+  TokenField head_in = x;
+  int probe_final = -1;
+  if (pre) {
+    head_in = norm_forward(c.norm_kind, x, d, c.norm_eps);
+    token_aligned_var = x.var() > 0.0 ? token_aligned_var * head_in.var() / x.var() : 0.0;
+    probe_final = b.add("final_norm.out", "norm", -1);
+    b.set_forward(probe_final, head_in.signal());
+  }
+  const Signal head_signal = head_in.signal();
+  const double head_std = c.tie_embeddings ? numbers.token_embed_std : numbers.readout_std;
+  const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
+  const HeadLogits head = head_logits(numbers, head_signal, token_aligned_var, tok_var);
+  const Signal& logits = head.logits;
+  const double other_spread = head.other_spread, self_mean = head.self_mean, self_var = head.self_var;
+  const bool self_logit = head.self_logit;
+  const double classes = static_cast<double>(c.vocab);
+  const int probe_logits = b.add("head.logits", "logits", -1);
+  b.set_forward(probe_logits, logits);
+  // An untied head is a fresh linear map of the normed head input; a tied head reads the input tokens' own
+  // embeddings back, and has no band. Without norms no probe has one: the attention logits follow the stream's
+  // scale, which the bands do not carry (docs/theory.md).
+  if (!c.tie_embeddings && c.norm != NormPlacement::none)
+    b.prediction.probes[static_cast<std::size_t>(probe_logits)].var_log_sd = std::sqrt(linear_square_mean_log_var(
+        {&head_in, spread.cross}, 1.0 / static_cast<double>(d), c.vocab, inputs.sequences));
+  if (c.norm == NormPlacement::none)
+    for (ProbeTheory& t : b.prediction.probes) t.var_log_sd = kNaN;
+
+  // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
+  // logits and of each other (uncorrelated across tokens).
+  const std::int64_t rows = inputs.sequences * tokens;
+  const double logit_grad_var =
+      self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
+                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
+  b.set_backward(probe_logits, GradSignal{logit_grad_var, 0.0});
+  // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
+  // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
+  // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
+  double first_norm_keep = 1.0;
+  if (self_logit) {
+    const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
+    const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
+    const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
+    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
+  }
+  TokenGrad g =
+      TokenGrad::white(layout, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
+  if (pre) {
+    b.set_backward(probe_final, g.signal());
+    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep), c.norm_eps);
+  }
+  for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
+    const int end = std::min(start + segment, sublayers);
+    std::vector<Sublayer> states;
+    states.reserve(static_cast<std::size_t>(end - start));
+    TokenField stream = checkpoints[static_cast<std::size_t>(start / segment)];
+    for (int i = start; i < end; ++i) {
+      states.push_back(sublayer_forward(numbers, i, stream, rule, nullptr, nullptr));
+      stream = states.back().out;
+    }
+    for (int i = end - 1; i >= start; --i) {
+      const double keep = i == sublayers - 1 && c.norm == NormPlacement::post ? first_norm_keep : 1.0;
+      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, keep, rule, b,
+                            probes[static_cast<std::size_t>(i)]);
+      states.pop_back();
+    }
+  }
+  b.set_backward(probe_embed, g.signal());
+
+  b.prediction.formulae = transformer_formulae(c, inputs);
+  return b.prediction;
+}
+
+namespace {
+
+// Var[log var] of a residual stream y = λ·x + β·φ(W x + b) (the residual MLP's layers l ≥ 1) over
+// initialisations, from the input stream's `input_log_var` (docs/theory.md, "Finite-width bands", residual
+// streams). Three parts, to first order in 1/width, every moment of the stream taken to scale with its variance:
+// the input's own spread, carried with the share its skip and its branch (whose Var[φ] follows the stream through
+// K with slope post_log_slope·weight_share) keep in y; the branch variance's own spread post_kappa/width; and
+// the empirical cross-covariance of x and φ across units (zero in expectation, each unit's product an
+// independent draw of its branch weights), Var = (v_x·Var φ/B + (1 − 1/B)·c_x·v_x·Cov(φ_b, φ_b'))/width.
+double residual_stream_log_var(const Signal& x, const Signal& y, const BandTerms& t, double lambda, double beta,
+                               double weight_share, double input_log_var, std::int64_t width,
+                               std::int64_t samples) {
+  if (!(y.var > 0)) return 0.0;
+  const double n = static_cast<double>(width);
+  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
+  const double skip = lambda * lambda * x.var, branch = beta * beta * t.post_var;
+  const double carried = (skip + branch * t.post_log_slope * weight_share) / y.var;
+  const double cross = (x.var * t.post_var / b + (1.0 - 1.0 / b) * x.corr * x.var * t.post_pair_cov) / n;
+  return carried * carried * input_log_var + branch * branch * t.post_kappa / n / (y.var * y.var) +
+         4.0 * lambda * lambda * beta * beta * cross / (y.var * y.var);
+}
+
+// The measurement's own spread: the log of a mean of squares of `units` × samples Gaussian values whose samples
+// correlate by `corr` (variance 2/units·(1/B + (1 − 1/B)·corr²)).
+double square_mean_log_var(std::int64_t units, std::int64_t samples, double corr) {
+  const double b = static_cast<double>(std::max<std::int64_t>(1, samples));
+  return 2.0 / static_cast<double>(units) * (1.0 / b + (1.0 - 1.0 / b) * corr * corr);
 }
 
 // The O(1/width) shift of a residual MLP's expected variances (docs/theory.md, "Finite-width bands", the mean of a

@@ -102,8 +102,9 @@ struct ProbeTheory {
   std::string no_forward;                    // why a forward statistic is NaN ("" when all are predicted)
   std::string no_backward;                   // why backward_var is NaN
   // The finite-width band: the standard deviation of log(var) over initialisations of a network of this width
-  // (predict_mlp; docs/theory.md, "Finite-width bands"). One network's log(var) is about Gaussian with this spread
-  // and mean log(var) − var_log_sd²/2 (its expectation is var). NaN where no band is derived.
+  // (predict_mlp, and predict_transformer with norms; docs/theory.md, "Finite-width bands"). One network's log(var)
+  // is about Gaussian with this spread and mean log(var) − var_log_sd²/2 (its expectation is var). NaN where no band
+  // is derived (norm outputs, attention logits, a tied head's logits, transformers without norms, ResNets).
   double var_log_sd = std::numeric_limits<double>::quiet_NaN();
 };
 
@@ -138,6 +139,10 @@ struct ProbePrediction {
 std::vector<std::string> transformer_probe_names(const TransformerConfig& config);
 
 // Predictions for every probe of a transformer. Requires numbers.blocks.size() == config.layers.
+// With norms (pre or post), the finite-width band of the embedding, stream, branch, FFN and untied-head probes
+// (var_log_sd): each fresh linear map's weights add 2/units·tr(G²)/tr(G)² (G the Gram matrix of its input rows,
+// itself sampled over the stream's width), an activation its units' own spread, and the residual adds carry the
+// stream's spread by the share the skip keeps (docs/theory.md, "Finite-width bands", transformers).
 ProbePrediction predict_transformer(const TransformerNumbers& numbers, const TheoryInputs& inputs);
 // One forward pass over the blocks (no probes, no backward) for rules that set each block from what reaches it:
 // at every block l, `adjust(l, var)` gets the predicted variance of the attention branch output (blocks.l.attn.out)

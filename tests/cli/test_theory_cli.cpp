@@ -62,9 +62,16 @@ TEST_F(TheoryCli, TinyTransformerPrintsEveryProbeWithPredictions) {
                            "blocks.0.attn.out", "blocks.0.mid", "blocks.0.ffn.norm", "blocks.0.ffn.preact",
                            "blocks.0.ffn.postact", "blocks.0.ffn.out", "blocks.0.out", "final_norm.out", "head.logits"})
     EXPECT_FALSE(row_with(result.out, name).empty()) << name << " missing from\n" << result.out;
-  // depth, block, kind, name, var, mean, corr, backward var.
+  // depth, block, kind, name, var, mean, corr, backward var, and the finite-width band (a normed transformer has
+  // one): log-var sd, 95% low, 95% high.
   const std::vector<std::string> row = row_with(result.out, "blocks.0.out");
-  ASSERT_EQ(row.size(), 8u) << result.out;
+  ASSERT_EQ(row.size(), 11u) << result.out;
+  const double sd = std::strtod(row[8].c_str(), nullptr), low = std::strtod(row[9].c_str(), nullptr),
+               high = std::strtod(row[10].c_str(), nullptr);
+  EXPECT_TRUE(sd > 0 && sd < 1) << row[8];
+  EXPECT_LT(low, std::strtod(row[4].c_str(), nullptr));
+  EXPECT_GT(high, std::strtod(row[4].c_str(), nullptr));
+  EXPECT_TRUE(contains(result.out, "finite-width band")) << result.out;
   EXPECT_EQ(row[1], "0");
   EXPECT_EQ(row[2], "residual");
   char* end = nullptr;
@@ -82,7 +89,7 @@ TEST_F(TheoryCli, GivenInputCorrIsUsedAndShown) {
   EXPECT_TRUE(contains(result.out, "0.5 (theory.input_corr)")) << result.out;
   // The embedding output's predicted token correlation is the given one.
   const std::vector<std::string> row = row_with(result.out, "embed.out");
-  ASSERT_EQ(row.size(), 8u) << result.out;
+  ASSERT_EQ(row.size(), 11u) << result.out;
   EXPECT_NEAR(std::strtod(row[6].c_str(), nullptr), 0.5, 1e-6) << result.out;
 }
 

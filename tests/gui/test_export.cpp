@@ -160,9 +160,17 @@ TEST_F(GuiExportTest, SvgOfDepthProfilesOfDifferentDepthsSharesTheLOverLRange) {
   const std::string svg = read_text(work_ / "depth.svg");
   EXPECT_NE(svg.find("width=\"640\" height=\"400\""), std::string::npos);
 
-  // Each run measured and its theory dashed: four series, in the selection order.
-  const auto series = svg_series(svg);
+  // Each run measured and its theory dashed: four series, in the selection order; each theory's finite-width band
+  // (the transformers have norms, so they have one) adds its two dashed edges at the theory's probes.
+  std::vector<SvgSeries> series, band;
+  for (const SvgSeries& s : svg_series(svg))
+    (s.label.find("95%") != std::string::npos ? band : series).push_back(s);
   ASSERT_EQ(series.size(), 4u) << svg;
+  ASSERT_EQ(band.size(), 4u) << svg;
+  for (const SvgSeries& edge : band) {
+    EXPECT_TRUE(edge.dashed) << edge.label;
+    EXPECT_EQ(edge.points, edge.run == "a_shallow" ? 6u : 72u) << edge.label;
+  }
   EXPECT_EQ(series[0].run, "a_shallow");
   EXPECT_FALSE(series[0].dashed);
   EXPECT_TRUE(series[1].dashed);

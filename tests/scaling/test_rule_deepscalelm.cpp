@@ -179,13 +179,15 @@ TEST(DeepScaleLmRule, TheoryPredictsUnitVarianceBranchesAndStream) {
       const bool normed = norm != NormPlacement::none;
       int branches = 0;
       for (const theory::ProbeTheory& t : p.probes) {
+        // The norms' ε (10⁻⁵ against unit variance) leaves a normed branch's input, and so the branch, that
+        // much below 1; the rule's FFN init takes the norm's output at exactly 1.
         if (t.kind == "branch") {
           const bool exact = normed || t.name.find(".attn.") != std::string::npos;
-          EXPECT_NEAR(t.var, 1.0, exact ? 1e-9 : 0.03) << t.name;
+          EXPECT_NEAR(t.var, 1.0, exact ? 1e-4 : 0.03) << t.name;
           ++branches;
         }
         if (t.kind == "residual") {
-          EXPECT_NEAR(t.var, 1.0, normed ? 1e-6 : 0.01) << t.name;
+          EXPECT_NEAR(t.var, 1.0, normed ? 1e-4 : 0.01) << t.name;
         }
       }
       EXPECT_EQ(branches, 24);
