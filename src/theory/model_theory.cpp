@@ -657,6 +657,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
   const double scale_log_var = pre ? norm_passes(s.input) * in.log_var : in.log_var;
   double slope = 1.0, fresh = 0.0;  // the branch's log-slope on the stream's scale, and its own spread
   double branch_cross = in.cross;   // the branch output's cross-sequence correlation
+  double shared_alpha = 0.0;       // FFN: how much of the stream Gram's sampling its branch Gram shares
   const double stream_gram = 1.0 / static_cast<double>(d);  // the stream's Gram: an average over its d features
   if (attention) {
     // mixed = P·(W_v x̂): per value unit a fresh linear map of the attention-averaged inputs, whose rows have the
@@ -700,6 +701,8 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
             linear_square_mean_log_var({&s.mixed, across.corr}, hidden_gram, d, sequences);
     // The output projection maps the activation's uncentred Gram: its mean is shared by every row.
     const double m_sq = s.mixed.mean * s.mixed.mean, v_phi = s.mixed.var();
+    // k(c) = E[φ(u)φ(v)] = corr_φ(c)·Var φ + m²: its slope at the rows' correlation, relative to E[φ²].
+    shared_alpha = v_phi * (table.at(corr_h + 0.01).corr - table.at(corr_h - 0.01).corr) / 0.02 / (v_phi + m_sq);
     branch_cross = (across.corr * v_phi + m_sq) / (v_phi + m_sq);
   }
   set_band(p.branch, slope * slope * scale_log_var + fresh);
@@ -710,8 +713,13 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
   const double vx = s.input.var(), vb = s.branch_var, vy = y.var();
   if (!(vy > 0)) return {};
   const double lambda = rn.lambda, beta = rn.beta;
-  const double cross_var = batch_pair_sum({&s.branch, branch_cross}, {&s.input, in.cross}, sequences) /
-                           (static_cast<double>(d) * rows * rows);
+  double cross_var = batch_pair_sum({&s.branch, branch_cross}, {&s.input, in.cross}, sequences) /
+                     (static_cast<double>(d) * rows * rows);
+  // The FFN's Gram is built from the same normed stream as the skip's: a pair of rows whose stream correlation
+  // happens to be c (Var ≈ 1/d about its expectation) has E[φ_a·φ_b] moved by k'(c̄)·c, so E[G_b·G_x] exceeds
+  // Ḡ_b·Ḡ_x by α·v_b·v_x/d on every pair, α = k'(c̄)/E[φ²] (docs/theory.md). Attention's share of this (through
+  // each query's weight on its own key) is not carried.
+  cross_var += shared_alpha * vb * vx / (static_cast<double>(d) * static_cast<double>(d));
   const double carried = (lambda * lambda * vx + beta * beta * vb * slope) / vy;
   const double own = beta * beta * vb / vy;
   StreamSpread out;
