@@ -157,9 +157,9 @@ PlotSpec depth_plot_spec(const AppState& state, const RunList& runs) {
             probe_point_text(run->probes[p], first_step, "predicted " + spec.y_label, (*theory)[p]));
       }
       if (std::any_of(predicted.y.begin(), predicted.y.end(), [](double v) { return std::isfinite(v); })) {
-        // The finite-width band (/theory/forward/var_log_sd: MLPs, transformers with norms): where one network's
-        // var falls 95% of the time, two thin faded dashed lines that the prediction's legend entry hides and shows
-        // with it.
+        // The finite-width band (/theory/forward/var_log_sd: MLPs, normed transformers, some ResNets): where one
+        // network's var falls 95% of the time, two thin faded dashed lines that the prediction's legend entry hides and
+        // shows with it.
         const std::vector<double>* log_sd =
             state.direction == Direction::forward && state.stat == "var" ? var_band(*run) : nullptr;
         if (log_sd != nullptr) {

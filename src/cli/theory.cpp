@@ -97,7 +97,7 @@ void write_predictions(std::ostream& out, const theory::ProbePrediction& predict
     name_width = std::max(name_width, p.name.size());
     kind_width = std::max(kind_width, p.kind.size());
   }
-  // The finite-width band's columns only when the model has one (MLPs, transformers with norms).
+  // The finite-width band's columns only when the model has one (MLPs, normed transformers, some ResNets).
   const bool banded = std::any_of(prediction.probes.begin(), prediction.probes.end(),
                                   [](const theory::ProbeTheory& p) { return std::isfinite(p.var_log_sd); });
   out << "\npredicted at initialisation:\n";

@@ -1,7 +1,9 @@
 #include "scaling/resnet_theory.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numbers>
 #include <utility>
@@ -104,16 +106,37 @@ double average(const std::vector<double>& values) {
 // channels' shared mean[p]) and δ̄_c its average over positions. What BatchNorm subtracts at p is the channel's mean
 // over the whole batch: near a zero-padded border a conv's output reads fewer taps, so its channel-specific mean
 // there is a smaller part of the mean BatchNorm removes (see `norm`).
+// E[x(p)·y(p + Δ)] pairs of a k×k kernel at offset Δ: (k − |Δx|)⁺·(k − |Δy|)⁺.
+double kernel_overlap(int kernel, int dx, int dy) {
+  return static_cast<double>(std::max(0, kernel - std::abs(dx)) * std::max(0, kernel - std::abs(dy)));
+}
+constexpr int kReach = 2;  // offsets −2..2: what two taps of a 3×3 kernel can be apart
+using Offsets = std::array<double, (2 * kReach + 1) * (2 * kReach + 1)>;
+std::size_t offset_index(int dx, int dy) {
+  return static_cast<std::size_t>((dy + kReach) * (2 * kReach + 1) + dx + kReach);
+}
+
+// The finite-width band (docs/theory.md, "Finite-width bands", ResNets): coupling = d log(var)/d log(var of the
+// stream entering the block), fresh = Var[log var] from the weights drawn since, channel_spread = the relative
+// variance of one channel's mean square across the channels of one network, coherence[Δ] = E over channel pairs
+// (c, c', the same channel included) of the squared realised correlation of c at p and c' at p + Δ over positions
+// and images (zero in expectation over the weights, but fixed in one network).
 struct Plane {
   int size = 0;
   std::vector<double> mean, second;
   double channel_mean_sq = 0.0;
   std::vector<double> mean_share;
+  double coupling = 1.0, fresh = 0.0, channel_spread = 0.0;
+  Offsets coherence{};
+  // link[Δ]: Σ over this plane's channels c' of E[realised Cov(x_c(p), plane_c'(p + Δ))²]/(Var x·Var plane), x the
+  // stream entering the block (one channel c): how much of this plane follows the stream in one network.
+  Offsets link{};
   static Plane uniform(int size, double mean, double var) {
     const std::size_t n = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
     return {size, std::vector<double>(n, mean), std::vector<double>(n, var + mean * mean), mean * mean,
             std::vector<double>(n, 0.0)};
   }
+  double log_var(double stream_log_var) const { return coupling * coupling * stream_log_var + fresh; }
   // E over channels of δ̄_c²: the channel-specific part of a channel's mean over the batch.
   double avg_mean_share() const { return average(mean_share); }
   std::size_t count() const { return mean.size(); }
@@ -198,6 +221,55 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
   const double shared = x.avg_mean();
   y.channel_mean_sq = w.standardised ? w.ws_norm_sq * std::max(0.0, x.channel_mean_sq - shared * shared)
                                      : w.weight_var * static_cast<double>(w.in) * taps * x.channel_mean_sq;
+  // The band: an output channel's mean square is wᵀGw, G the input patches' second-moment matrix over the n =
+  // C_in·k² inputs: within a channel s = E[a²] on the diagonal and the channel's mean μ² + δ² off it, between
+  // channels μ² (plus δ_c·δ_c', zero in expectation), and on every pair the realised covariance the input's own
+  // weights left (its coherence: Σ_pairs ≈ C_in²·Var²·Σ_Δ P_k(Δ)·coherence[Δ], P_k(Δ) the tap pairs at offset Δ).
+  // Plain rows: relative variance 2·tr(G²)/tr(G)²; standardised rows (zero mean, fixed norm) see G less its shared
+  // mean, and only its departure from isotropy: 2·(tr(G'²)/tr(G')² − 1/n). The output channels' realised
+  // correlations are the centred Gram's tr(G_c²)/tr(G_c)², spread over offsets as the kernel overlaps. Borders are
+  // ignored.
+  {
+    const double c_in = static_cast<double>(w.in), n = c_in * taps;
+    const double mu_sq = shared * shared, delta_sq = std::max(0.0, x.channel_mean_sq - mu_sq);
+    const double var = std::max(x.avg_second() - x.channel_mean_sq, 0.0);  // a channel's own variance
+    double coherent = 0.0;  // Σ_Δ P_k(Δ)·coherence[Δ]
+    for (int dy = -kReach; dy <= kReach; ++dy)
+      for (int dx = -kReach; dx <= kReach; ++dx)
+        coherent += kernel_overlap(w.kernel, dx, dy) * x.coherence[offset_index(dx, dy)];
+    const double realised = c_in * c_in * var * var * coherent;
+    const double s = w.standardised ? std::max(x.avg_second() - mu_sq, 1e-300) : x.avg_second();
+    const double within = w.standardised ? delta_sq : mu_sq + delta_sq;
+    const double across_sq = w.standardised ? delta_sq * delta_sq : mu_sq * mu_sq + delta_sq * delta_sq;
+    const double squares = c_in * (taps * s * s * (1.0 + x.channel_spread) + taps * (taps - 1.0) * within * within) +
+                           c_in * (c_in - 1.0) * taps * taps * across_sq + realised;
+    const double ratio = s > 0 ? squares / (n * s * n * s) : 0.0;
+    const double per_channel = w.standardised ? 2.0 * std::max(0.0, ratio - 1.0 / n) : 2.0 * ratio;
+    y.coupling = x.coupling;
+    y.fresh = x.fresh + per_channel / static_cast<double>(w.out);
+    y.channel_spread = per_channel;
+    const double centred =
+        var > 0 ? (c_in * taps * var * var * (1.0 + x.channel_spread) + realised) / (n * var * n * var) : 0.0;
+    for (int dy = -kReach; dy <= kReach; ++dy)
+      for (int dx = -kReach; dx <= kReach; ++dx)
+        y.coherence[offset_index(dx, dy)] = centred * kernel_overlap(w.kernel, w.stride * dx, w.stride * dy) / taps;
+    // The link: Cov(x_c, y_c'(Δ)) = Σ_{c_in, t} w·Cov(x_c, a_c_in(stride·Δ + t)), so over the weights each output
+    // channel gets Var a·Σ_t link_a(stride·Δ + t)/(C_in·k²·s) (s: what the row's weights normalise, E[a²] or, for
+    // standardised rows, the centred second moment), and the C_out channels sum.
+    const int pad = w.kernel / 2;
+    const double norm_s = w.standardised ? std::max(x.avg_second() - mu_sq, 1e-300) : x.avg_second();
+    const double plane_var = std::max(x.avg_second() - mu_sq, 0.0);
+    for (int dy = -kReach; dy <= kReach; ++dy)
+      for (int dx = -kReach; dx <= kReach; ++dx) {
+        double sum = 0.0;
+        for (int ty = -pad; ty <= pad; ++ty)
+          for (int tx = -pad; tx <= pad; ++tx) {
+            const int ix = w.stride * dx + tx, iy = w.stride * dy + ty;
+            if (std::abs(ix) <= kReach && std::abs(iy) <= kReach) sum += x.link[offset_index(ix, iy)];
+          }
+        y.link[offset_index(dx, dy)] = norm_s > 0 ? static_cast<double>(w.out) * plane_var * sum / (n * norm_s) : 0.0;
+      }
+  }
   // The channel-specific mean at p is Σ_{taps inside} w·(input channel means), so two positions share the taps both
   // read (input channel means taken as the same at every position): E[δ(p)·δ(p')] = C_in·E[w²]·channel_mean_sq·
   // |T(p) ∩ T(p')|, T the taps inside. Averaged over p' it factorises by axis: A(p_x)·A(p_y), A(o) = Σ_k
@@ -319,6 +391,10 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     }
     y.channel_mean_sq = shift * shift;
     std::fill(y.mean_share.begin(), y.mean_share.end(), 0.0);
+    // Every channel is normalised by its own batch statistics: no scale spread is left.
+    y.coupling = 0.0;
+    y.fresh = 0.0;
+    y.channel_spread = 0.0;
     return y;
   };
   // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
@@ -337,6 +413,22 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     // δ_out(p) ≈ φ'-mean(p)·δ(p): E[δ_out(p)·δ̄_out] ≈ slope(p)·(mean slope)·E[δ(p)·δ̄].
     for (std::size_t p = 0; p < x.count(); ++p)
       y.mean_share[p] = slopes[p] * slope * x.mean_share[p];
+    // The band: E[φ²] follows a rescaling of its input (mean and variance together) with this log-slope (1 for
+    // ReLU); the units' own sampling over positions × images is negligible.
+    const double m = x.avg_mean(), v = std::max(x.avg_second() - m * m, 0.0);
+    constexpr double h = 1e-3;
+    const double up = integrals.moments(m * std::sqrt(1.0 + h), v * (1.0 + h)).var,
+                 down = integrals.moments(m * std::sqrt(1.0 - h), v * (1.0 - h)).var;
+    const double log_slope =
+        up > 0 && down > 0 ? (std::log(up) - std::log(down)) / (std::log1p(h) - std::log1p(-h)) : 1.0;
+    y.coupling = log_slope * x.coupling;
+    y.fresh = log_slope * log_slope * x.fresh;
+    y.channel_spread = log_slope * log_slope * x.channel_spread;
+    // A small realised correlation c passes as c·E[φ']²·Var_in/Var_out (the first Hermite term).
+    const double out_var = y.population().var, in_slope = integrals.slope(m, v).mean;
+    const double pass = out_var > 0 ? in_slope * in_slope * v / out_var : 0.0;
+    for (double& c : y.coherence) c *= pass * pass;
+    for (double& l : y.link) l *= pass;
     return y;
   };
   auto scaled = [](Plane x, double s) {
@@ -374,14 +466,22 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                  "avg(mean)²); BatchNorm on the batch statistics; out = λ·shortcut + β·branch (independent); "
                  "backward: transposed conv sums, φ'² per position, BatchNorm γ²/σ² less the batch mean";
   const int image = config.image_size;
-  Plane x = conv_forward(Plane::uniform(image, 0.0, input_var),
-                         weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
+  // The images' own sampling: a mean of squares of in_channels × image² × batch N(0, input_var) pixels, and per
+  // channel of image² × batch of them.
+  Plane images = Plane::uniform(image, 0.0, input_var);
+  const double pixels = static_cast<double>(image) * image * batch;
+  images.coupling = 0.0;
+  images.fresh = 2.0 / (static_cast<double>(config.in_channels) * pixels);
+  images.channel_spread = 2.0 / pixels;
+  Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
   Plane rectifier_input;
   if (!preact) {
     rectifier_input = norm(x);
     x = activate(rectifier_input);
   }
   out.stem = x.population();
+  double stream_log_var = x.log_var(0.0);  // Var[log var] of the stream entering the next block
+  out.stem_log_sd = std::sqrt(stream_log_var);
   std::int64_t channels = base;
   for (int b = 0; b < layout.blocks(); ++b) {
     const std::int64_t width = base << layout.stage(b), block_out = width * expansion;
@@ -399,9 +499,15 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     const ResidualSpec residual = rule.residual(b, Branch::ffn);
     st.lambda = residual.lambda;
     st.beta = residual.beta;
+    x.coupling = 1.0;  // the band's terms are counted from this block's input stream on
+    x.fresh = 0.0;
+    // The stream's link with itself: its own channel at Δ = 0 and, through their realised correlations, the others.
+    for (std::size_t i = 0; i < x.link.size(); ++i)
+      x.link[i] = static_cast<double>(channels) * x.coherence[i] + (i == offset_index(0, 0) ? 1.0 : 0.0);
     st.stream_in = x;
     st.rectifier_input = rectifier_input;
     out.stream_in.push_back(x.population());
+    out.stream_in_log_sd.push_back(std::sqrt(stream_log_var));
     Plane cur = scaled(x, st.input_scale), first_conv_input;
     for (int j = 0; j < m; ++j) {
       ConvStep step;
@@ -429,6 +535,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
       st.steps.push_back(std::move(step));
     }
     out.branch.push_back(cur.population());
+    out.branch_log_sd.push_back(std::sqrt(cur.log_var(stream_log_var)));
     Plane shortcut = x;
     st.projection = layout.projection(b);
     if (st.projection) {
@@ -449,6 +556,37 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                           2.0 * st.lambda * st.beta * shortcut.avg_mean() * cur.avg_mean();
     for (std::size_t p = 0; p < sum.count(); ++p)
       sum.mean_share[p] = st.lambda * st.lambda * shortcut.mean_share[p] + st.beta * st.beta * cur.mean_share[p];
+    // The band of the sum: each part's coupling to the block input's scale and its own spread, weighted by its
+    // share, plus the empirical shortcut–branch covariance over elements (zero in expectation). Over the branch's
+    // last conv its dominant part is the channels' own means: (1/C)·Σ_c δ_s,c·δ_b,c with variance
+    // E[δ_s²]·E[δ_b²]/C (the two channel means are independent; positions are uncorrelated beyond them).
+    {
+      const double vs = st.lambda * st.lambda * shortcut.population().var,
+                   vb = st.beta * st.beta * cur.population().var;
+      const double vy = sum.population().var;
+      if (vy > 0) {
+        const double ms = shortcut.avg_mean(), mb = cur.avg_mean();
+        const double ds = std::max(0.0, shortcut.channel_mean_sq - ms * ms),
+                     db = std::max(0.0, cur.channel_mean_sq - mb * mb);
+        // The channel-matched realised covariance of the shortcut (the identity: the block's input) and the
+        // branch, E[Cov(x_c, b_c)²] = Var x·Var b·link_b[0]/C_out, adds to the channel means' part.
+        // A projection shortcut follows the stream through its own link: E[Cov(s_c, b_c)²] ≈ C_in·link_s·link_b/C_out²
+        // (over the stream's C_in channels; its self-link, which both count, once).
+        const std::size_t at0 = offset_index(0, 0);
+        const double linked =
+            st.projection
+                ? vs * vb * static_cast<double>(channels) * shortcut.link[at0] * cur.link[at0] /
+                      (static_cast<double>(block_out) * static_cast<double>(block_out) * std::max(x.link[at0], 1.0))
+                : vs * vb * cur.link[at0] / static_cast<double>(block_out);
+        const double cross = 4.0 * (st.lambda * st.lambda * st.beta * st.beta * ds * db + linked);
+        sum.coupling = (vs * shortcut.coupling + vb * cur.coupling) / vy;
+        sum.fresh =
+            (vs * vs * shortcut.fresh + vb * vb * cur.fresh + cross / static_cast<double>(block_out)) / (vy * vy);
+        sum.channel_spread = (vs * vs * shortcut.channel_spread + vb * vb * cur.channel_spread + cross) / (vy * vy);
+        for (std::size_t i = 0; i < sum.coherence.size(); ++i)
+          sum.coherence[i] = (vs * vs * shortcut.coherence[i] + vb * vb * cur.coherence[i]) / (vy * vy);
+      }
+    }
     // A zero branch leaves a post-activation ReLU stream as it is (ReLU is idempotent on its non-negative output);
     // the Gaussian closure would not see that.
     const bool rectified_identity = !preact && !st.projection && act == Activation::relu &&
@@ -458,6 +596,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     x = preact || rectified_identity ? sum : activate(sum);
     if (!rectified_identity) rectifier_input = sum;
     out.stream_out.push_back(x.population());
+    stream_log_var = x.log_var(stream_log_var);
+    out.stream_out_log_sd.push_back(std::sqrt(stream_log_var));
     states.push_back(std::move(st));
     channels = block_out;
   }
@@ -583,6 +723,16 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   }
   // stem.out is the stream entering block 0.
   out.grad_stem = out.grad_in.empty() ? g.avg() : out.grad_in.front();
+  // The bands are kept where they were checked over initialisations (docs/theory.md, "Finite-width bands",
+  // ResNets): pre-activation ResNets with BatchNorm or weight-standardised (NF) convs. Elsewhere NaN: a
+  // post-activation stream, or an unnormalised one with plain convs (SkipInit, Fixup, He), measured wider than
+  // this bookkeeping, or with a centre that misses by more than the band.
+  if (!(preact && (normed || spec.weight_standardization))) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    out.stem_log_sd = nan;
+    for (auto* v : {&out.stream_in_log_sd, &out.branch_log_sd, &out.stream_out_log_sd})
+      std::fill(v->begin(), v->end(), nan);
+  }
   return out;
 }
 

@@ -40,6 +40,11 @@ struct ResnetBookkeeping {
   // the stream entering it, its branch output and the stream leaving it.
   double grad_stem = 0.0;
   std::vector<double> grad_in, grad_branch, grad_out;
+  // The finite-width band: the standard deviation of log(var) over initialisations and batches (docs/theory.md,
+  // "Finite-width bands", ResNets), at stem.out and per block; NaN but for pre-activation ResNets with BatchNorm or
+  // weight standardisation.
+  double stem_log_sd = 0.0;
+  std::vector<double> stream_in_log_sd, branch_log_sd, stream_out_log_sd;
   std::string formulae;                                      // one line: what was used
 };
 

@@ -657,7 +657,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
   const double scale_log_var = pre ? norm_passes(s.input) * in.log_var : in.log_var;
   double slope = 1.0, fresh = 0.0;  // the branch's log-slope on the stream's scale, and its own spread
   double branch_cross = in.cross;   // the branch output's cross-sequence correlation
-  double shared_alpha = 0.0;       // FFN: how much of the stream Gram's sampling its branch Gram shares
+  double shared_alpha = 0.0;        // FFN: how much of the stream Gram's sampling its branch Gram shares
   const double stream_gram = 1.0 / static_cast<double>(d);  // the stream's Gram: an average over its d features
   if (attention) {
     // mixed = P·(W_v x̂): per value unit a fresh linear map of the attention-averaged inputs, whose rows have the

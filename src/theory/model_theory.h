@@ -104,7 +104,8 @@ struct ProbeTheory {
   // The finite-width band: the standard deviation of log(var) over initialisations of a network of this width
   // (predict_mlp, and predict_transformer with norms; docs/theory.md, "Finite-width bands"). One network's log(var)
   // is about Gaussian with this spread and mean log(var) − var_log_sd²/2 (its expectation is var). NaN where no band
-  // is derived (norm outputs, attention logits, a tied head's logits, transformers without norms, ResNets).
+  // is derived (norm outputs, attention logits, a tied head's logits, transformers without norms; ResNets: see
+  // scaling/resnet_theory.h).
   double var_log_sd = std::numeric_limits<double>::quiet_NaN();
 };
 

@@ -49,9 +49,10 @@ theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& r
   const double nan = std::nan("");
   theory::ProbePrediction prediction;
   prediction.formulae = bookkeeping.formulae;
-  auto add = [&](const std::string& name, const char* kind, int block, const StreamMoments* moments,
-                 double backward) {
+  auto add = [&](const std::string& name, const char* kind, int block, const StreamMoments* moments, double backward,
+                 double log_sd = std::nan("")) {
     theory::ProbeTheory p;
+    p.var_log_sd = log_sd;
     p.name = name;
     p.kind = kind;
     p.block = block;
@@ -64,13 +65,16 @@ theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& r
     if (std::isnan(backward)) p.no_backward = "the classifier's logits are outside the variance bookkeeping";
     prediction.probes.push_back(std::move(p));
   };
-  add("stem.out", "embed", -1, &bookkeeping.stem, bookkeeping.grad_stem);
+  add("stem.out", "embed", -1, &bookkeeping.stem, bookkeeping.grad_stem, bookkeeping.stem_log_sd);
   for (std::size_t b = 0; b < bookkeeping.stream_in.size(); ++b) {
     const std::string prefix = "blocks." + std::to_string(b);
     const int block = static_cast<int>(b);
-    add(prefix + ".in", "residual", block, &bookkeeping.stream_in[b], bookkeeping.grad_in[b]);
-    add(prefix + ".branch", "branch", block, &bookkeeping.branch[b], bookkeeping.grad_branch[b]);
-    add(prefix + ".out", "residual", block, &bookkeeping.stream_out[b], bookkeeping.grad_out[b]);
+    add(prefix + ".in", "residual", block, &bookkeeping.stream_in[b], bookkeeping.grad_in[b],
+        bookkeeping.stream_in_log_sd[b]);
+    add(prefix + ".branch", "branch", block, &bookkeeping.branch[b], bookkeeping.grad_branch[b],
+        bookkeeping.branch_log_sd[b]);
+    add(prefix + ".out", "residual", block, &bookkeeping.stream_out[b], bookkeeping.grad_out[b],
+        bookkeeping.stream_out_log_sd[b]);
   }
   add("head.logits", "logits", -1, nullptr, nan);
   return prediction;
