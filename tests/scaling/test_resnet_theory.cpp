@@ -161,17 +161,24 @@ struct SeedAverage {
   std::map<int, double> forward, backward;
   std::unique_ptr<Resnet> model;
 };
+// One forward-backward step of `model` on `batch_size` random 32×32 images (drawn from `image_seed`) whose targets
+// are spread over the classes (offset by `seed`), every probe's moments captured.
+VarianceSink one_step(Resnet& model, int classes, int seed, int batch_size, std::uint64_t image_seed) {
+  VarianceSink sink;
+  StepContext context;
+  context.sink = &sink;
+  Tensor targets = Tensor::empty({batch_size}, DType::i32);
+  for (int i = 0; i < batch_size; ++i) targets.i32()[i] = (i * 7 + seed) % classes;
+  Batch batch{testing::random_tensor({batch_size, 3, 32, 32}, image_seed), targets};
+  model.forward_backward(batch, 1.0f, context);
+  return sink;
+}
+
 SeedAverage seed_average(const ResnetConfig& config, const ScalingConfig& scaling, int seeds, int batch_size) {
   SeedAverage out;
   for (int seed = 1; seed <= seeds; ++seed) {
     out.model = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
-    VarianceSink sink;
-    StepContext context;
-    context.sink = &sink;
-    Tensor targets = Tensor::empty({batch_size}, DType::i32);
-    for (int i = 0; i < batch_size; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
-    Batch batch{testing::random_tensor({batch_size, 3, 32, 32}, 100 + seed), targets};
-    out.model->forward_backward(batch, 1.0f, context);
+    const VarianceSink sink = one_step(*out.model, config.classes, seed, batch_size, 100 + seed);
     for (const auto& [probe, m] : sink.moments) out.forward[probe] += m.var / seeds;
     for (const auto& [probe, v] : sink.grad_var) out.backward[probe] += v / seeds;
   }
@@ -284,13 +291,7 @@ BandCoverage resnet_band_coverage(const ResnetConfig& config, const ScalingConfi
   std::vector<double> z;
   for (int seed = 1; seed <= kNetworks; ++seed) {
     Resnet model(config, scaling, static_cast<std::uint64_t>(500 + seed));
-    VarianceSink sink;
-    StepContext context;
-    context.sink = &sink;
-    Tensor targets = Tensor::empty({kBatch}, DType::i32);
-    for (int i = 0; i < kBatch; ++i) targets.i32()[i] = (i * 7 + seed) % config.classes;
-    Batch batch{testing::random_tensor({kBatch, 3, 32, 32}, 900 + seed), targets};
-    model.forward_backward(batch, 1.0f, context);
+    const VarianceSink sink = one_step(model, config.classes, seed, kBatch, 900 + seed);
     for (int b = 0; b < model.blocks(); ++b) {
       const std::pair<int, std::pair<double, double>> probes[] = {
           {model.probe_block_in(b), {theory.stream_in[b].var, theory.stream_in_log_sd[b]}},
