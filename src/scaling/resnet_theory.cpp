@@ -98,14 +98,6 @@ double average(const std::vector<double>& values) {
   return values.empty() ? 0.0 : s / static_cast<double>(values.size());
 }
 
-// Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
-// second moment E[a²][p]. Borders make them position-dependent (zero padding).
-// channel_mean_sq: E over channels of the square of a channel's mean over images (at an interior position; the part
-// of the second moment a channel shares across images).
-// mean_share[p]: E over channels of δ_c(p)·δ̄_c, where δ_c(p) is channel c's own mean at p (over images, less the
-// channels' shared mean[p]) and δ̄_c its average over positions. What BatchNorm subtracts at p is the channel's mean
-// over the whole batch: near a zero-padded border a conv's output reads fewer taps, so its channel-specific mean
-// there is a smaller part of the mean BatchNorm removes (see `norm`).
 // E[x(p)·y(p + Δ)] pairs of a k×k kernel at offset Δ: (k − |Δx|)⁺·(k − |Δy|)⁺.
 double kernel_overlap(int kernel, int dx, int dy) {
   return static_cast<double>(std::max(0, kernel - std::abs(dx)) * std::max(0, kernel - std::abs(dy)));
@@ -116,6 +108,14 @@ std::size_t offset_index(int dx, int dy) {
   return static_cast<std::size_t>((dy + kReach) * (2 * kReach + 1) + dx + kReach);
 }
 
+// Per-position moments of one activation map [size, size] (the same for every channel and image): mean[p] and the
+// second moment E[a²][p]. Borders make them position-dependent (zero padding).
+// channel_mean_sq: E over channels of the square of a channel's mean over images (at an interior position; the part
+// of the second moment a channel shares across images).
+// mean_share[p]: E over channels of δ_c(p)·δ̄_c, where δ_c(p) is channel c's own mean at p (over images, less the
+// channels' shared mean[p]) and δ̄_c its average over positions. What BatchNorm subtracts at p is the channel's mean
+// over the whole batch: near a zero-padded border a conv's output reads fewer taps, so its channel-specific mean
+// there is a smaller part of the mean BatchNorm removes (see `norm`).
 // The finite-width band (docs/theory.md, "Finite-width bands", ResNets): coupling = d log(var)/d log(var of the
 // stream entering the block), fresh = Var[log var] from the weights drawn since, channel_spread = the relative
 // variance of one channel's mean square across the channels of one network, coherence[Δ] = E over channel pairs
@@ -254,10 +254,9 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
       for (int dx = -kReach; dx <= kReach; ++dx)
         y.coherence[offset_index(dx, dy)] = centred * kernel_overlap(w.kernel, w.stride * dx, w.stride * dy) / taps;
     // The link: Cov(x_c, y_c'(Δ)) = Σ_{c_in, t} w·Cov(x_c, a_c_in(stride·Δ + t)), so over the weights each output
-    // channel gets Var a·Σ_t link_a(stride·Δ + t)/(C_in·k²·s) (s: what the row's weights normalise, E[a²] or, for
-    // standardised rows, the centred second moment), and the C_out channels sum.
+    // channel gets Var a·Σ_t link_a(stride·Δ + t)/(C_in·k²·s) (s as above: what the row's weights normalise), and
+    // the C_out channels sum.
     const int pad = w.kernel / 2;
-    const double norm_s = w.standardised ? std::max(x.avg_second() - mu_sq, 1e-300) : x.avg_second();
     const double plane_var = std::max(x.avg_second() - mu_sq, 0.0);
     for (int dy = -kReach; dy <= kReach; ++dy)
       for (int dx = -kReach; dx <= kReach; ++dx) {
@@ -267,7 +266,7 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
             const int ix = w.stride * dx + tx, iy = w.stride * dy + ty;
             if (std::abs(ix) <= kReach && std::abs(iy) <= kReach) sum += x.link[offset_index(ix, iy)];
           }
-        y.link[offset_index(dx, dy)] = norm_s > 0 ? static_cast<double>(w.out) * plane_var * sum / (n * norm_s) : 0.0;
+        y.link[offset_index(dx, dy)] = s > 0 ? static_cast<double>(w.out) * plane_var * sum / (n * s) : 0.0;
       }
   }
   // The channel-specific mean at p is Σ_{taps inside} w·(input channel means), so two positions share the taps both
