@@ -120,13 +120,15 @@ std::size_t offset_index(int dx, int dy) {
 // stream entering the block), fresh = Var[log var] from the weights drawn since, channel_spread = the relative
 // variance of one channel's mean square across the channels of one network, coherence[Δ] = E over channel pairs
 // (c, c', the same channel included) of the squared realised correlation of c at p and c' at p + Δ over positions
-// and images (zero in expectation over the weights, but fixed in one network).
+// and images (zero in expectation over the weights, but fixed in one network). var_spread = the relative variance of
+// one channel's own variance (its second moment less its mean²) across the channels: what BatchNorm divides a
+// channel's gradient by varies with it, and E[1/σ_c²] ≈ (1 + var_spread)/E[σ_c²].
 struct Plane {
   int size = 0;
   std::vector<double> mean, second;
   double channel_mean_sq = 0.0;
   std::vector<double> mean_share;
-  double coupling = 1.0, fresh = 0.0, channel_spread = 0.0;
+  double coupling = 1.0, fresh = 0.0, channel_spread = 0.0, var_spread = 0.0;
   Offsets coherence{};
   // link[Δ]: Σ over this plane's channels c' of E[realised Cov(x_c(p), plane_c'(p + Δ))²]/(Var x·Var plane), x the
   // stream entering the block (one channel c): how much of this plane follows the stream in one network.
@@ -250,6 +252,7 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
     y.channel_spread = per_channel;
     const double centred =
         var > 0 ? (c_in * taps * var * var * (1.0 + x.channel_spread) + realised) / (n * var * n * var) : 0.0;
+    y.var_spread = w.standardised ? 2.0 * std::max(0.0, centred - 1.0 / n) : 2.0 * centred;
     for (int dy = -kReach; dy <= kReach; ++dy)
       for (int dx = -kReach; dx <= kReach; ++dx)
         y.coherence[offset_index(dx, dy)] = centred * kernel_overlap(w.kernel, w.stride * dx, w.stride * dy) / taps;
@@ -394,6 +397,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     y.coupling = 0.0;
     y.fresh = 0.0;
     y.channel_spread = 0.0;
+    y.var_spread = 0.0;
     return y;
   };
   // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
@@ -423,6 +427,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     y.coupling = log_slope * x.coupling;
     y.fresh = log_slope * log_slope * x.fresh;
     y.channel_spread = log_slope * log_slope * x.channel_spread;
+    y.var_spread = log_slope * log_slope * x.var_spread;
     // A small realised correlation c passes as c·E[φ']²·Var_in/Var_out (the first Hermite term).
     const double out_var = y.population().var, in_slope = integrals.slope(m, v).mean;
     const double pass = out_var > 0 ? in_slope * in_slope * v / out_var : 0.0;
@@ -463,7 +468,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                  (borders ? "zero-padded borders" : "interior only") +
                  "): plain conv E[y²] = C_in·std²·Σ_taps E[a²]; standardised conv Var = (gain·scale)²·(avg E[a²] − "
                  "avg(mean)²); BatchNorm on the batch statistics; out = λ·shortcut + β·branch (independent); "
-                 "backward: transposed conv sums, φ'² per position, BatchNorm γ²/σ² less the batch mean";
+                 "backward: transposed conv sums, φ'² per position, BatchNorm γ²·E[1/σ_c²] less the batch mean";
   const int image = config.image_size;
   // The images' own sampling: a mean of squares of in_channels × image² × batch N(0, input_var) pixels, and per
   // channel of image² × batch of them.
@@ -472,6 +477,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   images.coupling = 0.0;
   images.fresh = 2.0 / (static_cast<double>(config.in_channels) * pixels);
   images.channel_spread = 2.0 / pixels;
+  images.var_spread = images.channel_spread;
   Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
   Plane rectifier_input;
   if (!preact) {
@@ -582,6 +588,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
         sum.fresh =
             (vs * vs * shortcut.fresh + vb * vb * cur.fresh + cross / static_cast<double>(block_out)) / (vy * vy);
         sum.channel_spread = (vs * vs * shortcut.channel_spread + vb * vb * cur.channel_spread + cross) / (vy * vy);
+        sum.var_spread = (vs * vs * shortcut.var_spread + vb * vb * cur.var_spread + 4.0 * linked) / (vy * vy);
         for (std::size_t i = 0; i < sum.coherence.size(); ++i)
           sum.coherence[i] = (vs * vs * shortcut.coherence[i] + vb * vb * cur.coherence[i]) / (vy * vy);
       }
@@ -649,7 +656,11 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   auto norm_backward = [&](const GradPlane& dy, const Plane& pre) {
     if (!normed) return dy;
     const NormStats s = norm_stats(pre);
-    const double k = gamma * gamma / (s.sd * s.sd);
+    // E[1/σ_c²] over the channels: (1 + spread)/σ̄² to second order in the relative variance of their batch
+    // variances: the weights' var_spread, plus the batch's own sampling of a variance over batch × HW elements,
+    // 2/(batch·HW) (positions taken as independent; their correlation would add to it).
+    const double sampling = 2.0 / (static_cast<double>(batch) * static_cast<double>(pre.count()));
+    const double k = gamma * gamma * (1.0 + pre.var_spread + sampling) / (s.sd * s.sd);
     GradPlane dx = dy;
     for (double& v : dx.second) v = k * std::max(0.0, v - dy.image_mean_sq / batch);
     dx.image_mean_sq = k * dy.image_mean_sq * (1.0 - 1.0 / batch);
