@@ -3,7 +3,7 @@
 rule x norm placement x model kind, written as the markdown table of docs/theory.md ("Accuracy").
 
 Usage: bench/theory_accuracy.py PROPLAB OUT_DIR [--width 512] [--layers 48] [--tokens 64,128] [--seeds 4]
-                                [--batch 2] [--jobs 2] [--quick]
+                                [--small-seeds 48] [--batch 2] [--jobs 2] [--quick]
 
 Every setting is a `proplab sweep` of one-step runs (the step-0 record is the network at initialisation, and the run
 file holds the prediction beside it). For each setting the measured variances are averaged over the seeds first,
@@ -12,7 +12,10 @@ then compared with the prediction probe by probe:
 - MLPs (ReLU/He, tanh and GELU near their critical points): every preact and postact, forward and backward var;
 - ResNet-56 at 32×32 (basic and bottleneck, pre- and post-activation; NF, SkipInit, Fixup, BatchNorm and
   unnormalised): the stream at every block's input and output, forward and backward var.
-Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
+MLPs and ResNets (cheap to run) average --small-seeds networks (48 by default): one network's variances scatter
+around the mean by its finite-width band (docs/theory.md, "Finite-width bands"), by several percent at a ResNet's
+width 1 (16 to 64 channels), which four seeds leave in a row's median (the bottleneck NF-ResNet forward: 3.9% over
+seeds 1-4, 1.1% over 1-48). Every cell shows, in brackets, the seed average's own standard error. Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
 (for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
 OUT_DIR/accuracy.md.
 """
@@ -128,34 +131,47 @@ def read(path, direction):
 
 
 def errors(paths, direction, select):
-    """Relative errors of the seed-averaged measured var against the prediction, over the selected probes."""
-    total, names, kinds, predicted = None, None, None, None
+    """Relative errors of the seed-averaged measured var against the prediction, over the selected probes, and each
+    probe's standard error of that seed average relative to the prediction (the seeds' own scatter)."""
+    samples, names, kinds, predicted = [], None, None, None
     for path in paths:
         names, kinds, measured, predicted = read(path, direction)
-        total = measured.copy() if total is None else total + measured
-    mean = total / len(paths)
-    out, unpredicted = [], 0
+        samples.append(measured)
+    n = len(samples)
+    out, scatter, unpredicted = [], [], 0
     for i, name in enumerate(names):
         if not select(name, kinds[i]):
             continue
-        if predicted[i] == 0 and mean[i] == 0:
+        values = [sample[i] for sample in samples]
+        mean = sum(values) / n
+        if predicted[i] == 0 and mean == 0:
             out.append(0.0)  # exact: e.g. Fixup's zero classifier leaves every gradient 0
-        elif math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean[i]):
-            out.append(abs(mean[i] - predicted[i]) / abs(predicted[i]))
+            scatter.append(0.0)
+        elif math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean):
+            out.append(abs(mean - predicted[i]) / abs(predicted[i]))
+            spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+            scatter.append(spread / math.sqrt(n) / abs(predicted[i]))
         else:
             unpredicted += 1
-    return out, unpredicted
+    return out, scatter, unpredicted
 
 
 def summary(result):
-    values, unpredicted = result
+    """"median / worst (±scatter)": the relative errors' median and worst, and the median standard error of the
+    seed averages (with one seed, no scatter is shown)."""
+    values, scatter, unpredicted = result
     if not values:
         return "-"
+    text = f"{100 * median(values):.1f}% / {100 * max(values):.1f}%"
+    if any(scatter):
+        text += f" (±{100 * median(scatter):.1f}%)"
+    return text + (f" ({unpredicted} of {len(values) + unpredicted} without a finite value)" if unpredicted else "")
+
+
+def median(values):
     values = sorted(values)
     n = len(values)
-    median = values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-    text = f"{100 * median:.1f}% / {100 * values[-1]:.1f}%"
-    return text + (f" ({unpredicted} of {n + unpredicted} without a finite value)" if unpredicted else "")
+    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
 
 
 def transformer_rows(args, out):
@@ -221,13 +237,13 @@ steps = 1
 batch = 64
 eval_every = 0
 {TAIL}[sweep]
-grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
+grid = {{ "seed" = {list(range(1, args.small_seeds + 1))} }}
 """
         label = f"mlp_{activation}" + (f"_residual_{rule}" if residual else "")
         print(f"theory_accuracy: MLP {activation}" + (f" residual {rule}" if residual else ""), file=sys.stderr,
               flush=True)
         runs, _ = run_sweep(args.proplab, study, os.path.join(out, label), args.jobs)
-        paths = [point_path(runs, seed=s) for s in range(1, args.seeds + 1)]
+        paths = [point_path(runs, seed=s) for s in range(1, args.small_seeds + 1)]
         kinds = ("preact", "postact", "residual") if residual else ("preact", "postact")
         select = lambda name, kind, kinds=kinds: kind in kinds
         name = f"{activation} (σ_w² = {sigma_w2}, σ_b² = {sigma_b2})" + (f", residual {rule}" if residual else "")
@@ -259,13 +275,13 @@ steps = 1
 batch = 16
 lr = 0.01
 {TAIL}[sweep]
-grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}
+grid = {{ "seed" = {list(range(1, args.small_seeds + 1))} }}
 """
         label = f"{block}, {'pre' if preact else 'post'}-act, {'no norm' if norm == 'none' else norm}"
         print(f"theory_accuracy: ResNet-{depth} {label}, {rule}", file=sys.stderr, flush=True)
         runs, _ = run_sweep(args.proplab, study,
                             os.path.join(out, f"resnet_{block}_{'pre' if preact else 'post'}_{norm}_{rule}"), args.jobs)
-        paths = [point_path(runs, seed=s) for s in range(1, args.seeds + 1)]
+        paths = [point_path(runs, seed=s) for s in range(1, args.small_seeds + 1)]
         # The stream: every block's input and output.
         select = lambda name, kind: (name.startswith("blocks.") and name.count(".") == 2
                                      and (name.endswith(".in") or name.endswith(".out")))
@@ -282,12 +298,15 @@ def main():
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--tokens", default="64,128")
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--small-seeds", type=int, default=48, help="networks averaged per MLP and ResNet row")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="a tiny shape: width 32, 2 layers, 16 tokens, 1 seed")
+    parser.add_argument("--quick", action="store_true", help="a tiny shape: width 32, 2 layers, 16 tokens, 1 seed (MLPs and ResNets: 2)")
     args = parser.parse_args()
+    if args.seeds < 1 or args.small_seeds < 1:
+        parser.error("--seeds and --small-seeds: at least 1")
     if args.quick:
-        args.width, args.layers, args.tokens, args.seeds = 32, 2, "16", 1
+        args.width, args.layers, args.tokens, args.seeds, args.small_seeds = 32, 2, "16", 1, 2
     try:
         args.tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
@@ -296,8 +315,10 @@ def main():
         parser.error(f"{args.proplab}: not an executable")
     os.makedirs(args.out, exist_ok=True)
     rows = transformer_rows(args, args.out) + mlp_rows(args, args.out) + resnet_rows(args, args.out)
-    lines = [f"Width {args.width}, {args.layers} layers (ResNets: as stated), averaged over {args.seeds} seed(s): "
-             "relative error of the seed-averaged measured variance, median / worst over the probes "
+    lines = [f"Width {args.width}, {args.layers} layers (ResNets: as stated), averaged over {args.seeds} seed(s) "
+             f"({args.small_seeds} for MLPs and ResNets): "
+             "relative error of the seed-averaged measured variance, median / worst over the probes, and in brackets "
+             "the median over the probes of the seed average's standard error relative to the prediction "
              "(transformers: the residual stream; MLPs: preact and postact, and the stream of residual ones; ResNets: "
              "each block's output).",
              "",

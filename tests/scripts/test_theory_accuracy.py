@@ -22,7 +22,7 @@ def main():
         table = f.read()
     assert table == result.stdout, "the table printed and the table written differ"
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-    cell = re.compile(r"^(\d+\.\d% / \d+\.\d%( \(\d+ of \d+ without a finite value\))?|-)$")
+    cell = re.compile(r"^(\d+\.\d% / \d+\.\d%( \(±\d+\.\d%\))?( \(\d+ of \d+ without a finite value\))?|-)$")
     expected = {
         ("transformer, pre-LN", "standard"), ("transformer, pre-LN", "xavier"), ("transformer, pre-LN", "deepscalelm"),
         ("transformer, post-LN", "standard"), ("transformer, post-LN", "xavier"), ("transformer, post-LN", "deepnorm"),
@@ -42,6 +42,10 @@ def main():
             assert forward != "-" and backward != "-", row
         if model.startswith("ResNet"):
             assert forward != "-" and backward != "-", row  # forward and backward predictions
+        if model.startswith("ResNet") or model.startswith("MLP"):
+            assert "(±" in forward, row  # two seeds: the seed average's scatter is shown
+        else:
+            assert "(±" not in forward + backward, row  # one seed: no scatter
     assert seen == expected, f"transformer rows {sorted(seen)} != {sorted(expected)}"
     assert sum(1 for r in rows if r.startswith("| MLP")) == 6, table  # 3 plain, 3 residual
     assert sum(1 for r in rows if r.startswith("| MLP") and "residual" in r) == 3, table
