@@ -1,9 +1,13 @@
 #include "theory/token_field.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <numbers>
+#include <utility>
 
 #include "core/error.h"
 
@@ -548,6 +552,97 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
   return g;
 }
 
+namespace {
+
+// softmax_weight_moments' tables: per √spread grid point, on a grid of log t, log φ(t), t²ψ_2, t³ψ_3 and t⁴ψ_4
+// (trapezoid over z ~ N(0, spread) on ±8 sd; with u = log t + z each term is exp(k·u − e^u), which neither
+// overflows nor loses its peak).
+constexpr int kRootSteps = 60;  // √spread in steps of 0.1 up to 6
+constexpr double kRootStep = 0.1;
+constexpr int kLogT = 600, kZ = 201;
+// The weights of n keys sit near log t ≈ −log n − spread/2: this range holds 10⁸ keys at the largest spread and the
+// slow tail of two keys (φ(t) ≈ Φ(−log t/√spread)).
+constexpr double kLogTLow = -40.0, kLogTHigh = 56.0;
+
+struct SpreadTable {
+  std::array<double, kLogT> log_phi{}, psi2{}, psi3{}, psi4{};
+};
+
+SpreadTable spread_table(double spread) {
+  SpreadTable table;
+  const double sd = std::sqrt(spread), dz = 16.0 * sd / (kZ - 1), dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  std::array<double, kZ> z{}, w{};
+  for (int i = 0; i < kZ; ++i) {
+    z[i] = -8.0 * sd + i * dz;
+    w[i] = std::exp(-0.5 * z[i] * z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
+           (i == 0 || i == kZ - 1 ? 0.5 : 1.0);
+  }
+  for (int k = 0; k < kLogT; ++k) {
+    const double lt = kLogTLow + k * dlt;
+    double phi = 0.0, p2 = 0.0, p3 = 0.0, p4 = 0.0;
+    for (int i = 0; i < kZ; ++i) {
+      const double u = lt + z[i];
+      if (u > 700.0) continue;  // exp(−e^u) = 0
+      const double e = std::exp(u), a = w[i] * std::exp(-e);
+      phi += a;
+      p2 += a * e * e;
+      p3 += a * e * e * e;
+      p4 += a * e * e * e * e;
+    }
+    table.log_phi[k] = phi > 0.0 ? std::log(phi) : -1e300;
+    table.psi2[k] = p2, table.psi3[k] = p3, table.psi4[k] = p4;
+  }
+  return table;
+}
+
+// The moments at one grid point for n keys.
+SoftmaxWeightMoments moments_at(const SpreadTable& table, double n) {
+  const double dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  double p2 = 0.0, p3 = 0.0, p4 = 0.0, p22 = 0.0;
+  for (int k = 0; k < kLogT; ++k) {
+    if (table.log_phi[k] < -1e299) continue;
+    const double trap = (k == 0 || k == kLogT - 1 ? 0.5 : 1.0) * dlt;
+    const double others = std::exp((n - 1.0) * table.log_phi[k]);   // φ^{n−1}
+    const double others2 = std::exp((n - 2.0) * table.log_phi[k]);  // φ^{n−2}
+    p2 += trap * table.psi2[k] * others;
+    p3 += trap * table.psi3[k] * others / 2.0;
+    p4 += trap * table.psi4[k] * others / 6.0;
+    p22 += trap * table.psi2[k] * table.psi2[k] * others2 / 6.0;
+  }
+  const double sum_sq = n * p2, sum_cube = n * p3, sum_sq_sq = n * p4 + n * (n - 1.0) * p22;
+  return {std::clamp(sum_sq, 1.0 / n, 1.0), std::max(0.0, sum_sq - 2.0 * sum_cube + sum_sq_sq)};
+}
+
+}  // namespace
+
+SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
+  PROPLAB_CHECK(keys >= 1.0 && spread >= 0.0, "softmax_weight_moments: needs keys >= 1 and spread >= 0, got ", keys,
+                " and ", spread);
+  if (keys <= 1.0) return {1.0, 0.0};
+  const double root = std::min(std::sqrt(spread), kRootSteps * kRootStep);
+  const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
+  const double frac = root / kRootStep - below;
+  static std::mutex mutex;
+  static std::map<int, SpreadTable> tables;
+  static std::map<std::pair<double, int>, SoftmaxWeightMoments> cache;
+  auto at = [&](int index) {
+    if (index == 0) return SoftmaxWeightMoments{1.0 / keys, (1.0 / keys) * (1.0 - 1.0 / keys)};  // uniform weights
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = cache.find({keys, index});
+    if (found != cache.end()) return found->second;
+    auto table = tables.find(index);
+    if (table == tables.end()) {
+      const double r = index * kRootStep;
+      table = tables.emplace(index, spread_table(r * r)).first;
+    }
+    const SoftmaxWeightMoments m = moments_at(table->second, keys);
+    cache.emplace(std::make_pair(keys, index), m);
+    return m;
+  };
+  const SoftmaxWeightMoments lo = at(below), hi = at(below + 1);
+  return {lo.sum_sq + frac * (hi.sum_sq - lo.sum_sq), lo.jacobian + frac * (hi.jacobian - lo.jacobian)};
+}
+
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,
                                  const CausalWeights& w, double scale_sq, std::int64_t head_dim) {
   const std::int64_t p = d_out.buckets();
@@ -559,9 +654,12 @@ ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, co
   for (std::int64_t a = p - 1; a >= 0; --a) {
     const std::size_t at = static_cast<std::size_t>(a);
     const Representative& r = reps[at];
-    const double score = per_query * d_out.diag(a) * v_stats.spread[at] * (1.0 - 1.0 / r.n);
-    out.d_q.at(a, a) = score * w.self_sq[at] * w.key_spread[at];
-    const double key_term = score * w.self_sq[at] / r.n * (q.diag(a) + q.mean * q.mean);
+    // The spreads are sample variances over the prefix: (1 − 1/n) of what differs between keys.
+    const double unbias = r.n > 1.0 ? r.n / (r.n - 1.0) : 0.0;
+    const double jacobian = softmax_weight_moments(r.n, w.logit_spread[at] * unbias).jacobian;
+    const double score = per_query * d_out.diag(a) * v_stats.spread[at] * unbias * jacobian;
+    out.d_q.at(a, a) = score * w.key_spread[at] * unbias;
+    const double key_term = score / r.n * (q.diag(a) + q.mean * q.mean);
     out.d_k.at(a, a) = after + r.h * key_term;
     after += r.m * key_term;
   }

@@ -139,10 +139,24 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
 TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w);
 // d_v_k = Σ_i w_ik d_out_i.
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
+// Moments of the softmax weights P over n keys whose logits are i.i.d. N(0, spread): sum_sq = E[Σ_j P_j²] and
+// jacobian = E[Σ_j P_j² − 2Σ_j P_j³ + (Σ_j P_j²)²], the trace of E[Cov(ds)]/A for ds_j = P_j(a_j − Σ_m P_m a_m) with
+// i.i.d. a_j of variance A (the softmax Jacobian applied to an independent gradient). Exact up to quadrature (about
+// 0.1%): with 1/Z^k = ∫ t^{k−1}e^{−tZ} dt/Γ(k), E[P_1^k] = ∫ t^k ψ_k(t) φ(t)^{n−1} d(log t)/Γ(k) and E[P_1²P_2²] =
+// ∫ t⁴ ψ_2(t)² φ(t)^{n−2} d(log t)/6, φ(t) = E[exp(−t e^z)], ψ_k(t) = E[e^{kz} exp(−t e^z)], z ~ N(0, spread).
+// Tabulated in √spread (steps of 0.1 up to 6, linear in between, clamped beyond) and cached per n; n may be
+// fractional (a bucket's representative query).
+struct SoftmaxWeightMoments {
+  double sum_sq = 1.0, jacobian = 0.0;
+};
+SoftmaxWeightMoments softmax_weight_moments(double keys, double spread);
+
 // The query and key gradients through the logits (variances only: their cross-token covariance is neglected),
 // for d_out at the mixed output, the value field v and the query field q (the keys' spread is in `w`):
-// Var(d_q_i) = scale²·d_head·G_ii·spread_v(i)·s_i(1 - 1/n_i)·spread_k(i),
-// Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·spread_v(i)·(s_i/n_i)(1 - 1/n_i)·E[q_i²].
+// Var(d_q_i) = scale²·d_head·G_ii·K_v(i)·J_i·K_k(i), Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·K_v(i)·(J_i/n_i)·E[q_i²],
+// with J_i = softmax_weight_moments(n_i, D_i).jacobian at the logits' spread D_i = scale²·d_head·E[q_i²]·K_k(i), and
+// K_v, K_k the variance of the values' and keys' parts that differ between keys (their sample variance over the
+// prefix times n/(n − 1)).
 struct ScoreGrads {
   TokenGrad d_q, d_k;
 };
