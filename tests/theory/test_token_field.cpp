@@ -83,6 +83,51 @@ TEST(TokenField, UniformCausalAveragesAreExact) {
   }
 }
 
+// One draw of causal softmax attention of one head: l tokens of d features with correlation r (a shared component
+// plus independent parts), N(0, 1) weights scaled so that q and k entries have variance qk_var and v entries 1, and
+// p[i·l + j] the softmax weight of query i on key j ≤ i (scale 1/√head).
+struct AttentionDraw {
+  std::vector<double> q, k, v, p;
+};
+
+AttentionDraw draw_attention(testing::NormalStream& rng, std::int64_t l, std::int64_t d, std::int64_t head,
+                             double input_corr, double qk_var) {
+  std::vector<double> xs(static_cast<std::size_t>(l * d)), wq(d * head), wk(d * head), wv(d * head);
+  for (std::int64_t f = 0; f < d; ++f) {
+    const double shared = rng.normal();
+    for (std::int64_t t = 0; t < l; ++t)
+      xs[t * d + f] = std::sqrt(input_corr) * shared + std::sqrt(1.0 - input_corr) * rng.normal();
+  }
+  for (auto* m : {&wq, &wk, &wv})
+    for (double& e : *m) e = rng.normal();
+  AttentionDraw out{std::vector<double>(l * head), std::vector<double>(l * head), std::vector<double>(l * head),
+                    std::vector<double>(l * l, 0.0)};
+  const double q_std = std::sqrt(qk_var / d), v_std = std::sqrt(1.0 / d), scale = 1.0 / std::sqrt(double(head));
+  for (std::int64_t t = 0; t < l; ++t)
+    for (std::int64_t h = 0; h < head; ++h) {
+      double a = 0, b = 0, c = 0;
+      for (std::int64_t f = 0; f < d; ++f) {
+        a += xs[t * d + f] * wq[f * head + h];
+        b += xs[t * d + f] * wk[f * head + h];
+        c += xs[t * d + f] * wv[f * head + h];
+      }
+      out.q[t * head + h] = a * q_std, out.k[t * head + h] = b * q_std, out.v[t * head + h] = c * v_std;
+    }
+  for (std::int64_t i = 0; i < l; ++i) {
+    double top = -1e300;
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double dot = 0;
+      for (std::int64_t h = 0; h < head; ++h) dot += out.q[i * head + h] * out.k[j * head + h];
+      out.p[i * l + j] = dot * scale;
+      top = std::max(top, out.p[i * l + j]);
+    }
+    double z = 0;
+    for (std::int64_t j = 0; j <= i; ++j) z += (out.p[i * l + j] = std::exp(out.p[i * l + j] - top));
+    for (std::int64_t j = 0; j <= i; ++j) out.p[i * l + j] /= z;
+  }
+  return out;
+}
+
 // Causal softmax attention of one head on random Gaussian inputs with random weights: the measured per-position
 // output covariance against causal_mix_forward(causal_weights(...)), at logit variances 0.5 and 2. The error is
 // the log-normal estimate E[Σw²] ≈ e^D/(e^D + n - 1), which overshoots at short prefixes as D grows: worst
@@ -100,47 +145,15 @@ TEST(TokenField, CausalAttentionMatchesMonteCarlo) {
 
     testing::NormalStream rng(17, static_cast<std::uint64_t>(logit_var * 10));
     const int draws = 600;
-    std::vector<double> cov(static_cast<std::size_t>(l * l), 0.0);
-    std::vector<double> xs(static_cast<std::size_t>(l * d)), wq(d * head), wk(d * head), wv(d * head);
-    std::vector<double> qs(l * head), ks(l * head), vs(l * head), out(l * head);
+    std::vector<double> cov(static_cast<std::size_t>(l * l), 0.0), out(l * head);
     for (int draw = 0; draw < draws; ++draw) {
-      // Tokens with correlation r: a shared component plus independent parts.
-      for (std::int64_t f = 0; f < d; ++f) {
-        const double shared = rng.normal();
-        for (std::int64_t t = 0; t < l; ++t)
-          xs[t * d + f] = std::sqrt(input_corr) * shared + std::sqrt(1.0 - input_corr) * rng.normal();
-      }
-      for (auto* m : {&wq, &wk, &wv})
-        for (double& e : *m) e = rng.normal();
-      const double q_std = std::sqrt(qk_var / d), v_std = std::sqrt(1.0 / d);
-      for (std::int64_t t = 0; t < l; ++t) {
-        for (std::int64_t h = 0; h < head; ++h) {
-          double a = 0, b = 0, c = 0;
-          for (std::int64_t f = 0; f < d; ++f) {
-            a += xs[t * d + f] * wq[f * head + h];
-            b += xs[t * d + f] * wk[f * head + h];
-            c += xs[t * d + f] * wv[f * head + h];
-          }
-          qs[t * head + h] = a * q_std, ks[t * head + h] = b * q_std, vs[t * head + h] = c * v_std;
-        }
-      }
-      for (std::int64_t t = 0; t < l; ++t) {
-        std::vector<double> logits(static_cast<std::size_t>(t + 1));
-        double top = -1e300;
-        for (std::int64_t s = 0; s <= t; ++s) {
-          double dot = 0;
-          for (std::int64_t h = 0; h < head; ++h) dot += qs[t * head + h] * ks[s * head + h];
-          logits[s] = dot / std::sqrt(static_cast<double>(head));
-          top = std::max(top, logits[s]);
-        }
-        double z = 0;
-        for (double& e : logits) z += (e = std::exp(e - top));
+      const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var);
+      for (std::int64_t t = 0; t < l; ++t)
         for (std::int64_t h = 0; h < head; ++h) {
           double o = 0;
-          for (std::int64_t s = 0; s <= t; ++s) o += logits[s] / z * vs[s * head + h];
+          for (std::int64_t s = 0; s <= t; ++s) o += a.p[t * l + s] * a.v[s * head + h];
           out[t * head + h] = o;
         }
-      }
       for (std::int64_t i = 0; i < l; ++i)
         for (std::int64_t j = 0; j < l; ++j) {
           double sum = 0;
@@ -197,9 +210,9 @@ TEST(TokenField, SoftmaxWeightMomentsMatchMonteCarlo) {
 // causal_mix_backward and causal_score_backward, at logit variances 0.5 and 2. Measured (400 draws): value path
 // worst 8.7% at 0.5 and 56% at 2 (the log-normal E[Σw²] of the forward maps, "CausalAttentionMatchesMonteCarlo");
 // query and key paths worst 12–22% (most of it the Monte Carlo's own scatter: the key per position scatters by ±10%
-// about the prediction), where the earlier s(1 − 1/n)·spread_v·spread_k estimate missed by 61% / 14% at logit variance
-// 0.5 and 139% / 194% at 2. The key gradients sum to zero over the positions (Σ_j ds_ij = 0 for every query), a
-// cross-token covariance causal_score_backward neglects.
+// about the prediction), where the earlier s(1 − 1/n)·spread_v·spread_k estimate missed by 61–65% / 14–17% at logit
+// variance 0.5 and 44–139% / 71–194% at 2. The key gradients sum to zero over the positions (Σ_j ds_ij = 0 for every
+// query), a cross-token covariance causal_score_backward neglects.
 TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
   const std::int64_t l = 16, d = 64, head = 64;
   for (const double input_corr : {0.0, 0.5}) {
@@ -214,41 +227,13 @@ TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
 
       testing::NormalStream rng(23, static_cast<std::uint64_t>(logit_var * 10 + input_corr * 100));
       const int draws = 400;
-      std::vector<double> dq_var(l, 0.0), dk_var(l, 0.0), dv_var(l, 0.0), dk_cov(l * l, 0.0), dq_cov(l * l, 0.0);
-      std::vector<double> xs(static_cast<std::size_t>(l * d)), wq(d * head), wk(d * head), wv(d * head);
-      std::vector<double> qs(l * head), ks(l * head), vs(l * head), gs(l * head), p(l * l), ds(l * l);
+      std::vector<double> dv_var(l, 0.0), dk_cov(l * l, 0.0), dq_cov(l * l, 0.0), gs(l * head), ds(l * l);
+      const double scale = 1.0 / std::sqrt(double(head));
       for (int draw = 0; draw < draws; ++draw) {
-        for (std::int64_t f = 0; f < d; ++f) {
-          const double shared = rng.normal();
-          for (std::int64_t t = 0; t < l; ++t)
-            xs[t * d + f] = std::sqrt(input_corr) * shared + std::sqrt(1.0 - input_corr) * rng.normal();
-        }
-        for (auto* m : {&wq, &wk, &wv})
-          for (double& e : *m) e = rng.normal();
+        const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var);
+        const std::vector<double>&qs = a.q, &ks = a.k, &vs = a.v, &p = a.p;
         for (double& e : gs) e = rng.normal();
-        const double q_std = std::sqrt(qk_var / d), v_std = std::sqrt(1.0 / d), scale = 1.0 / std::sqrt(double(head));
-        for (std::int64_t t = 0; t < l; ++t)
-          for (std::int64_t h = 0; h < head; ++h) {
-            double a = 0, b = 0, c = 0;
-            for (std::int64_t f = 0; f < d; ++f) {
-              a += xs[t * d + f] * wq[f * head + h];
-              b += xs[t * d + f] * wk[f * head + h];
-              c += xs[t * d + f] * wv[f * head + h];
-            }
-            qs[t * head + h] = a * q_std, ks[t * head + h] = b * q_std, vs[t * head + h] = c * v_std;
-          }
-        std::fill(p.begin(), p.end(), 0.0);
         for (std::int64_t i = 0; i < l; ++i) {
-          double top = -1e300;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (std::int64_t h = 0; h < head; ++h) dot += qs[i * head + h] * ks[j * head + h];
-            p[i * l + j] = dot * scale;
-            top = std::max(top, p[i * l + j]);
-          }
-          double z = 0;
-          for (std::int64_t j = 0; j <= i; ++j) z += (p[i * l + j] = std::exp(p[i * l + j] - top));
-          for (std::int64_t j = 0; j <= i; ++j) p[i * l + j] /= z;
           // ds_ij = P_ij (g_i·v_j − Σ_m P_im g_i·v_m)
           double mean_dp = 0;
           std::vector<double> dp(static_cast<std::size_t>(i + 1));
