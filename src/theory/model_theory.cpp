@@ -379,12 +379,13 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
            << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
            << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
            << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
-           << ") per token pair; causal attention (log-normal softmax weights per query, E[Σw²] = e^D/(e^D+n-1), "
-              "shared-key products for query pairs); dropout_forward; residual_forward; tied head: the input token's "
+           << ") per token pair; causal attention (per query E[Σw²] of n i.i.d. N(0, D) "
+              "logits, exact; log-normal shared-key products for query pairs); dropout_forward; residual_forward; tied "
+              "head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
               "(near-uniform, plus the tied self logit by quadrature); linear/activation/norm/dropout/residual "
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
-              "(per position)";
+              "(per position, the softmax Jacobian's exact trace)";
   return formulae.str();
 }
 

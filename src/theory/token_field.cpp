@@ -455,10 +455,9 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   for (std::int64_t a = 0; a < p; ++a) {
     const double n = reps[static_cast<std::size_t>(a)].n;
     const double d = per_query * q.diag(a) * k_stats.spread[static_cast<std::size_t>(a)];
-    const double growth = std::exp(std::min(d, 700.0));
     w.logit_spread[static_cast<std::size_t>(a)] = d;
     root_spread[static_cast<std::size_t>(a)] = std::sqrt(d);
-    w.self_sq[static_cast<std::size_t>(a)] = growth / (growth + n - 1.0);
+    w.self_sq[static_cast<std::size_t>(a)] = softmax_weight_moments(n, n > 1.0 ? d * n / (n - 1.0) : 0.0).sum_sq;
     same_self[static_cast<std::size_t>(a)] = w.self_sq[static_cast<std::size_t>(a)] / n;
   }
   w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);

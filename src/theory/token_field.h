@@ -23,7 +23,8 @@
 //   after a norm; otherwise their geometric mean is used for the cross term).
 // - Causal attention at initialisation: query i (n_i = i + 1 keys) spreads its logits over its keys with
 //   variance D_i = scale²·d_head·E[q_i²]·spread_k(i) (spread_k(i): the variance of k across keys 0..i), and
-//   its softmax weights are log-normal: E[Σ_k w_ik²] = s_i = e^{D_i}/(e^{D_i} + n_i - 1). Two different
+//   E[Σ_k w_ik²] = s_i is that of n_i i.i.d. N(0, D_i·n_i/(n_i − 1)) logits (softmax_weight_moments; the log-normal
+//   estimate e^D/(e^D + n − 1) used before 2026-12-03 is 6–20% high at D = 1 and up to 60% at 2). Two different
 //   queries i, j share min(n_i, n_j) keys; on a shared key E[w_ik w_jk] = e^{ρ_ij·√(D_i D_j)}/(n_i n_j) (ρ_ij
 //   the queries' correlation, capped by Cauchy–Schwarz at √(E[w_ik²]E[w_jk²])); the other key pairs share what
 //   is left of Σ_{k,m} E[w_ik w_jm] = 1. A bucket's queries (and keys) are represented by its middle position.
