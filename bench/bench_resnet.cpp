@@ -7,11 +7,13 @@
 //   - proplab with recording off, recording every 10 steps (the study default: every statistic of every probe and
 //     parameter, written to a real run file) and every step, interleaved step by step so machine noise hits all
 //     alike;
-//   - PyTorch (bench/torch_reference.py --model resnet20): its thread setups are searched once, then the fastest
-//     runs once per round between proplab's rounds.
+//   - PyTorch (bench/torch_reference.py --model resnet20) under PyTorch 2.x from the bench virtual environment
+//     (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's 1.13: each
+//     searches its thread setups and (2.x) eager against torch.compile once, then the fastest runs once per
+//     round between proplab's rounds.
 // A setup's ms/step is the median of its unrecorded steps plus its recorded steps' median excess spread over
-// `every` steps (a plain median would hide a cost paid one step in ten). The PyTorch ratio is the median over
-// rounds of (PyTorch ms/step / proplab ms/step) of the same round.
+// `every` steps (a plain median would hide a cost paid one step in ten). Each round prints its ratio (PyTorch
+// ms/step / proplab ms/step of the same round); the summary is the median over rounds.
 //
 //   bench_resnet [--steps N] [--rounds N] [--threads N] [--batch N] [--no-torch] [--torch-steps N]
 //                [--torch-setup intra,blas]
@@ -44,8 +46,6 @@
 namespace {
 
 using namespace proplab;
-using bench::json_number;
-using bench::run_command;
 
 // The median (the mean of the two middle values for an even count).
 double median(std::vector<double> v) {
@@ -78,27 +78,6 @@ double amortised_seconds(const std::vector<double>& plain, const std::vector<dou
   return base + (median(recorded) - base) / static_cast<double>(every);
 }
 
-// A string after `"key":` in JSON text (first occurrence), or "".
-std::string json_string(const std::string& text, const std::string& key) {
-  const auto at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return "";
-  const auto open = text.find('"', text.find(':', at) + 1);
-  const auto close = text.find('"', open + 1);
-  return open == std::string::npos || close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
-}
-
-std::string torch_script() { return std::string(PROPLAB_SOURCE_DIR) + "/bench/torch_reference.py"; }
-
-// PyTorch ms/step for one thread setup "intra,blas" (a fresh interpreter: OpenBLAS reads its thread count at
-// load), or nullopt.
-std::optional<double> torch_ms(const std::string& setup, int steps) {
-  const std::string blas = setup.substr(setup.find(',') + 1);
-  std::ostringstream command;
-  command << "env -u OMP_NUM_THREADS OPENBLAS_NUM_THREADS=" << blas << " /usr/bin/python3 " << torch_script()
-          << " --model resnet20 --setup " << setup << " --warmup 2 --steps " << steps << " 2>/dev/null";
-  return json_number(run_command(command.str()), "ms_per_step");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,7 +93,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "images per step")->check(CLI::PositiveNumber);
   app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
   app.add_option("--torch-steps", torch_steps, "timed PyTorch steps per round")->check(CLI::PositiveNumber);
-  app.add_option("--torch-setup", torch_setup, "PyTorch thread setup 'intra,blas' (default: search all)");
+  app.add_option("--torch-setup", torch_setup,
+                 "PyTorch thread setup 'intra,blas', eager (default: search the setups and eager/compiled)");
   CLI11_PARSE(app, argc, argv);
 
   set_threads(threads_arg);
@@ -180,21 +160,27 @@ int main(int argc, char** argv) {
     for (int i = 0; i < warmup; ++i) run_step(s, false);
   }
 
-  bool torch_available = !no_torch;
-  if (torch_available && torch_setup.empty()) {
-    const std::string search =
-        run_command("/usr/bin/python3 " + torch_script() + " --model resnet20 --json --warmup 2 --steps " +
-                    std::to_string(torch_steps) + " 2>/dev/null");
-    torch_setup = json_string(search, "best_setup");
-    if (torch_setup.empty()) {
-      torch_available = false;
-      std::printf("pytorch: not available (/usr/bin/python3 cannot run %s)\n", torch_script().c_str());
-    } else {
-      std::printf("pytorch thread setups searched: fastest intra,blas = %s (%.1f ms/step in the search)\n",
-                  torch_setup.c_str(), json_number(search, "ms_per_step").value_or(0.0));
+  std::vector<bench::TorchYardstick> yardsticks;
+  if (!no_torch) {
+    for (bench::TorchYardstick& y : bench::torch_yardsticks(PROPLAB_SOURCE_DIR, "resnet20")) {
+      if (!torch_setup.empty()) {
+        y.setup = torch_setup;
+        y.variant = "eager";
+      } else if (!y.search(torch_steps)) {
+        std::printf("%s: not available (%s cannot run bench/torch_reference.py)\n", y.label.c_str(), y.python.c_str());
+        continue;
+      } else {
+        std::printf("%s: torch %s, fastest intra,blas = %s %s (%.1f ms/step in the search)\n", y.label.c_str(),
+                    y.version.c_str(), y.setup.c_str(), y.variant.c_str(), y.search_ms);
+      if (const std::string error = bench::json_string(y.search_output, "compile_error"); !error.empty())
+        std::printf("  (torch.compile failed, eager kept: %s)\n", error.c_str());
+      }
+      yardsticks.push_back(std::move(y));
     }
+    if (yardsticks.empty() || yardsticks.front().python == "/usr/bin/python3")
+      std::printf("pytorch 2.x: no bench virtual environment (bench/make-torch-venv.sh makes one)\n");
   }
-  std::vector<double> torch_round_ms, ratio_off, ratio_every10;
+  std::vector<double> off_rounds, every10_rounds;
   for (int r = 0; r < rounds; ++r) {
     for (Setup& s : setups) {
       if (r > 0) {
@@ -206,14 +192,14 @@ int main(int argc, char** argv) {
       for (Setup& s : setups) run_step(s, true);
     const double off = amortised_seconds(setups[0].round_plain.back(), setups[0].round_recorded.back(), 0);
     const double every10 = amortised_seconds(setups[1].round_plain.back(), setups[1].round_recorded.back(), 10);
+    off_rounds.push_back(off);
+    every10_rounds.push_back(every10);
     std::printf("round %d: proplab %.1f ms/step recording off, %.1f every 10", r + 1, off * 1e3, every10 * 1e3);
-    if (torch_available) {
-      if (const auto ms = torch_ms(torch_setup, torch_steps)) {
-        torch_round_ms.push_back(*ms);
-        ratio_off.push_back(*ms / 1e3 / off);
-        ratio_every10.push_back(*ms / 1e3 / every10);
-        std::printf("; pytorch %.1f ms/step -> %.2fx (%.2fx recording every 10)", *ms, ratio_off.back(),
-                    ratio_every10.back());
+    for (bench::TorchYardstick& y : yardsticks) {
+      if (const auto ms = y.round(torch_steps)) {
+        y.round_ms.push_back(*ms);
+        y.ratio.push_back(*ms / 1e3 / off);
+        std::printf("; %s %.1f ms/step -> %.2fx", y.label.c_str(), *ms, y.ratio.back());
       }
     }
     std::printf("\n");
@@ -236,13 +222,17 @@ int main(int argc, char** argv) {
                   median(s.recorded_seconds) * 1e3);
     std::printf("\n");
   }
-  if (!torch_round_ms.empty()) {
-    const double t = median(torch_round_ms) / 1e3;
-    std::printf("  pytorch (intra,blas = %s)     : %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s\n", torch_setup.c_str(),
+  for (const bench::TorchYardstick& y : yardsticks) {
+    if (y.round_ms.empty()) continue;
+    const double t = median(y.round_ms) / 1e3;
+    std::vector<double> ratio_every10;
+    for (std::size_t r = 0; r < y.round_ms.size() && r < every10_rounds.size(); ++r)
+      ratio_every10.push_back(y.round_ms[r] / 1e3 / every10_rounds[r]);
+    std::printf("  %-20s torch %s, intra,blas = %s %s: %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s\n",
+                y.label.c_str(), y.version.empty() ? "?" : y.version.c_str(), y.setup.c_str(), y.variant.c_str(),
                 t * 1e3, batch / t, flops / t / 1e9);
-    std::printf(
-        "  ratio (median of rounds): proplab %.2fx PyTorch's images/s recording off, %.2fx recording every 10\n",
-        median(ratio_off), median(ratio_every10));
+    std::printf("  ratio to %s (median of rounds): proplab %.2fx its images/s recording off, %.2fx recording every 10\n",
+                y.label.c_str(), median(y.ratio), median(ratio_every10));
   }
   return 0;
 }

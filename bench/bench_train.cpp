@@ -3,8 +3,11 @@
 //   - ms/step, tokens/s and achieved GFLOP/s with recording off, every 10 steps and every step (all statistics,
 //     written to a real run file), interleaved step by step so machine noise hits all three alike (medians);
 //   - the sgemm rate measured at the model's own matrix shapes (bench/sgemm_rate.h), as the ceiling;
-//   - the identical model in PyTorch (bench/torch_reference.py, best thread setup, with and without hooks
-//     computing mean/var/max on every module) when /usr/bin/python3 has torch, and the ratios.
+//   - the identical model in PyTorch (bench/torch_reference.py) under PyTorch 2.x from the bench virtual
+//     environment (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's
+//     1.13: each searches its thread setups and (2.x) eager against torch.compile once, with and without hooks
+//     computing mean/var/max on every module, then its fastest runs once per round; each round prints its ratio
+//     (PyTorch ms/step over proplab's, recording off), the summary is the median over rounds.
 //
 //   bench_train [--steps N] [--rounds N] [--threads N] [--no-torch] [--torch-steps N]
 #include <unistd.h>
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds (each: --steps steps of every setup, interleaved; an sgemm measurement)");
   app.add_option("--threads", threads_arg, "threads (0: all cores)");
   app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
-  app.add_option("--torch-steps", torch_steps, "timed steps per PyTorch thread setup");
+  app.add_option("--torch-steps", torch_steps, "timed steps per PyTorch thread setup and per round");
   CLI11_PARSE(app, argc, argv);
 
   set_threads(threads_arg);
@@ -164,14 +167,45 @@ int main(int argc, char** argv) {
   dims.vocab = m.vocab;
   dims.seq_len = m.seq_len;
   dims.batch = batch;
+  std::vector<bench::TorchYardstick> yardsticks;
+  if (!no_torch) {
+    for (bench::TorchYardstick& y : bench::torch_yardsticks(PROPLAB_SOURCE_DIR, "transformer")) {
+      if (!y.search(torch_steps, "--hooks")) {
+        std::printf("%s: not available (%s cannot run bench/torch_reference.py)\n", y.label.c_str(), y.python.c_str());
+        continue;
+      }
+      std::printf("%s: torch %s, fastest intra,blas = %s %s (%.1f ms/step in the search)\n", y.label.c_str(),
+                  y.version.c_str(), y.setup.c_str(), y.variant.c_str(), y.search_ms);
+      if (const std::string error = bench::json_string(y.search_output, "compile_error"); !error.empty())
+        std::printf("  (torch.compile failed, eager kept: %s)\n", error.c_str());
+      yardsticks.push_back(std::move(y));
+    }
+    if (yardsticks.empty() || yardsticks.front().python == "/usr/bin/python3")
+      std::printf("pytorch 2.x: no bench virtual environment (bench/make-torch-venv.sh makes one)\n");
+    std::fflush(stdout);
+  }
   std::vector<double> sgemm_rates, sgemm_linear_rates;
   for (int r = 0; r < rounds; ++r) {
     // One step of each setup in turn, so bursts of machine noise hit all three alike.
+    const std::size_t first = setups[0].seconds.size();
     for (int i = 0; i < steps; ++i)
       for (Setup& s : setups) run_steps(s, 1, true);
     const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads(), 5);
     sgemm_rates.push_back(sgemm.step_gflops);
     sgemm_linear_rates.push_back(sgemm.group_gflops(bench::SgemmGroup::linear));
+    const double round_off =
+        median(std::vector<double>(setups[0].seconds.begin() + static_cast<std::ptrdiff_t>(first),
+                                   setups[0].seconds.end()));
+    std::printf("round %d: proplab %.1f ms/step recording off", r + 1, round_off * 1e3);
+    for (bench::TorchYardstick& y : yardsticks) {
+      if (const auto ms = y.round(torch_steps)) {
+        y.round_ms.push_back(*ms);
+        y.ratio.push_back(*ms / 1e3 / round_off);
+        std::printf("; %s %.1f ms/step -> %.2fx", y.label.c_str(), *ms, y.ratio.back());
+      }
+    }
+    std::printf("\n");
+    std::fflush(stdout);
   }
   for (Setup& s : setups)
     if (s.writer) s.writer->finish(RunStatus::completed, "benchmark");
@@ -201,25 +235,18 @@ int main(int argc, char** argv) {
       "%.0f%% (%.0f%%)\n",
       sgemm_rate, sgemm_linear, 100.0 * flops / off / 1e9 / sgemm_rate, 100.0 * flops / off / 1e9 / sgemm_linear);
 
-  if (!no_torch) {
-    std::ostringstream command;
-    command << "/usr/bin/python3 " << PROPLAB_SOURCE_DIR << "/bench/torch_reference.py --json --hooks --steps "
-            << torch_steps << " 2>/dev/null";
-    const std::string output = bench::run_command(command.str());
-    const std::optional<double> torch_ms = bench::json_number(output, "ms_per_step");
-    if (!torch_ms) {
-      std::printf("  pytorch: not available (/usr/bin/python3 cannot import torch)\n");
-    } else {
-      std::printf("  pytorch (best thread setup): %7.1f ms/step  %7.0f tokens/s\n", *torch_ms,
-                  tokens / (*torch_ms / 1e3));
-      std::printf("  ratio: proplab %.2fx PyTorch's tokens/s (recording off), %.2fx (recording every step)\n",
-                  *torch_ms / 1e3 / off, *torch_ms / 1e3 / median(setups[2].seconds));
-      if (const auto hooks = bench::json_number(output, "overhead_percent"))
-        std::printf(
-            "  pytorch mean/var/max hooks on every module: overhead %+.1f%% (proplab, all statistics every "
-            "step: %+.1f%%)\n",
-            *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
-    }
+  for (const bench::TorchYardstick& y : yardsticks) {
+    if (y.round_ms.empty()) continue;
+    const double t = median(y.round_ms) / 1e3;
+    std::printf("  %s, torch %s, intra,blas = %s %s: %7.1f ms/step  %7.0f tokens/s\n", y.label.c_str(),
+                y.version.c_str(), y.setup.c_str(), y.variant.c_str(), t * 1e3, tokens / t);
+    std::printf("  ratio to %s (median of rounds): proplab %.2fx its tokens/s (recording off), %.2fx (recording "
+                "every step)\n",
+                y.label.c_str(), median(y.ratio), t / median(setups[2].seconds));
+    if (const auto hooks = bench::json_number(y.search_output, "overhead_percent"))
+      std::printf("  %s mean/var/max hooks on every module (eager): overhead %+.1f%% (proplab, all statistics every "
+                  "step: %+.1f%%)\n",
+                  y.label.c_str(), *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
   }
   return 0;
 }

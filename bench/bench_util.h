@@ -1,14 +1,17 @@
 // bench/bench_util: the pieces the training benchmarks (bench_train, bench_resnet) share: a recorder writing a
-// real run file as a study run would, the PyTorch reference's output read from a shell command, and a number read
-// out of its JSON. Header-only, like sgemm_rate.h.
+// real run file as a study run would, the PyTorch yardsticks (bench/torch_reference.py under PyTorch 2.x from the
+// bench virtual environment, and under Debian's 1.13), and numbers read out of their JSON. Header-only, like
+// sgemm_rate.h.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,76 @@ inline std::optional<double> json_number(const std::string& text, const std::str
   const auto at = text.find("\"" + key + "\"");
   if (at == std::string::npos) return std::nullopt;
   return std::stod(text.substr(text.find(':', at) + 1));
+}
+
+// A string after `"key":` in JSON text (first occurrence), or "" (also for null or a non-string value).
+inline std::string json_string(const std::string& text, const std::string& key) {
+  const auto at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return "";
+  const auto open = text.find_first_not_of(" \t\n", text.find(':', at) + 1);
+  if (open == std::string::npos || text[open] != '"') return "";
+  const auto close = text.find('"', open + 1);
+  return close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
+}
+
+// One PyTorch yardstick: bench/torch_reference.py under one interpreter. search() finds its fastest thread setup
+// and variant (eager or torch.compile) once; round() then times that setup in a fresh interpreter, once per round
+// of the benchmark, so each round's ratio compares runs made minutes apart at most.
+struct TorchYardstick {
+  std::string label;   // what the report calls it
+  std::string python;  // the interpreter
+  std::string script;  // bench/torch_reference.py
+  std::string model;   // "transformer" or "resnet20"
+  std::string version, setup, variant;  // after search(): torch version, "intra,blas", "eager" | "compiled"
+  double search_ms = 0.0;
+  std::string search_output;            // search()'s JSON (hook overhead etc.)
+  std::vector<double> round_ms, ratio;  // per round: PyTorch ms/step, and PyTorch ms / proplab ms
+
+  // Runs the full search (every thread setup eagerly, then the fastest compiled under torch 2.x); false when this
+  // interpreter cannot run it (no torch).
+  bool search(int steps, const std::string& extra = "") {
+    std::ostringstream command;
+    command << python << " " << script << " --model " << model << " --json --warmup 2 --steps " << steps << " "
+            << extra << " 2>/dev/null";
+    search_output = run_command(command.str());
+    setup = json_string(search_output, "best_setup");
+    variant = json_string(search_output, "variant");
+    version = json_string(search_output, "torch_version");
+    search_ms = json_number(search_output, "ms_per_step").value_or(0.0);
+    if (variant.empty()) variant = "eager";
+    return !setup.empty();
+  }
+
+  // ms/step of the searched setup and variant in a fresh interpreter (OpenBLAS reads its thread count at load).
+  std::optional<double> round(int steps) const {
+    const std::string blas = setup.substr(setup.find(',') + 1);
+    std::ostringstream command;
+    command << "env -u OMP_NUM_THREADS OPENBLAS_NUM_THREADS=" << blas << " " << python << " " << script
+            << " --model " << model << " --setup " << setup << " --variant " << variant << " --warmup 2 --steps "
+            << steps << " 2>/dev/null";
+    return json_number(run_command(command.str()), "ms_per_step");
+  }
+};
+
+// The yardsticks, in the order reports show them: PyTorch 2.x (the interpreter PROPLAB_TORCH_PYTHON names, else
+// SOURCE/.bench-venv/bin/python, made by bench/make-torch-venv.sh) first, Debian's /usr/bin/python3
+// (python3-torch 1.13) second. An interpreter that does not exist is left out; one without torch fails search().
+inline std::vector<TorchYardstick> torch_yardsticks(const std::string& source_dir, const std::string& model) {
+  std::vector<TorchYardstick> out;
+  auto add = [&](const std::string& label, const std::string& python) {
+    TorchYardstick y;
+    y.label = label;
+    y.python = python;
+    y.script = source_dir + "/bench/torch_reference.py";
+    y.model = model;
+    out.push_back(std::move(y));
+  };
+  std::string modern = source_dir + "/.bench-venv/bin/python";
+  if (const char* named = std::getenv("PROPLAB_TORCH_PYTHON"); named && *named) modern = named;
+  if (std::filesystem::exists(modern) && modern != "/usr/bin/python3")
+    add("pytorch (bench venv)", modern);
+  add("pytorch (debian)", "/usr/bin/python3");
+  return out;
 }
 
 }  // namespace proplab::bench

@@ -8,8 +8,9 @@ bias); vocab 256, seq 128, batch 8, fp32, no dropout. Training: AdamW (lr 1e-3, 
 weight decay 0), gradient-norm clip 1.0, one batch of uniform random tokens (inputs and next-token targets,
 fixed seed) reused every step, so runs repeat and the loss falls from ln 256 as the batch is memorised. Init is GPT-2's:
 every weight N(0, 0.02^2), the two residual output projections N(0, (0.02 / sqrt(2 * layers))^2), biases 0,
-LayerNorm gain 1 and shift 0. Attention is written out (q k^T / sqrt(dh), causal mask, softmax, @ v) because
-torch 1.13 has no scaled_dot_product_attention.
+LayerNorm gain 1 and shift 0. Attention is torch's scaled_dot_product_attention(is_causal=True) where torch has it
+(2.x), written out (q k^T / sqrt(dh), causal mask, softmax, @ v) on torch 1.13; the optimizer is torch's fused
+CPU kernel where torch has one (AdamW from 2.4, SGD from 2.5), its default otherwise. The JSON names what ran.
 
 A timed step is zero_grad + forward + loss + backward + clip + AdamW step; ms/step is the median of --steps
 timed steps after --warmup untimed ones.
@@ -18,6 +19,10 @@ Threads: torch's intra-op pool (OpenMP) and OpenBLAS's own pthread pool both def
 2 cores they oversubscribe. OpenBLAS reads OPENBLAS_NUM_THREADS only when it is loaded, i.e. before torch is
 imported, so each thread setup runs in a fresh subprocess of this script (`--setup intra,blas`, which prints
 one JSON line). The parent tries every setup and keeps the fastest.
+
+Eager and compiled: the thread setups are searched eagerly; then the fastest setup also runs under
+torch.compile (default mode, inductor; torch 2.x only, its first steps compile and are untimed) and the report
+keeps the faster of the two (`variant`), with both timings. `--variant` pins one.
 
 With --model resnet20 the yardstick is instead bench/bench_resnet's model, the default ResnetConfig of
 src/spec/model.h on Fashion-MNIST-shaped input: a CIFAR-style ResNet-20 (stem conv3x3 1->16, three stages of
@@ -30,8 +35,10 @@ decay 5e-4 (as bench/bench_resnet_fmnist.cpp), no clipping, softmax cross-entrop
 images with fixed random labels reused every step. A timed step is zero_grad + forward + loss + backward + SGD
 step; the throughput is images/s.
 
-Run it with Debian's interpreter, which has python3-torch: /usr/bin/python3 bench/torch_reference.py [--json]
-[--model resnet20].
+Run it with the bench-only virtual environment's interpreter (PyTorch 2.x from PyPI, made by
+bench/make-torch-venv.sh) or with Debian's, which has python3-torch 1.13:
+    .bench-venv/bin/python bench/torch_reference.py [--json] [--model resnet20] [--variant eager|compiled|best]
+    /usr/bin/python3 bench/torch_reference.py [--json] [--model resnet20]
 """
 
 import argparse
@@ -91,6 +98,24 @@ def parameter_count():
     return VOCAB * WIDTH + SEQ_LEN * WIDTH + LAYERS * per_layer + 2 * WIDTH
 
 
+def has_sdpa(torch):
+    return hasattr(torch.nn.functional, "scaled_dot_product_attention")
+
+
+def make_optimizer(torch, kind, params, **options):
+    """torch.optim.<kind> with fused=True where this torch has a fused CPU kernel for it, else its default;
+    returns (optimizer, fused)."""
+    params = list(params)
+    try:
+        return getattr(torch.optim, kind)(params, fused=True, **options), True
+    except (TypeError, RuntimeError, ValueError):
+        return getattr(torch.optim, kind)(params, **options), False
+
+
+def has_compile(torch):
+    return hasattr(torch, "compile") and int(torch.__version__.split(".")[0]) >= 2
+
+
 def build_model(torch):
     nn = torch.nn
 
@@ -109,6 +134,9 @@ def build_model(torch):
             q = q.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
             k = k.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
             v = v.view(batch, tokens, HEADS, head_dim).transpose(1, 2)
+            if has_sdpa(torch):
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.out(y.transpose(1, 2).contiguous().view(batch, tokens, width))
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
             scores = scores.masked_fill(~self.causal_mask[:, :, :tokens, :tokens], float("-inf"))
             probs = torch.softmax(scores, dim=-1)
@@ -305,29 +333,32 @@ class Workload:
     """One benchmarked model: the module, a closure running one training step (returns the loss), the module
     types the stat hooks attach to, and what a step processes (samples_per_step of `unit`)."""
 
-    def __init__(self, torch, kind):
+    def __init__(self, torch, kind, compiled=False):
         nn = torch.nn
         self.kind = kind
         if kind == "transformer":
             self.model = build_model(torch)
-            optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
-                                          weight_decay=0.0)
+            # The step calls `run` (the compiled module, or the model itself); hooks attach to `model`.
+            run = torch.compile(self.model) if compiled else self.model
+            optimizer, self.fused = make_optimizer(torch, "AdamW", self.model.parameters(), lr=1e-3,
+                                                   betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
             tokens = torch.randint(0, VOCAB, (BATCH, SEQ_LEN + 1), generator=torch.Generator().manual_seed(1))
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
-            self.step = lambda: train_step(torch, self.model, optimizer, inputs, targets)
+            self.step = lambda: train_step(torch, run, optimizer, inputs, targets)
             self.hook_types = (nn.Linear, nn.LayerNorm, nn.Embedding)
             self.unit, self.samples_per_step = "tokens", BATCH * SEQ_LEN
             self.expected_params, self.flops = parameter_count(), step_flops()
         else:
             self.model = build_resnet(torch)
             self.model.train()
-            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                                        weight_decay=5e-4)
+            run = torch.compile(self.model) if compiled else self.model
+            optimizer, self.fused = make_optimizer(torch, "SGD", self.model.parameters(), lr=0.1, momentum=0.9,
+                                                   nesterov=True, weight_decay=5e-4)
             generator = torch.Generator().manual_seed(1)
             images = torch.randn(RESNET_BATCH, RESNET_IN_CHANNELS, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE,
                                  generator=generator)
             labels = torch.randint(0, RESNET_CLASSES, (RESNET_BATCH,), generator=generator)
-            self.step = lambda: resnet_train_step(torch, self.model, optimizer, images, labels)
+            self.step = lambda: resnet_train_step(torch, run, optimizer, images, labels)
             self.hook_types = (nn.Conv2d, nn.BatchNorm2d, nn.Linear)
             self.unit, self.samples_per_step = "images", RESNET_BATCH
             self.expected_params, self.flops = resnet_parameter_count(), resnet_step_flops()
@@ -414,14 +445,25 @@ def openblas_threads():
         return None
 
 
-def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None, model_kind="transformer"):
+def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None, model_kind="transformer", variant="eager"):
     """Child process: OPENBLAS_NUM_THREADS was set by the parent before this interpreter imported torch."""
     import torch
     if intra is not None:
         torch.set_num_threads(intra)
     torch.set_num_interop_threads(1)
     torch.manual_seed(0)
-    workload = Workload(torch, model_kind)
+    compiled = variant == "compiled"
+    if compiled and not has_compile(torch):
+        raise SystemExit(f"torch_reference: torch {torch.__version__} has no torch.compile (--variant compiled)")
+    if compiled and os.path.isdir("/usr/include/ATen"):
+        # Inductor's C++ kernels then see Debian's torch 1.13 headers (libtorch-dev): they build slow kernels or
+        # fail to load (undefined Sleef symbols). Measured: 253 ms/step compiled with them, 150 without.
+        raise SystemExit("torch_reference: /usr/include/ATen (Debian's libtorch-dev) shadows this torch's headers "
+                         "in torch.compile's C++ kernels; remove it (apt-get remove libtorch-dev; python3-torch "
+                         "does not need it) or use --variant eager")
+    if compiled:
+        warmup = max(warmup, 2)  # the first forward and backward compile
+    workload = Workload(torch, model_kind, compiled=compiled)
     n_params = sum(p.numel() for p in workload.model.parameters())
     if n_params != workload.expected_params:
         raise AssertionError(f"parameter count {n_params} != formula {workload.expected_params}")
@@ -440,6 +482,10 @@ def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None, model_kind="tr
         "params": n_params,
         "torch_version": torch.__version__,
         "mkldnn": torch.backends.mkldnn.is_available(),
+        "variant": variant,
+        "sdpa": model_kind == "transformer" and has_sdpa(torch),
+        "fused_optimizer": workload.fused,
+        "compile_available": has_compile(torch),
     }
     if hooks:
         with OtherLoad() as hooks_load:
@@ -450,7 +496,7 @@ def run_setup(intra, blas, steps, warmup, hooks, give_up_ms=None, model_kind="tr
     return result
 
 
-def spawn_setup(intra, blas, args, hooks, give_up_ms=None):
+def spawn_setup(intra, blas, args, hooks, give_up_ms=None, variant="eager"):
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if blas is None:
@@ -459,14 +505,15 @@ def spawn_setup(intra, blas, args, hooks, give_up_ms=None):
         env["OPENBLAS_NUM_THREADS"] = str(blas)
     command = [sys.executable, os.path.abspath(__file__), "--setup",
                f"{'default' if intra is None else intra},{'default' if blas is None else blas}",
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model]
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
+               "--variant", variant]
     if hooks:
         command.append("--hooks")
     if give_up_ms is not None:
         command += ["--give-up-ms", f"{give_up_ms:.3f}"]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"setup intra={intra} blas={blas} failed:\n{done.stderr}")
+        raise RuntimeError(f"setup intra={intra} blas={blas} variant={variant} failed:\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -491,6 +538,9 @@ def main():
                         help="the yardstick: the reference transformer or bench_resnet's ResNet-20")
     parser.add_argument("--rounds", type=int, default=1,
                         help="times to cycle through all setups; each setup keeps its fastest round")
+    parser.add_argument("--variant", choices=("best", "eager", "compiled"), default="best",
+                        help="eager, torch.compile, or best: search the thread setups eagerly, then also time the "
+                        "fastest setup compiled (torch 2.x) and keep the faster")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--setup", type=parse_setup, help=argparse.SUPPRESS)  # child mode: one setup, JSON out
     parser.add_argument("--give-up-ms", type=float, help=argparse.SUPPRESS)  # child mode: stop a hopeless setup
@@ -500,7 +550,9 @@ def main():
 
     if args.setup is not None:
         intra, blas = args.setup
-        print(json.dumps(run_setup(intra, blas, args.steps, args.warmup, args.hooks, args.give_up_ms, args.model)))
+        variant = "eager" if args.variant == "best" else args.variant
+        print(json.dumps(run_setup(intra, blas, args.steps, args.warmup, args.hooks, args.give_up_ms, args.model,
+                                   variant)))
         return
 
     if importlib.util.find_spec("torch") is None:
@@ -512,10 +564,12 @@ def main():
     best_ms = None
     by_setup = {}
     round_ms = {}
+    search_variant = "compiled" if args.variant == "compiled" else "eager"
     for round_index in range(args.rounds):
         for intra, blas in [(None, None)] + THREAD_SETUPS:
             # A setup 5x slower than the best so far (oversubscribed pools spin) is cut short after 3 timed steps.
-            row = spawn_setup(intra, blas, args, hooks=False, give_up_ms=None if best_ms is None else 5 * best_ms)
+            row = spawn_setup(intra, blas, args, hooks=False, give_up_ms=None if best_ms is None else 5 * best_ms,
+                              variant=search_variant)
             best_ms = row["ms_per_step"] if best_ms is None else min(best_ms, row["ms_per_step"])
             row["setup"] = f"{'default' if intra is None else intra},{'default' if blas is None else blas}"
             row["gflops_per_s"] = flops / (row["ms_per_step"] / 1e3) / 1e9
@@ -532,6 +586,24 @@ def main():
     table = [dict(row, round_ms_per_step=round_ms[setup]) for setup, row in by_setup.items()]
     # Only explicit setups compete; the default row shows what an untuned run gets.
     best = min((r for r in table if r["setup"] != "default,default"), key=lambda r: r["ms_per_step"])
+    variants = {search_variant: best["ms_per_step"]}
+    compile_error = None
+    if args.variant == "best" and best["compile_available"]:
+        # The fastest eager setup, compiled; the faster of the two is the yardstick.
+        intra, blas = (int(p) for p in best["setup"].split(","))
+        if not args.json:
+            print(f"setup {best['setup']} under torch.compile (the first steps compile) ...", flush=True)
+        try:
+            compiled = spawn_setup(intra, blas, args, hooks=False, variant="compiled")
+        except RuntimeError as error:
+            compile_error = str(error).strip().splitlines()[-1]
+            print(f"torch_reference: the compiled variant failed, keeping eager: {compile_error}", file=sys.stderr)
+        else:
+            compiled["setup"] = best["setup"]
+            compiled["gflops_per_s"] = flops / (compiled["ms_per_step"] / 1e3) / 1e9
+            variants["compiled"] = compiled["ms_per_step"]
+            if compiled["ms_per_step"] < best["ms_per_step"]:
+                best = compiled
     if resnet:
         model = {"name": "resnet20", "depth": RESNET_DEPTH, "widths": [RESNET_BASE_WIDTH << s for s in range(3)],
                  "in_channels": RESNET_IN_CHANNELS, "image_size": RESNET_IMAGE_SIZE, "classes": RESNET_CLASSES,
@@ -548,6 +620,11 @@ def main():
         "warmup": args.warmup,
         "rounds": args.rounds,
         "best_setup": best["setup"],
+        "variant": best["variant"],
+        "variants_ms_per_step": variants,
+        "compile_error": compile_error,
+        "sdpa": best["sdpa"],
+        "fused_optimizer": best["fused_optimizer"],
         "ms_per_step": best["ms_per_step"],
         f"{unit}_per_s": best[f"{unit}_per_s"],
         "gflops_per_s": best["gflops_per_s"],
@@ -564,7 +641,9 @@ def main():
     print(f"model: {best['params']} params, {flops / 1e9:.2f} GFLOP/step ({kind}, fwd+bwd)")
     classes = RESNET_CLASSES if resnet else VOCAB
     print(f"loss: first {best['first_loss']:.4f} (ln {classes} = {math.log(classes):.4f}), last {best['last_loss']:.4f}")
-    print(f"best setup intra,blas = {best['setup']}: {best['ms_per_step']:.2f} ms/step, "
+    print(f"torch {best['torch_version']}: " + ", ".join(f"{k} {v:.2f} ms/step" for k, v in variants.items()) +
+          f" (sdpa {best['sdpa']}, fused optimizer {best['fused_optimizer']})")
+    print(f"best setup intra,blas = {best['setup']} {best['variant']}: {best['ms_per_step']:.2f} ms/step, "
           f"{best[unit + '_per_s']:.0f} {unit}/s, {best['gflops_per_s']:.2f} GFLOP/s")
     if args.hooks:
         h = report["hooks"]
