@@ -4,7 +4,10 @@
 // wall time it reports the process's CPU time per call (all threads, getrusage), which other load on shared
 // cores disturbs much less: compare builds by it.
 //
-//   bench_conv [--reps N] [--threads N] [--batch N]
+// --kernels instead times each conv under both CPU kernels (ops::ConvKernel: direct and im2col), call by call
+// alternately so machine noise hits both alike, and prints their ratio.
+//
+//   bench_conv [--reps N] [--threads N] [--batch N] [--kernels]
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -50,6 +53,23 @@ Timing median_ms(int reps, const std::function<void()>& call) {
   return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
+// Median wall ms of two calls timed alternately (a, b, a, b, ...) after one untimed call of each, with each call
+// run under its own conv kernel.
+std::pair<double, double> median_pair(int reps, const std::function<void()>& call, ops::ConvKernel a, ops::ConvKernel b) {
+  std::vector<double> times[2];
+  const ops::ConvKernel kernels[2] = {a, b};
+  for (int r = -1; r < reps; ++r)
+    for (int k = 0; k < 2; ++k) {
+      ops::set_conv_kernel(kernels[k]);
+      const auto start = std::chrono::steady_clock::now();
+      call();
+      if (r >= 0)
+        times[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+  for (auto& t : times) std::sort(t.begin(), t.end());
+  return {times[0][times[0].size() / 2], times[1][times[1].size() / 2]};
+}
+
 Tensor random(const Shape& shape, std::uint64_t stream) {
   Tensor t = Tensor::empty(shape);
   const CounterRng rng(7, stream);
@@ -71,6 +91,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed calls per op (median)")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads_arg, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "images")->check(CLI::PositiveNumber);
+  bool compare_kernels = false;
+  app.add_flag("--kernels", compare_kernels, "time each conv under the direct and the im2col kernel, alternately");
   CLI11_PARSE(app, argc, argv);
   set_threads(threads_arg);
 
@@ -79,6 +101,39 @@ int main(int argc, char** argv) {
       {32, 32, 14, 3, 1, 5}, {32, 64, 14, 3, 2, 1}, {32, 64, 14, 1, 2, 1}, {64, 64, 7, 3, 1, 5},
   };
   std::printf("bench_conv: batch %d, %d threads, median of %d calls\n", batch, threads(), reps);
+  if (compare_kernels) {
+    std::printf("%-26s %24s %24s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms direct/im2col", "bwd ms direct/im2col",
+                "x step");
+    double totals[2] = {0.0, 0.0};
+    std::uint64_t stream = 0;
+    for (const ConvCase& c : cases) {
+      const ops::Conv2dParams params{c.stride, c.kernel / 2, 1};
+      const std::int64_t out_size = ops::conv2d_out_size(c.size, c.kernel, c.stride, c.kernel / 2);
+      Tensor x = random({batch, c.c_in, c.size, c.size}, stream++);
+      Tensor w = random({c.c_out, c.c_in, c.kernel, c.kernel}, stream++);
+      Tensor y = Tensor::empty({batch, c.c_out, out_size, out_size});
+      Tensor d_y = random(y.shape(), stream++);
+      Tensor d_x = Tensor::empty(x.shape()), d_w = Tensor::zeros(w.shape());
+      const bool first = c.c_in == 1;
+      const auto forward = median_pair(
+          reps, [&] { ops::conv2d_forward(x, w, nullptr, params, y); }, ops::ConvKernel::direct,
+          ops::ConvKernel::im2col);
+      const auto backward = median_pair(
+          reps, [&] { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); },
+          ops::ConvKernel::direct, ops::ConvKernel::im2col);
+      const std::string name = std::to_string(c.c_in) + ">" + std::to_string(c.c_out) + ", " +
+                               std::to_string(c.size) + ", " + std::to_string(c.kernel) + "/" +
+                               std::to_string(c.stride);
+      std::printf("%-26s %7.2f / %6.2f (%4.2fx) %7.2f / %6.2f (%4.2fx) %7d\n", name.c_str(), forward.first,
+                  forward.second, forward.second / forward.first, backward.first, backward.second,
+                  backward.second / backward.first, c.per_step);
+      totals[0] += c.per_step * (forward.first + backward.first);
+      totals[1] += c.per_step * (forward.second + backward.second);
+    }
+    std::printf("convs in one step: direct %.1f ms, im2col %.1f ms (%.2fx)\n", totals[0], totals[1],
+                totals[1] / totals[0]);
+    return 0;
+  }
   std::printf("%-26s %16s %16s %10s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms (cpu)", "bwd ms (cpu)", "GFLOP/s",
               "x step");
   double conv_total = 0.0, conv_cpu = 0.0, flops_total = 0.0;

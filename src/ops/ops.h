@@ -107,7 +107,16 @@ struct Conv2dParams {
 };
 // The output spatial size for an input size, kernel size and params (a UserError when it would be < 1).
 std::int64_t conv2d_out_size(std::int64_t in, std::int64_t kernel, int stride, int padding);
-// y [N, C_out, H_out, W_out] = conv(x [N, C_in, H, W], weight) (+ bias [C_out]); im2col + sgemm.
+// The CPU's convolution kernel: `direct` (packed direct convolution, ops/conv_direct.h: the forward, strided ones
+// from 32 input channels, and the stride-1 d_x of one-group convolutions, on CPUs with AVX-512F; the rest, and
+// other CPUs, run im2col) or `im2col` (im2col + OpenBLAS sgemm for everything). Process-wide; the default is
+// direct, or im2col when the environment has PROPLAB_CONV=im2col. Both are bitwise independent of the thread
+// count; they differ in the last bits. conv_direct_supported(): whether this CPU runs the direct kernel at all.
+enum class ConvKernel { direct, im2col };
+ConvKernel conv_kernel();
+void set_conv_kernel(ConvKernel kernel);
+bool conv_direct_supported();
+// y [N, C_out, H_out, W_out] = conv(x [N, C_in, H, W], weight) (+ bias [C_out]).
 void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, const Conv2dParams& params, Tensor& y);
 // d_x (overwrite, skipped when null), d_weight (+=), d_bias (+=, skipped when null).
 void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, const Conv2dParams& params, Tensor* d_x,

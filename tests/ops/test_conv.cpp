@@ -158,6 +158,54 @@ TEST(Conv2d, ResultsIndependentOfThreadCountAndChunking) {
   testing::expect_all_close(y[0].slice(0, 0, 3).clone(), small, 1e-5, 1e-5, "first samples of a chunked batch");
 }
 
+// The direct kernel (ops/conv_direct.h) against im2col + sgemm and the double-precision direct sum, on shapes that
+// reach its edges: channel counts off the 16-channel tile, pixel counts off the 16-pixel block (blocks spanning
+// samples, tiny images of fewer than 16 pixels), padding 0 and 2, 1×1 and 5×5 kernels, stride 2 with 32+ input
+// channels (strided loads) and stride 3 (gathers); forward and the stride-1 d_x, and thread independence.
+TEST(Conv2d, DirectKernelMatchesIm2col) {
+  if (!ops::conv_direct_supported()) GTEST_SKIP() << "this CPU lacks AVX-512F: only the im2col kernel runs here";
+  struct Case {
+    std::int64_t n, c_in, h, w, c_out, k;
+    ops::Conv2dParams params;
+  };
+  const Case cases[] = {{3, 16, 28, 28, 16, 3, {1, 1, 1}},  {5, 7, 7, 7, 19, 3, {1, 1, 1}},
+                        {4, 3, 3, 2, 5, 3, {1, 1, 1}},      {2, 33, 14, 14, 40, 3, {2, 1, 1}},
+                        {2, 32, 14, 13, 20, 1, {2, 0, 1}},  {3, 5, 9, 11, 17, 5, {1, 2, 1}},
+                        {2, 6, 8, 8, 9, 3, {1, 0, 1}},      {2, 40, 10, 10, 16, 3, {3, 1, 1}},
+                        {1, 1, 28, 28, 16, 3, {1, 1, 1}}};
+  ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::direct);
+  std::uint64_t seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.n << "x" << c.c_in << "x" << c.h << "x" << c.w << " -> " << c.c_out << " k"
+                                    << c.k << " s" << c.params.stride << " p" << c.params.padding);
+    Tensor x = random_tensor({c.n, c.c_in, c.h, c.w}, seed++);
+    Tensor weight = random_tensor({c.c_out, c.c_in, c.k, c.k}, seed++, 0.2);
+    Tensor bias = random_tensor({c.c_out}, seed++);
+    const std::int64_t h_out = ops::conv2d_out_size(c.h, c.k, c.params.stride, c.params.padding);
+    const std::int64_t w_out = ops::conv2d_out_size(c.w, c.k, c.params.stride, c.params.padding);
+    Tensor d_y = random_tensor({c.n, c.c_out, h_out, w_out}, seed++);
+    Tensor y[3], d_x[3], d_w[3];
+    for (int run = 0; run < 3; ++run) {  // direct on 1 thread, direct on 2, im2col
+      testing::ScopedThreads scoped(run == 0 ? 1 : 2);
+      ops::set_conv_kernel(run == 2 ? ops::ConvKernel::im2col : ops::ConvKernel::direct);
+      y[run] = Tensor::empty(d_y.shape());
+      d_x[run] = Tensor::empty(x.shape());
+      d_w[run] = Tensor::zeros(weight.shape());
+      ops::conv2d_forward(x, weight, &bias, c.params, y[run]);
+      ops::conv2d_backward(x, weight, d_y, c.params, &d_x[run], d_w[run], nullptr);
+    }
+    ops::set_conv_kernel(ops::ConvKernel::direct);
+    EXPECT_TRUE(testing::bitwise_equal(y[0], y[1])) << "direct y depends on the thread count";
+    EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1])) << "direct d_x depends on the thread count";
+    testing::expect_all_close(y[0], naive_conv(x, weight, &bias, c.params), 1e-4, 1e-4, "direct y");
+    std::vector<double> y_im2col, d_x_im2col;
+    for (float v : y[2].to_vector()) y_im2col.push_back(v);
+    for (float v : d_x[2].to_vector()) d_x_im2col.push_back(v);
+    testing::expect_all_close(y[0], y_im2col, 1e-5, 1e-5, "direct y against im2col");
+    testing::expect_all_close(d_x[0], d_x_im2col, 1e-5, 1e-5, "direct d_x against im2col");
+  }
+}
+
 TEST(Conv2d, RejectsAKernelLargerThanThePaddedInput) {
   EXPECT_THROW(ops::conv2d_out_size(2, 5, 1, 1), UserError);
   EXPECT_EQ(ops::conv2d_out_size(32, 3, 2, 1), 16);

@@ -1,0 +1,233 @@
+#include "ops/conv_direct.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+namespace proplab::ops::detail {
+
+namespace {
+
+using Index = std::int64_t;
+constexpr Index kLanes = 16;  // output pixels per block: one zmm
+constexpr Index kRows = 16;   // output channels per register tile
+
+bool cpu_has_kernel_features() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// One block's gather table, per tap t: lane l reads the input at (block base) + offsets[t·16 + l] where bit l of
+// masks[t] is set, else 0. When the set lanes read consecutive elements (as in every stride-1 convolution whose
+// block stays within one sample), starts[t] = offset of lane 0 on that line and loads[t] = 1: one masked load.
+struct BlockTable {
+  std::int32_t* offsets;
+  std::uint16_t* masks;
+  std::int32_t* starts;
+  std::uint8_t* loads;
+};
+
+// Output segments of one block: lanes [first, first + count) belong to one sample, whose output for channel 0
+// starts at y + out_offset (pixel of lane `first` included).
+struct Segment {
+  int first = 0, count = 0;
+  Index sample = 0, out_offset = 0;
+};
+
+}  // namespace
+
+bool direct_conv_fits(const DirectConvShape& s) {
+  if (!cpu_has_kernel_features()) return false;
+  // A block spans at most ceil(16 / pixels) + 1 samples; its offsets are relative to the first.
+  const Index pixels = std::max<Index>(s.h_out * s.w_out, 1);
+  const Index samples = (kLanes + pixels - 1) / pixels + 1;
+  return s.c_in * s.h * s.w * samples < INT_MAX && s.kh * s.kw > 0;
+}
+
+namespace {
+
+// weight [C_out, K] → packed [ceil(C_out / 16)][K][16], zero rows past C_out.
+void pack_weights(const float* weight, Index c_out, Index k_total, float* packed) {
+  const Index tiles = (c_out + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static) if (tiles * k_total * kRows > (1 << 15))
+  for (Index tile = 0; tile < tiles; ++tile)
+    for (Index k = 0; k < k_total; ++k)
+      for (Index r = 0; r < kRows; ++r) {
+        const Index co = tile * kRows + r;
+        packed[(tile * k_total + k) * kRows + r] = co < c_out ? weight[co * k_total + k] : 0.0f;
+      }
+}
+
+// Fills the block's gather table and output segments; returns the number of segments.
+__attribute__((target("avx512f"))) int plan_block(const DirectConvShape& s, Index q0, const BlockTable& table,
+                                                  Segment* segments) {
+  const Index pixels = s.h_out * s.w_out, total = s.n * pixels;
+  const Index first_sample = q0 / pixels;
+  const Index sample_elements = s.c_in * s.h * s.w;
+  alignas(64) std::int32_t row0[kLanes], column0[kLanes], base[kLanes];
+  int count = 0;
+  std::uint32_t live = 0;
+  for (int l = 0; l < kLanes; ++l) {
+    const Index q = q0 + l;
+    if (q >= total) {
+      row0[l] = column0[l] = base[l] = 0;
+      continue;
+    }
+    live |= 1u << l;
+    const Index sample = q / pixels, p = q % pixels;
+    if (count == 0 || sample != segments[count - 1].sample) {
+      segments[count].first = l;
+      segments[count].count = 0;
+      segments[count].sample = sample;
+      segments[count].out_offset = sample * s.c_out * pixels + p;
+      ++count;
+    }
+    ++segments[count - 1].count;
+    const Index oh = p / s.w_out, ow = p % s.w_out;
+    row0[l] = static_cast<std::int32_t>(oh * s.stride - s.padding);
+    column0[l] = static_cast<std::int32_t>(ow * s.stride - s.padding);
+    base[l] = static_cast<std::int32_t>((sample - first_sample) * sample_elements);
+  }
+  const __m512i rows = _mm512_load_si512(row0), columns = _mm512_load_si512(column0);
+  const __m512i bases = _mm512_load_si512(base);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i height = _mm512_set1_epi32(static_cast<std::int32_t>(s.h));
+  const __m512i width = _mm512_set1_epi32(static_cast<std::int32_t>(s.w));
+  const __m512i zero = _mm512_setzero_si512();
+  for (Index i = 0; i < s.kh; ++i) {
+    const __m512i ih = _mm512_add_epi32(rows, _mm512_set1_epi32(static_cast<std::int32_t>(i)));
+    const __mmask16 row_ok =
+        static_cast<__mmask16>(live & _mm512_cmpge_epi32_mask(ih, zero) & _mm512_cmplt_epi32_mask(ih, height));
+    const __m512i row_offset = _mm512_add_epi32(bases, _mm512_mullo_epi32(ih, width));
+    for (Index j = 0; j < s.kw; ++j) {
+      const Index t = i * s.kw + j;
+      const __m512i iw = _mm512_add_epi32(columns, _mm512_set1_epi32(static_cast<std::int32_t>(j)));
+      const __mmask16 ok =
+          static_cast<__mmask16>(row_ok & _mm512_cmpge_epi32_mask(iw, zero) & _mm512_cmplt_epi32_mask(iw, width));
+      const __m512i offsets = _mm512_maskz_add_epi32(ok, row_offset, iw);
+      _mm512_storeu_si512(table.offsets + t * kLanes, offsets);
+      table.masks[t] = ok;
+      // Evenly spaced over the set lanes (stride 1 or 2): offset − stride·lane is the same for all of them.
+      table.loads[t] = 0;
+      if (ok != 0 && s.stride <= 2) {
+        const __m512i start = _mm512_sub_epi32(offsets, _mm512_mullo_epi32(lane, _mm512_set1_epi32(s.stride)));
+        const int first = __builtin_ctz(ok);
+        const std::int32_t first_start = table.offsets[t * kLanes + first] - s.stride * first;
+        table.starts[t] = first_start;
+        if (_mm512_mask_cmpneq_epi32_mask(ok, start, _mm512_set1_epi32(first_start)) == 0)
+          table.loads[t] = static_cast<std::uint8_t>(s.stride);
+      }
+    }
+  }
+  return count;
+}
+
+__attribute__((target("avx512f,bmi2"))) void pack_panel(const float* x_block, const DirectConvShape& s,
+                                                        const BlockTable& table, float* panel) {
+  const Index taps = s.kh * s.kw, plane = s.h * s.w;
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  for (Index ci = 0; ci < s.c_in; ++ci) {
+    const float* base = x_block + ci * plane;
+    float* out = panel + ci * taps * kLanes;
+    for (Index t = 0; t < taps; ++t) {
+      __m512 v;
+      const __mmask16 mask = static_cast<__mmask16>(table.masks[t]);
+      if (mask == 0) {
+        v = _mm512_setzero_ps();
+      } else if (table.loads[t] == 1) {
+        // Lanes outside the mask are not read (masked loads do not fault), so the line may start before the plane.
+        v = _mm512_maskz_loadu_ps(mask, base + table.starts[t]);
+      } else if (table.loads[t] == 2) {
+        // Every other element of 32: two masked loads (lane l's element at 2l), then the even elements.
+        const std::uint32_t wide = _pdep_u32(mask, 0x55555555u);
+        const float* line = base + table.starts[t];
+        const __m512 low = _mm512_maskz_loadu_ps(static_cast<__mmask16>(wide & 0xFFFFu), line);
+        const __m512 high = _mm512_maskz_loadu_ps(static_cast<__mmask16>(wide >> 16), line + kLanes);
+        v = _mm512_permutex2var_ps(low, even, high);
+      } else {
+        const __m512i index = _mm512_loadu_si512(table.offsets + t * kLanes);
+        v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, base, 4);
+      }
+      _mm512_store_ps(out + t * kLanes, v);
+    }
+  }
+}
+
+// acc[r] = Σ_k packed[k][r] · panel[k] for one tile of 16 output channels, then stored (plus bias) into y.
+__attribute__((target("avx512f"))) void multiply_tile(const float* panel, const float* packed_tile, Index k_total,
+                                                      Index rows, const float* bias, Index tile_first,
+                                                      const Segment* segments, int segment_count, float* y,
+                                                      Index pixels) {
+  __m512 acc[kRows];
+#pragma GCC unroll 16
+  for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (Index k = 0; k < k_total; ++k) {
+    const __m512 b = _mm512_load_ps(panel + k * kLanes);
+    const float* w = packed_tile + k * kRows;
+#pragma GCC unroll 16
+    for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), b, acc[r]);
+  }
+  for (Index r = 0; r < rows; ++r) {
+    const Index co = tile_first + r;
+    const __m512 v = bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(bias[co])) : acc[r];
+    for (int sgm = 0; sgm < segment_count; ++sgm) {
+      const Segment& g = segments[sgm];
+      const __mmask16 store = static_cast<__mmask16>((1u << g.count) - 1u);
+      const __mmask16 lanes = static_cast<__mmask16>(store << g.first);
+      const __m512 part = g.first == 0 ? v : _mm512_maskz_compress_ps(lanes, v);
+      _mm512_mask_storeu_ps(y + g.out_offset + co * pixels, store, part);
+    }
+  }
+}
+
+}  // namespace
+
+void direct_conv_forward(const float* x, const float* weight, const float* bias, float* y, const DirectConvShape& s) {
+  const Index taps = s.kh * s.kw, k_total = s.c_in * taps;
+  const Index pixels = s.h_out * s.w_out, total = s.n * pixels;
+  const Index tiles = (s.c_out + kRows - 1) / kRows;
+  const Index blocks = (total + kLanes - 1) / kLanes;
+  if (blocks == 0 || s.c_out == 0) return;
+  thread_local std::vector<float> packed_buffer;
+  if (static_cast<Index>(packed_buffer.size()) < tiles * k_total * kRows)
+    packed_buffer.resize(static_cast<std::size_t>(tiles * k_total * kRows));
+  float* packed = packed_buffer.data();
+  pack_weights(weight, s.c_out, k_total, packed);
+  const Index sample_elements = s.c_in * s.h * s.w;
+#pragma omp parallel if (blocks > 1)
+  {
+    // Per thread: the panel (64-byte aligned) and the gather table, reused across calls.
+    thread_local std::vector<float> panel_buffer;
+    thread_local std::vector<std::int32_t> offset_buffer;
+    thread_local std::vector<std::uint16_t> mask_buffer;
+    thread_local std::vector<std::int32_t> start_buffer;
+    thread_local std::vector<std::uint8_t> load_buffer;
+    if (static_cast<Index>(panel_buffer.size()) < k_total * kLanes + 16)
+      panel_buffer.resize(static_cast<std::size_t>(k_total * kLanes + 16));
+    float* panel = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(panel_buffer.data()) + 63) / 64 * 64);
+    offset_buffer.resize(static_cast<std::size_t>(taps * kLanes));
+    mask_buffer.resize(static_cast<std::size_t>(taps));
+    start_buffer.resize(static_cast<std::size_t>(taps));
+    load_buffer.resize(static_cast<std::size_t>(taps));
+    const BlockTable table{offset_buffer.data(), mask_buffer.data(), start_buffer.data(), load_buffer.data()};
+    Segment segments[kLanes];
+#pragma omp for schedule(static)
+    for (Index block = 0; block < blocks; ++block) {
+      const Index q0 = block * kLanes;
+      const int segment_count = plan_block(s, q0, table, segments);
+      pack_panel(x + (q0 / pixels) * sample_elements, s, table, panel);
+      for (Index tile = 0; tile < tiles; ++tile)
+        multiply_tile(panel, packed + tile * k_total * kRows, k_total, std::min(kRows, s.c_out - tile * kRows), bias,
+                      tile * kRows, segments, segment_count, y, pixels);
+    }
+  }
+}
+
+}  // namespace proplab::ops::detail
