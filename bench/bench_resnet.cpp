@@ -5,8 +5,8 @@
 // 0.9 and weight decay 5e-4, no clipping, one fixed batch of N(0, 1) images and random labels. Side by side in
 // one run:
 //   - proplab with recording off, recording every 10 steps (the study default: every statistic of every probe and
-//     parameter, written to a real run file) and every step, interleaved step by step so machine noise hits all
-//     alike;
+//     parameter, written to a real run file) and every step, and (on CPUs that run ops/conv_direct) recording off
+//     with the im2col convolutions, interleaved step by step so machine noise hits all alike;
 //   - PyTorch (bench/torch_reference.py --model resnet20) under PyTorch 2.x from the bench virtual environment
 //     (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's 1.13: each
 //     searches its thread setups and (2.x) eager against torch.compile once, then the fastest runs once per
@@ -36,6 +36,7 @@
 #include "bench_util.h"
 #include "core/rng.h"
 #include "models/resnet.h"
+#include "ops/ops.h"
 #include "train/optimizer.h"
 #include "train/recorder.h"
 
@@ -62,6 +63,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 struct Setup {
   std::string label;
   std::int64_t every = 0;  // 0: recording off
+  ops::ConvKernel kernel = ops::ConvKernel::direct;
   std::unique_ptr<Resnet> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<Recorder> recorder;
@@ -122,6 +124,17 @@ int main(int argc, char** argv) {
     if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
     setups.push_back(std::move(s));
   }
+  if (ops::conv_direct_supported() && ops::conv_kernel() == ops::ConvKernel::direct) {
+    // The same step with the im2col convolutions, interleaved with the others: the direct kernel's gain.
+    Setup s;
+    s.label = "off, im2col convs";
+    s.kernel = ops::ConvKernel::im2col;
+    s.model = std::make_unique<Resnet>(config, ScalingConfig{}, 1);
+    s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
+    setups.push_back(std::move(s));
+  }
+  for (Setup& s : setups)
+    if (s.kernel == ops::ConvKernel::direct) s.kernel = ops::conv_kernel();
   Batch b{Tensor::empty({batch, 1, 28, 28}), Tensor::empty({batch}, DType::i32)};
   const CounterRng image_rng(1, 0), label_rng(1, 1);
   for (std::int64_t i = 0; i < b.inputs.numel(); ++i)
@@ -129,6 +142,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < batch; ++i) b.targets.i32()[i] = static_cast<std::int32_t>(label_rng.below(i, 10));
 
   auto run_step = [&](Setup& s, bool timed) {
+    ops::set_conv_kernel(s.kernel);
     const auto start = std::chrono::steady_clock::now();
     const bool record = s.recorder && s.recorder->records(s.step);
     if (record) s.recorder->begin_step();

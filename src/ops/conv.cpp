@@ -251,6 +251,56 @@ void forward_columns(const float* x_data, const ConvGeometry& g, const float* we
   }
 }
 
+// d_weight += the weight gradient through im2col + sgemm, chunk by chunk; with d_x, also d_x through col2im.
+void weight_grad_columns(const float* x_data, const float* d_y_data, const float* weight_data, const ConvGeometry& g,
+                         float* d_w, Tensor* d_x) {
+  // Each chunk's weight gradient goes to its own partial [groups · C_out_g, patch]; they are added below.
+  const std::int64_t chunks = (g.n + g.chunk - 1) / g.chunk;
+  const std::int64_t weight_numel = g.c_out * g.patch;
+  thread_local std::vector<float> partial_buffer;
+  float* partials = scratch(partial_buffer, chunks * weight_numel);
+  const bool per_chunk = chunks > 1;
+#pragma omp parallel if (per_chunk)
+  {
+    thread_local std::vector<float> cols_buffer, d_out_buffer;
+    float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
+    float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const std::int64_t n0 = chunk * g.chunk;
+      const std::int64_t count = std::min(g.chunk, g.n - n0);
+      const std::int64_t columns = count * g.pixels;
+      for (std::int64_t group = 0; group < g.groups; ++group) {
+        // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
+#pragma omp parallel for collapse(2) schedule(static) if (!per_chunk && g.c_out_group * columns > kParallelMin)
+        for (std::int64_t s = 0; s < count; ++s) {
+          for (std::int64_t o = 0; o < g.c_out_group; ++o) {
+            const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
+            std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
+          }
+        }
+        im2col(x_data, g, group, n0, count, cols, !per_chunk);
+        // partial d_W_g [C_out_g, patch] = d_out [C_out_g, columns] · cols^T [columns, patch]
+        sgemm(false, true, g.c_out_group, g.patch, columns, 1.0f, d_out, columns, cols, columns, 0.0f,
+              partials + chunk * weight_numel + group * g.c_out_group * g.patch, g.patch);
+        if (d_x) {
+          // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
+          sgemm(true, false, g.patch, columns, g.c_out_group, 1.0f, weight_data + group * g.c_out_group * g.patch,
+                g.patch, d_out, columns, 0.0f, cols, columns);
+          col2im(cols, g, group, n0, count, d_x->f32(), !per_chunk);
+        }
+      }
+    }
+  }
+  // d_weight += the partials, chunk by chunk in order, per element.
+#pragma omp parallel for schedule(static) if (weight_numel * chunks > kParallelMin)
+  for (std::int64_t i = 0; i < weight_numel; ++i) {
+    float sum = d_w[i];
+    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * weight_numel + i];
+    d_w[i] = sum;
+  }
+}
+
 #ifdef PROPLAB_WITH_CUDA
 kernels::ConvShape device_shape(const ConvGeometry& g) {
   kernels::ConvShape s;
@@ -367,51 +417,11 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
     else
       forward_columns(d_y_data, t, flipped, nullptr, d_x->f32());
   }
-  // Each chunk's weight gradient goes to its own partial [groups · C_out_g, patch]; they are added below.
-  const std::int64_t chunks = (g.n + g.chunk - 1) / g.chunk;
-  const std::int64_t weight_numel = g.c_out * g.patch;
-  thread_local std::vector<float> partial_buffer;
-  float* partials = scratch(partial_buffer, chunks * weight_numel);
-  const bool per_chunk = chunks > 1;
-#pragma omp parallel if (per_chunk)
-  {
-    thread_local std::vector<float> cols_buffer, d_out_buffer;
-    float* cols = scratch(cols_buffer, g.patch * g.chunk * g.pixels);
-    float* d_out = scratch(d_out_buffer, g.c_out_group * g.chunk * g.pixels);
-#pragma omp for schedule(dynamic)
-    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-      const std::int64_t n0 = chunk * g.chunk;
-      const std::int64_t count = std::min(g.chunk, g.n - n0);
-      const std::int64_t columns = count * g.pixels;
-      for (std::int64_t group = 0; group < g.groups; ++group) {
-        // d_out [C_out_g, columns] gathered from d_y's NCHW planes.
-#pragma omp parallel for collapse(2) schedule(static) if (!per_chunk && g.c_out_group * columns > kParallelMin)
-        for (std::int64_t s = 0; s < count; ++s) {
-          for (std::int64_t o = 0; o < g.c_out_group; ++o) {
-            const float* from = d_y_data + ((n0 + s) * g.c_out + group * g.c_out_group + o) * g.pixels;
-            std::memcpy(d_out + o * columns + s * g.pixels, from, sizeof(float) * static_cast<std::size_t>(g.pixels));
-          }
-        }
-        im2col(x_data, g, group, n0, count, cols, !per_chunk);
-        // partial d_W_g [C_out_g, patch] = d_out [C_out_g, columns] · cols^T [columns, patch]
-        sgemm(false, true, g.c_out_group, g.patch, columns, 1.0f, d_out, columns, cols, columns, 0.0f,
-              partials + chunk * weight_numel + group * g.c_out_group * g.patch, g.patch);
-        if (d_x && !d_x_by_conv) {
-          // d_cols [patch, columns] = W_g^T [patch, C_out_g] · d_out [C_out_g, columns], scattered back into d_x.
-          sgemm(true, false, g.patch, columns, g.c_out_group, 1.0f, weight.f32() + group * g.c_out_group * g.patch,
-                g.patch, d_out, columns, 0.0f, cols, columns);
-          col2im(cols, g, group, n0, count, d_x->f32(), !per_chunk);
-        }
-      }
-    }
-  }
-  // d_weight += the partials, chunk by chunk in order, per element.
-  float* d_w = d_weight.f32();
-#pragma omp parallel for schedule(static) if (weight_numel * chunks > kParallelMin)
-  for (std::int64_t i = 0; i < weight_numel; ++i) {
-    float sum = d_w[i];
-    for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[chunk * weight_numel + i];
-    d_w[i] = sum;
+  // The weight gradient: the direct kernel where it runs this shape and d_x needs no col2im; else im2col below.
+  if (detail::DirectConvShape s; (!d_x || d_x_by_conv) && direct_shape(g, s)) {
+    detail::direct_conv_weight_grad(x_data, d_y_data, d_weight.f32(), s);
+  } else {
+    weight_grad_columns(x_data, d_y_data, weight.f32(), g, d_weight.f32(), d_x_by_conv ? nullptr : d_x);
   }
   if (d_bias) {
     float* d_b = d_bias->f32();

@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <vector>
 
+// GCC 12's AVX-512 intrinsics start from an undefined vector (_mm512_undefined_ps), which -Wmaybe-uninitialized
+// reports inside the headers; the values are always defined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace proplab::ops::detail {
 
 namespace {
@@ -187,6 +191,98 @@ __attribute__((target("avx512f"))) void multiply_tile(const float* panel, const 
   }
 }
 
+// Per thread, reused across calls: a 64-byte aligned panel of at least `floats` floats, and a block table for
+// `taps` taps.
+float* thread_panel(Index floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<Index>(buffer.size()) < floats + 16) buffer.resize(static_cast<std::size_t>(floats + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) / 64 * 64);
+}
+
+BlockTable thread_table(Index taps) {
+  thread_local std::vector<std::int32_t> offsets, starts;
+  thread_local std::vector<std::uint16_t> masks;
+  thread_local std::vector<std::uint8_t> loads;
+  offsets.resize(static_cast<std::size_t>(taps * kLanes));
+  starts.resize(static_cast<std::size_t>(taps));
+  masks.resize(static_cast<std::size_t>(taps));
+  loads.resize(static_cast<std::size_t>(taps));
+  return BlockTable{offsets.data(), masks.data(), starts.data(), loads.data()};
+}
+
+// in: 16 rows of 16 floats (row stride 16); out: their transpose, row i at out + i·out_stride. Unpacks pair the
+// rows, shuffles gather four, and 128-bit lane shuffles assemble the columns.
+__attribute__((target("avx512f"))) void transpose16(const float* in, float* out, Index out_stride) {
+  __m512 r[16], t[16], u[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(in + i * kLanes);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // u[4i + j], 128-bit lane m: column 4m + j of rows 4i .. 4i + 3.
+  for (int j = 0; j < 4; ++j) {
+    const __m512 x0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), x1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+    _mm512_storeu_ps(out + (0 + j) * out_stride, _mm512_shuffle_f32x4(x0, y0, 0x88));
+    _mm512_storeu_ps(out + (4 + j) * out_stride, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+    _mm512_storeu_ps(out + (8 + j) * out_stride, _mm512_shuffle_f32x4(x1, y1, 0x88));
+    _mm512_storeu_ps(out + (12 + j) * out_stride, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+  }
+}
+
+// The weight gradient's register tile, 16 output channels × 16 patch elements: for every pixel of the chunk's
+// blocks, one load of its 16 patch elements (transposed panel [16 pixels][k_padded] per block) and 16 broadcast
+// FMAs with its d_y (packed [rows_padded][16 pixels] per block). Added to partial (row stride k_total) for the
+// rows and columns that exist.
+__attribute__((target("avx512f"))) void weight_grad_tile(const float* dy_tile, const float* patch_tile, Index blocks,
+                                                         Index dy_block_stride, Index patch_block_stride,
+                                                         Index k_padded, Index rows, Index cols, float* partial,
+                                                         Index k_total) {
+  __m512 acc[kRows];
+#pragma GCC unroll 16
+  for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (Index b = 0; b < blocks; ++b) {
+    const float* dy = dy_tile + b * dy_block_stride;
+    const float* patch = patch_tile + b * patch_block_stride;
+    for (Index l = 0; l < kLanes; ++l) {
+      const __m512 v = _mm512_load_ps(patch + l * k_padded);
+#pragma GCC unroll 16
+      for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[r * kLanes + l]), v, acc[r]);
+    }
+  }
+  const __mmask16 columns = static_cast<__mmask16>(cols >= kLanes ? 0xFFFFu : (1u << cols) - 1u);
+  for (Index r = 0; r < rows; ++r) {
+    float* to = partial + r * k_total;
+    _mm512_mask_storeu_ps(to, columns, _mm512_add_ps(_mm512_maskz_loadu_ps(columns, to), acc[r]));
+  }
+}
+
+// The block's d_y for output channels [0, rows_padded): 16 lanes per channel from its segments (zero past C_out
+// and in lanes past the last pixel).
+__attribute__((target("avx512f"))) void pack_dy(const float* d_y, const DirectConvShape& s, const Segment* segments,
+                                                int segment_count, Index rows_padded, float* out) {
+  const Index pixels = s.h_out * s.w_out;
+  for (Index co = 0; co < rows_padded; ++co) {
+    __m512 v = _mm512_setzero_ps();
+    if (co < s.c_out) {
+      for (int sgm = 0; sgm < segment_count; ++sgm) {
+        const Segment& g = segments[sgm];
+        const __mmask16 count = static_cast<__mmask16>((1u << g.count) - 1u);
+        const __m512 line = _mm512_maskz_loadu_ps(count, d_y + g.out_offset + co * pixels);
+        v = g.first == 0 ? line : _mm512_mask_expand_ps(v, static_cast<__mmask16>(count << g.first), line);
+      }
+    }
+    _mm512_store_ps(out + co * kLanes, v);
+  }
+}
+
 }  // namespace
 
 void direct_conv_forward(const float* x, const float* weight, const float* bias, float* y, const DirectConvShape& s) {
@@ -203,20 +299,8 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
   const Index sample_elements = s.c_in * s.h * s.w;
 #pragma omp parallel if (blocks > 1)
   {
-    // Per thread: the panel (64-byte aligned) and the gather table, reused across calls.
-    thread_local std::vector<float> panel_buffer;
-    thread_local std::vector<std::int32_t> offset_buffer;
-    thread_local std::vector<std::uint16_t> mask_buffer;
-    thread_local std::vector<std::int32_t> start_buffer;
-    thread_local std::vector<std::uint8_t> load_buffer;
-    if (static_cast<Index>(panel_buffer.size()) < k_total * kLanes + 16)
-      panel_buffer.resize(static_cast<std::size_t>(k_total * kLanes + 16));
-    float* panel = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(panel_buffer.data()) + 63) / 64 * 64);
-    offset_buffer.resize(static_cast<std::size_t>(taps * kLanes));
-    mask_buffer.resize(static_cast<std::size_t>(taps));
-    start_buffer.resize(static_cast<std::size_t>(taps));
-    load_buffer.resize(static_cast<std::size_t>(taps));
-    const BlockTable table{offset_buffer.data(), mask_buffer.data(), start_buffer.data(), load_buffer.data()};
+    float* panel = thread_panel(k_total * kLanes);
+    const BlockTable table = thread_table(taps);
     Segment segments[kLanes];
 #pragma omp for schedule(static)
     for (Index block = 0; block < blocks; ++block) {
@@ -227,6 +311,64 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
         multiply_tile(panel, packed + tile * k_total * kRows, k_total, std::min(kRows, s.c_out - tile * kRows), bias,
                       tile * kRows, segments, segment_count, y, pixels);
     }
+  }
+}
+
+void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s) {
+  const Index taps = s.kh * s.kw, k_total = s.c_in * taps;
+  const Index pixels = s.h_out * s.w_out, total = s.n * pixels;
+  const Index blocks = (total + kLanes - 1) / kLanes;
+  if (blocks == 0 || s.c_out == 0 || k_total == 0) return;
+  const Index k_padded = (k_total + kLanes - 1) / kLanes * kLanes;
+  const Index rows_padded = (s.c_out + kRows - 1) / kRows * kRows;
+  // Chunks of blocks whose transposed panels fill about 256 KiB (they stay in L2 across the tiles), grouped into at
+  // most kGroups runs of consecutive chunks: each group adds its chunks in order into its own partial, and the
+  // partials are added in group order. All of it depends on the shape alone, not on the threads.
+  constexpr Index kGroups = 16;
+  const Index chunk_blocks = std::max<Index>(1, (Index{1} << 16) / (k_padded * kLanes));
+  const Index chunks = (blocks + chunk_blocks - 1) / chunk_blocks;
+  const Index groups = std::min(kGroups, chunks);
+  const Index weight_numel = s.c_out * k_total;
+  thread_local std::vector<float> partial_buffer;
+  partial_buffer.assign(static_cast<std::size_t>(groups * weight_numel), 0.0f);
+  float* partials = partial_buffer.data();
+  const Index sample_elements = s.c_in * s.h * s.w;
+  const Index patch_stride = k_padded * kLanes, dy_stride = rows_padded * kLanes;
+#pragma omp parallel if (groups > 1)
+  {
+    // [panel of one block][chunk's transposed panels][chunk's packed d_y], 64-byte aligned.
+    float* panel = thread_panel(patch_stride + chunk_blocks * (patch_stride + dy_stride));
+    float* patches = panel + patch_stride;
+    float* dys = patches + chunk_blocks * patch_stride;
+    const BlockTable table = thread_table(taps);
+    Segment segments[kLanes];
+#pragma omp for schedule(dynamic)
+    for (Index group = 0; group < groups; ++group) {
+      float* partial = partials + group * weight_numel;
+      for (Index chunk = group * chunks / groups; chunk < (group + 1) * chunks / groups; ++chunk) {
+        const Index first = chunk * chunk_blocks, count = std::min(chunk_blocks, blocks - first);
+        for (Index b = 0; b < count; ++b) {
+          const Index q0 = (first + b) * kLanes;
+          const int segment_count = plan_block(s, q0, table, segments);
+          pack_panel(x + (q0 / pixels) * sample_elements, s, table, panel);
+          std::fill(panel + k_total * kLanes, panel + patch_stride, 0.0f);
+          for (Index k = 0; k < k_padded; k += kLanes)
+            transpose16(panel + k * kLanes, patches + b * patch_stride + k, k_padded);
+          pack_dy(d_y, s, segments, segment_count, rows_padded, dys + b * dy_stride);
+        }
+        for (Index k = 0; k < k_padded; k += kLanes)
+          for (Index co = 0; co < rows_padded; co += kRows)
+            weight_grad_tile(dys + co * kLanes, patches + k, count, dy_stride, patch_stride, k_padded,
+                             std::min(kRows, s.c_out - co), std::min(kLanes, k_total - k), partial + co * k_total + k,
+                             k_total);
+      }
+    }
+  }
+#pragma omp parallel for schedule(static) if (weight_numel * groups > (1 << 14))
+  for (Index i = 0; i < weight_numel; ++i) {
+    float sum = d_weight[i];
+    for (Index group = 0; group < groups; ++group) sum += partials[group * weight_numel + i];
+    d_weight[i] = sum;
   }
 }
 

@@ -29,4 +29,11 @@ bool direct_conv_fits(const DirectConvShape& s);
 // y [N, C_out, H_out, W_out] = conv(x [N, C_in, H, W], weight [C_out, C_in, KH, KW]) (+ bias [C_out]), one group.
 void direct_conv_forward(const float* x, const float* weight, const float* bias, float* y, const DirectConvShape& s);
 
+// d_weight [C_out, C_in, KH, KW] += Σ over samples and output pixels of d_y ⊗ the input patches, one group. The
+// same blocks and panels as the forward, transposed (16 × 16 in registers) to [pixel][patch element]; a 16 × 16
+// register tile of (output channel, patch element) runs over a chunk's pixels with one broadcast FMA per d_y
+// value. Chunks are summed in a fixed order into at most 16 partials, added in order: bitwise independent of the
+// threads.
+void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s);
+
 }  // namespace proplab::ops::detail

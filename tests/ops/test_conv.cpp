@@ -161,7 +161,8 @@ TEST(Conv2d, ResultsIndependentOfThreadCountAndChunking) {
 // The direct kernel (ops/conv_direct.h) against im2col + sgemm and the double-precision direct sum, on shapes that
 // reach its edges: channel counts off the 16-channel tile, pixel counts off the 16-pixel block (blocks spanning
 // samples, tiny images of fewer than 16 pixels), padding 0 and 2, 1×1 and 5×5 kernels, stride 2 with 32+ input
-// channels (strided loads) and stride 3 (gathers); forward and the stride-1 d_x, and thread independence.
+// channels (strided loads) and stride 3 (gathers); forward, the stride-1 d_x and the weight gradient, and thread
+// independence.
 TEST(Conv2d, DirectKernelMatchesIm2col) {
   if (!ops::conv_direct_supported()) GTEST_SKIP() << "this CPU lacks AVX-512F: only the im2col kernel runs here";
   struct Case {
@@ -203,6 +204,10 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
     for (float v : d_x[2].to_vector()) d_x_im2col.push_back(v);
     testing::expect_all_close(y[0], y_im2col, 1e-5, 1e-5, "direct y against im2col");
     testing::expect_all_close(d_x[0], d_x_im2col, 1e-5, 1e-5, "direct d_x against im2col");
+    EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[1])) << "direct d_weight depends on the thread count";
+    std::vector<double> d_w_im2col;
+    for (float v : d_w[2].to_vector()) d_w_im2col.push_back(v);
+    testing::expect_all_close(d_w[0], d_w_im2col, 1e-4, 1e-5, "direct d_weight against im2col");
   }
 }
 
