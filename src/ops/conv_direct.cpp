@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 // GCC 12's AVX-512 intrinsics start from an undefined vector (_mm512_undefined_ps), which -Wmaybe-uninitialized
@@ -132,6 +133,64 @@ __attribute__((target("avx512f"))) int plan_block(const DirectConvShape& s, Inde
   }
   return count;
 }
+
+// The block plans of one call, made once. A block's plan, relative to its first sample, repeats every
+// lcm(pixels, 16) / 16 blocks (`period`); a full block (16 live lanes) looks its plan up, shifting the segments'
+// output offsets by the samples between, and the last, partial block makes its own. Without a short enough
+// period (or with fewer full blocks than one period) every block plans itself.
+class BlockPlans {
+ public:
+  explicit BlockPlans(const DirectConvShape& s) : s_(s) {
+    const Index pixels = s.h_out * s.w_out;
+    taps_ = s.kh * s.kw;
+    full_blocks_ = s.n * pixels / kLanes;
+    period_ = std::lcm(pixels, kLanes) / kLanes;
+    if (period_ > full_blocks_ || period_ * taps_ > (Index{1} << 13)) {
+      period_ = 0;
+      return;
+    }
+    samples_per_period_ = period_ * kLanes / pixels;
+    offsets_.resize(static_cast<std::size_t>(period_ * taps_ * kLanes));
+    starts_.resize(static_cast<std::size_t>(period_ * taps_));
+    masks_.resize(static_cast<std::size_t>(period_ * taps_));
+    loads_.resize(static_cast<std::size_t>(period_ * taps_));
+    segments_.resize(static_cast<std::size_t>(period_ * kLanes));
+    counts_.resize(static_cast<std::size_t>(period_));
+    for (Index r = 0; r < period_; ++r) counts_[r] = plan_block(s, r * kLanes, row(r), segments_.data() + r * kLanes);
+  }
+
+  // Block `block`'s table (into the cache, or `scratch` filled) and segments; returns the segment count.
+  int get(Index block, const BlockTable& scratch, BlockTable& table, Segment* segments) const {
+    if (period_ == 0 || block >= full_blocks_) {
+      table = scratch;
+      return plan_block(s_, block * kLanes, scratch, segments);
+    }
+    const Index r = block % period_, shift = (block / period_) * samples_per_period_;
+    table = row(r);
+    const int count = counts_[r];
+    for (int g = 0; g < count; ++g) {
+      segments[g] = segments_[r * kLanes + g];
+      segments[g].sample += shift;
+      segments[g].out_offset += shift * s_.c_out * s_.h_out * s_.w_out;
+    }
+    return count;
+  }
+
+ private:
+  BlockTable row(Index r) const {
+    auto* self = const_cast<BlockPlans*>(this);
+    return BlockTable{self->offsets_.data() + r * taps_ * kLanes, self->masks_.data() + r * taps_,
+                      self->starts_.data() + r * taps_, self->loads_.data() + r * taps_};
+  }
+
+  DirectConvShape s_;
+  Index taps_ = 0, full_blocks_ = 0, period_ = 0, samples_per_period_ = 0;
+  std::vector<std::int32_t> offsets_, starts_;
+  std::vector<std::uint16_t> masks_;
+  std::vector<std::uint8_t> loads_;
+  std::vector<Segment> segments_;
+  std::vector<int> counts_;
+};
 
 __attribute__((target("avx512f,bmi2"))) void pack_panel(const float* x_block, const DirectConvShape& s,
                                                         const BlockTable& table, float* panel) {
@@ -297,6 +356,7 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
   float* packed = packed_buffer.data();
   pack_weights(weight, s.c_out, k_total, packed);
   const Index sample_elements = s.c_in * s.h * s.w;
+  const BlockPlans plans(s);
 #pragma omp parallel if (blocks > 1)
   {
     float* panel = thread_panel(k_total * kLanes);
@@ -305,8 +365,9 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
 #pragma omp for schedule(static)
     for (Index block = 0; block < blocks; ++block) {
       const Index q0 = block * kLanes;
-      const int segment_count = plan_block(s, q0, table, segments);
-      pack_panel(x + (q0 / pixels) * sample_elements, s, table, panel);
+      BlockTable plan;
+      const int segment_count = plans.get(block, table, plan, segments);
+      pack_panel(x + (q0 / pixels) * sample_elements, s, plan, panel);
       for (Index tile = 0; tile < tiles; ++tile)
         multiply_tile(panel, packed + tile * k_total * kRows, k_total, std::min(kRows, s.c_out - tile * kRows), bias,
                       tile * kRows, segments, segment_count, y, pixels);
@@ -334,6 +395,7 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
   float* partials = partial_buffer.data();
   const Index sample_elements = s.c_in * s.h * s.w;
   const Index patch_stride = k_padded * kLanes, dy_stride = rows_padded * kLanes;
+  const BlockPlans plans(s);
 #pragma omp parallel if (groups > 1)
   {
     // [panel of one block][chunk's transposed panels][chunk's packed d_y], 64-byte aligned.
@@ -349,8 +411,9 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
         const Index first = chunk * chunk_blocks, count = std::min(chunk_blocks, blocks - first);
         for (Index b = 0; b < count; ++b) {
           const Index q0 = (first + b) * kLanes;
-          const int segment_count = plan_block(s, q0, table, segments);
-          pack_panel(x + (q0 / pixels) * sample_elements, s, table, panel);
+          BlockTable plan;
+          const int segment_count = plans.get(first + b, table, plan, segments);
+          pack_panel(x + (q0 / pixels) * sample_elements, s, plan, panel);
           std::fill(panel + k_total * kLanes, panel + patch_stride, 0.0f);
           for (Index k = 0; k < k_padded; k += kLanes)
             transpose16(panel + k * kLanes, patches + b * patch_stride + k, k_padded);

@@ -3,6 +3,7 @@
 // Every loop is one task per (sample, channel) plane writing only its own outputs: no reductions across tasks,
 // so results do not depend on the thread count. Max pooling saves each window's argmax (first on ties). The CUDA
 // path (kernels/pool.cuh) computes every element in the same order and arithmetic.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -225,10 +226,22 @@ void nchw_to_nhwc(const Tensor& x, Tensor& y) {
   }
   const float* in = x.f32();
   float* out = y.f32();
-#pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
+  // In blocks of kPixelBlock pixels: each channel's run of the block is read contiguously, and the block's output
+  // rows (kPixelBlock × C floats) stay in L1 while every channel writes its column into them. Channel by channel
+  // over the whole plane instead wrote a new cache line per element (a recorded ResNet step spent about 11% of
+  // its time here).
+  constexpr std::int64_t kPixelBlock = 32;
+  const std::int64_t blocks = (pixels + kPixelBlock - 1) / kPixelBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (x.numel() > kParallelMin)
   for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t ch = 0; ch < c; ++ch)
-      for (std::int64_t p = 0; p < pixels; ++p) out[(b * pixels + p) * c + ch] = in[(b * c + ch) * pixels + p];
+    for (std::int64_t block = 0; block < blocks; ++block) {
+      const std::int64_t p0 = block * kPixelBlock, p1 = std::min(pixels, p0 + kPixelBlock);
+      float* to = out + (b * pixels + p0) * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        const float* from = in + (b * c + ch) * pixels + p0;
+        for (std::int64_t p = 0; p < p1 - p0; ++p) to[p * c + ch] = from[p];
+      }
+    }
 }
 
 void nhwc_to_nchw(const Tensor& x, Tensor& y) {

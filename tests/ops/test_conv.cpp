@@ -160,7 +160,8 @@ TEST(Conv2d, ResultsIndependentOfThreadCountAndChunking) {
 
 // The direct kernel (ops/conv_direct.h) against im2col + sgemm and the double-precision direct sum, on shapes that
 // reach its edges: channel counts off the 16-channel tile, pixel counts off the 16-pixel block (blocks spanning
-// samples, tiny images of fewer than 16 pixels), padding 0 and 2, 1×1 and 5×5 kernels, stride 2 with 32+ input
+// samples, tiny images of fewer than 16 pixels, block plans reused across periods of lcm(pixels, 16) with and
+// without spanning samples), padding 0 and 2, 1×1 and 5×5 kernels, stride 2 with 32+ input
 // channels (strided loads) and stride 3 (gathers); forward, the stride-1 d_x and the weight gradient, and thread
 // independence.
 TEST(Conv2d, DirectKernelMatchesIm2col) {
@@ -173,7 +174,8 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
                         {4, 3, 3, 2, 5, 3, {1, 1, 1}},      {2, 33, 14, 14, 40, 3, {2, 1, 1}},
                         {2, 32, 14, 13, 20, 1, {2, 0, 1}},  {3, 5, 9, 11, 17, 5, {1, 2, 1}},
                         {2, 6, 8, 8, 9, 3, {1, 0, 1}},      {2, 40, 10, 10, 16, 3, {3, 1, 1}},
-                        {1, 1, 28, 28, 16, 3, {1, 1, 1}}};
+                        {1, 1, 28, 28, 16, 3, {1, 1, 1}},   {40, 8, 7, 7, 16, 3, {1, 1, 1}},
+                        {24, 32, 10, 10, 16, 3, {2, 1, 1}}};
   ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::direct);
   std::uint64_t seed = 40;
   for (const Case& c : cases) {

@@ -112,6 +112,14 @@ TEST(ChannelsLast, RoundTripsAndPutsChannelsLast) {
   EXPECT_EQ(y.f32()[(1 * 20 + 7) * 3 + 2], x.f32()[(1 * 3 + 2) * 20 + 7]);
   ops::nhwc_to_nchw(y, back);
   EXPECT_TRUE(testing::bitwise_equal(back, x));
+  // Several pixel blocks and a short last one (7 × 11 = 77 pixels), 16 channels: every element in its place.
+  Tensor big = random_tensor({3, 16, 7, 11}, 11);
+  Tensor last = Tensor::empty({3, 77, 16});
+  ops::nchw_to_nhwc(big, last);
+  for (std::int64_t b = 0; b < 3; ++b)
+    for (std::int64_t ch = 0; ch < 16; ++ch)
+      for (std::int64_t p = 0; p < 77; ++p)
+        ASSERT_EQ(last.f32()[(b * 77 + p) * 16 + ch], big.f32()[(b * 16 + ch) * 77 + p]) << b << " " << ch << " " << p;
 }
 
 }  // namespace
