@@ -1,7 +1,8 @@
 // bench_train: the engine benchmark. Trains the reference model (transformer, 4 layers, width 256, 4 heads,
 // seq 128, batch 8, vocab 256, fp32, AdamW; ~21 GFLOP per step) and reports, side by side in one run:
 //   - ms/step, tokens/s and achieved GFLOP/s with recording off, every 10 steps and every step (all statistics,
-//     written to a real run file), interleaved step by step so machine noise hits all three alike (medians);
+//     written to a real run file), and, where ops::sgemm runs on oneDNN, recording off on OpenBLAS, interleaved
+//     step by step so machine noise hits all alike (medians);
 //   - the sgemm rate measured at the model's own matrix shapes (bench/sgemm_rate.h), as the ceiling;
 //   - the identical model in PyTorch (bench/torch_reference.py) under PyTorch 2.x from the bench virtual
 //     environment (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's
@@ -27,6 +28,7 @@
 #include "core/parallel.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 #include "sgemm_rate.h"
 #include "train/optimizer.h"
@@ -46,6 +48,7 @@ using bench::median;
 struct Setup {
   std::string label;
   std::int64_t every = 0;  // 0: recording off
+  ops::GemmBackend gemm = ops::GemmBackend::openblas;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<Recorder> recorder;
@@ -122,10 +125,22 @@ int main(int argc, char** argv) {
     if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
     setups.push_back(std::move(s));
   }
+  for (Setup& s : setups) s.gemm = ops::gemm_backend();
+  if (ops::gemm_backend() != ops::GemmBackend::openblas) {
+    // The same step on OpenBLAS, interleaved with the others: what the faster GEMM library buys.
+    Setup s;
+    s.label = "off, OpenBLAS";
+    s.gemm = ops::GemmBackend::openblas;
+    s.model = make_model(config, ScalingConfig{}, 1);
+    s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
+    for (auto& p : s.model->params().all()) s.grads.push_back(&p->grad);
+    setups.push_back(std::move(s));
+  }
   Batch b;
   b.inputs = Tensor::empty({batch, m.seq_len}, DType::i32);
   b.targets = Tensor::empty({batch, m.seq_len}, DType::i32);
   auto run_steps = [&](Setup& s, int count, bool timed) {
+    ops::set_gemm_backend(s.gemm);
     for (int i = 0; i < count; ++i, ++s.step) {
       data->batch(Split::train, s.step, b.inputs, b.targets);
       const auto start = std::chrono::steady_clock::now();
@@ -190,6 +205,7 @@ int main(int argc, char** argv) {
     const std::size_t first = setups[0].seconds.size();
     for (int i = 0; i < steps; ++i)
       for (Setup& s : setups) run_steps(s, 1, true);
+    ops::set_gemm_backend(setups[0].gemm);  // the ceiling of the library the main setups use
     const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads(), 5);
     sgemm_rates.push_back(sgemm.step_gflops);
     sgemm_linear_rates.push_back(sgemm.group_gflops(bench::SgemmGroup::linear));
@@ -215,7 +231,9 @@ int main(int argc, char** argv) {
   const double tokens = static_cast<double>(batch) * m.seq_len;
   const double off = median(setups[0].seconds);
   const double sgemm_rate = median(sgemm_rates), sgemm_linear = median(sgemm_linear_rates);
-  std::printf("proplab engine benchmark: %d threads, %d rounds x %d steps per setup\n", threads(), rounds, steps);
+  ops::set_gemm_backend(setups[0].gemm);
+  std::printf("proplab engine benchmark: %d threads, %d rounds x %d steps per setup, sgemm: %s\n", threads(), rounds,
+              steps, ops::gemm_backend_name().c_str());
   std::printf(
       "  model: transformer layers=%d width=%d heads=%d seq=%d batch=%d vocab=%d, %.2f GFLOP/step "
       "(attention counted as full T x T)\n",

@@ -4,6 +4,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libopenblas-openmp-dev libhdf5-dev hdf5-tools libtomlplusplus-dev libcli11-dev
+  # oneDNN's sgemm, loaded at run time by ops::sgemm when present (src/ops/gemm.h; faster than OpenBLAS's on AVX-512).
+  libdnnl2
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-h5py python3-numpy
   # The Python package (python/proplab: run files as pandas DataFrames) and its test, which also installs it with pip

@@ -343,6 +343,7 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
     io_detail::h5_write_int_attribute(root, "threads", header.threads, file_name);
     fixed("layout", header.layout);
     fixed("precision", header.precision);
+    if (!header.kernels.empty()) fixed("kernels", header.kernels);
 
     for (const char* group_path : statistics_groups) {
       H5Handle group(h5_check(H5Gcreate2(root, group_path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "H5Gcreate2",

@@ -60,6 +60,8 @@ struct RunHeader {
   int threads = 0;                 // CPU threads used
   std::string layout;              // parallel layout, e.g. "dp=1 tp=1 pp=1"
   std::string precision = "fp32";  // inputs of the matrix products: "fp32" or "bf16"
+  std::string kernels;             // the CPU kernels that ran, e.g. "sgemm: oneDNN 2.6.3; conv: direct (AVX-512)";
+                                   // empty: not written
   std::string start_time;          // ISO 8601 UTC; empty: now
 };
 

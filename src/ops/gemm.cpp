@@ -1,10 +1,15 @@
 #include "ops/gemm.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -53,6 +58,49 @@ class OneBlasThread {
   int saved_ = 0;
 };
 
+// oneDNN's row-major sgemm (dnnl_sgemm, oneDNN 2.x), loaded at run time from Debian's libdnnl2 when present.
+using DnnlSgemm = int (*)(char, char, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                          const float*, std::int64_t, float, float*, std::int64_t);
+
+struct Dnnl {
+  DnnlSgemm sgemm = nullptr;
+  std::string version;  // "oneDNN 2.7.3", or "" when not loaded
+};
+
+struct DnnlVersion {
+  int major, minor, patch;
+  const char* hash;
+  unsigned cpu_runtime, gpu_runtime;
+};
+
+const Dnnl& dnnl() {
+  static const Dnnl loaded = [] {
+    Dnnl d;
+    void* library = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!library) return d;
+    d.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(library, "dnnl_sgemm"));
+    using VersionFn = const DnnlVersion* (*)();
+    const auto version = reinterpret_cast<VersionFn>(dlsym(library, "dnnl_version"));
+    if (!d.sgemm || !version) {
+      d.sgemm = nullptr;
+      return d;
+    }
+    const DnnlVersion* v = version();
+    d.version = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+    return d;
+  }();
+  return loaded;
+}
+
+std::atomic<GemmBackend>& backend_setting() {
+  static std::atomic<GemmBackend> setting{[] {
+    const char* env = std::getenv("PROPLAB_GEMM");
+    if (env && std::string_view(env) == "openblas") return GemmBackend::openblas;
+    return dnnl().sgemm ? GemmBackend::onednn : GemmBackend::openblas;
+  }()};
+  return setting;
+}
+
 int as_int(std::int64_t v, const char* what) {
   PROPLAB_CHECK(v >= 0 && v <= INT_MAX, "sgemm: ", what, " = ", v, " is out of BLAS's int range");
   return static_cast<int>(v);
@@ -75,10 +123,50 @@ GemmPieces gemm_pieces(std::int64_t m, std::int64_t n, std::int64_t k) {
   return p;
 }
 
+GemmBackend gemm_backend() { return backend_setting().load(std::memory_order_relaxed); }
+
+bool set_gemm_backend(GemmBackend backend) {
+  if (backend == GemmBackend::onednn && !dnnl().sgemm) return false;
+  backend_setting().store(backend, std::memory_order_relaxed);
+  return true;
+}
+
+std::string gemm_backend_name() {
+  if (gemm_backend() == GemmBackend::onednn) return dnnl().version;
+#ifdef OPENBLAS_VERSION
+  std::string version = OPENBLAS_VERSION;  // " OpenBLAS 0.3.21 "
+  version.erase(0, version.find_first_not_of(' '));
+  version.erase(version.find_last_not_of(' ') + 1);
+  return version;
+#else
+  return "OpenBLAS";
+#endif
+}
+
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   const GemmPieces pieces = gemm_pieces(m, n, k);
+  if (gemm_backend() == GemmBackend::onednn) {
+    const DnnlSgemm product = dnnl().sgemm;
+    const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+#pragma omp parallel for schedule(dynamic) if (pieces.count > 1 && !omp_in_parallel())
+    for (std::int64_t piece = 0; piece < pieces.count; ++piece) {
+      // One thread per piece, as for OpenBLAS: oneDNN's OpenMP build runs serially inside an active parallel
+      // region and otherwise on omp_get_max_threads(), which OneBlasThread sets to 1 for the call.
+      const OneBlasThread one_thread;
+      const std::int64_t start = piece * pieces.size;
+      const std::int64_t length = std::min(pieces.size, (pieces.split_rows ? m : n) - start);
+      const int status =
+          pieces.split_rows
+              ? product(ta, tb, length, n, k, alpha, a + (trans_a ? start : start * lda), lda, b, ldb, beta,
+                        c + start * ldc, ldc)
+              : product(ta, tb, m, length, k, alpha, a, lda, b + (trans_b ? start * ldb : start), ldb, beta,
+                        c + start, ldc);
+      PROPLAB_CHECK(status == 0, "sgemm: dnnl_sgemm failed with status ", status);
+    }
+    return;
+  }
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int ik = as_int(k, "k"), ilda = as_int(lda, "lda"), ildb = as_int(ldb, "ldb"), ildc = as_int(ldc, "ldc");
   as_int(m, "m");

@@ -13,8 +13,20 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace proplab::ops {
+
+// The library that computes each piece: oneDNN's dnnl_sgemm (Debian's libdnnl2, loaded at run time; about 17%
+// faster than OpenBLAS at the reference transformer's shapes on one AVX-512 core, bench_blas) when it loads, else
+// OpenBLAS; PROPLAB_GEMM=openblas in the environment keeps OpenBLAS. Process-wide. Each is bitwise independent of
+// the thread count; they differ from each other in the last bits, so a run file records which one ran
+// (gemm_backend_name(), e.g. "oneDNN 2.7.3" or "OpenBLAS 0.3.21"). set_gemm_backend(onednn) returns false (and
+// changes nothing) where oneDNN is not installed.
+enum class GemmBackend { openblas, onednn };
+GemmBackend gemm_backend();
+bool set_gemm_backend(GemmBackend backend);
+std::string gemm_backend_name();
 
 // C[m, n] = alpha · op(A) · op(B) + beta · C, row-major; op(A) is [m, k] (A stored [k, m] when trans_a), op(B)
 // is [k, n] (B stored [n, k] when trans_b); lda, ldb, ldc are the stored matrices' row strides. beta = 0 ignores

@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "models/profile.h"
 #include "models/tensor_parallel.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 #include "train/data_parallel.h"
 #include "train/optimizer.h"
@@ -391,6 +392,12 @@ void TrainingRun::open_run_file() {
   header.layout = layout_text(spec_.parallel);
   if (!options_.device_comm.empty()) header.layout += " comm=" + options_.device_comm;
   header.precision = matmul_precision_name(run_precision(spec_));
+  // The CPU libraries and kernels differ in the last bits (ops/gemm.h, ops::ConvKernel): the file says which ran.
+  if (device_ == Device::cpu)
+    header.kernels = "sgemm: " + ops::gemm_backend_name() + "; conv: " +
+                     (ops::conv_kernel() == ops::ConvKernel::direct && ops::conv_direct_supported()
+                          ? "direct (AVX-512) and im2col"
+                          : "im2col");
   // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
   // and read while the new one is written.
   std::filesystem::path previous_copy = summary_.run_file;

@@ -6,6 +6,7 @@
 #include "cli/cli_test_support.h"
 #include "core/tensor.h"
 #include "io/run_reader.h"
+#include "ops/gemm.h"
 
 namespace proplab::cli_test {
 namespace {
@@ -54,7 +55,11 @@ TEST_F(CliTest, AutoTrainsOnTheCpuWithoutAGpuAndSaysSo) {
   write_file("study.toml", kTinyStudy);
   const CliResult result = run({"run", "study.toml", "--set", "device.type=auto", "--out", "out"});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
-  EXPECT_EQ(RunReader::open(work_ / "out" / "tiny.h5").attribute_string("device"), "cpu");
+  const RunReader reader = RunReader::open(work_ / "out" / "tiny.h5");
+  EXPECT_EQ(reader.attribute_string("device"), "cpu");
+  // Which CPU libraries and kernels ran (they differ in the last bits): this process's, as ops reports them.
+  const std::string kernels = reader.attribute_string("kernels");
+  EXPECT_EQ(kernels.rfind("sgemm: " + ops::gemm_backend_name() + "; conv: ", 0), 0u) << kernels;
 }
 
 TEST_F(CliTest, Bf16OnTheCpuIsBadInput) {

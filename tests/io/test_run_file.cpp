@@ -34,6 +34,7 @@ RunHeader test_header() {
   header.threads = 2;
   header.layout = "dp=1 tp=1 pp=1";
   header.precision = "bf16";
+  header.kernels = "sgemm: OpenBLAS 0.3.21; conv: im2col";
   header.start_time = "2026-11-29T12:00:00Z";
   return header;
 }
@@ -129,10 +130,12 @@ TEST(RunFile, WriteFinishAndReadBackEveryValue) {
   EXPECT_EQ(reader.attribute_int("threads"), 2);
   EXPECT_EQ(reader.attribute_string("layout"), header.layout);
   EXPECT_EQ(reader.attribute_string("precision"), "bf16");
+  EXPECT_EQ(reader.attribute_string("kernels"), header.kernels);
   const auto names = reader.attribute_names();
   EXPECT_EQ(std::set<std::string>(names.begin(), names.end()),
             (std::set<std::string>{"format", "format_version", "proplab_version", "config", "status", "status_detail",
-                                   "start_time", "end_time", "host", "device", "threads", "layout", "precision"}));
+                                   "start_time", "end_time", "host", "device", "threads", "layout", "precision",
+                                   "kernels"}));
 
   const TrainCurves train = reader.read_train();
   ASSERT_EQ(train.size(), 150u);

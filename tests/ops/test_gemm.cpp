@@ -1,10 +1,12 @@
-// ops/gemm: products match a double-precision reference for every transpose and stride, and are bitwise the same
-// for 1, 2 and 3 threads at shapes where OpenBLAS's own threading is not (see ops/gemm.h).
+// ops/gemm: under every backend this machine has (OpenBLAS, and oneDNN where libdnnl2 is installed), products match
+// a double-precision reference for every transpose and stride, and are bitwise the same for 1, 2 and 3 threads at
+// shapes where OpenBLAS's own threading is not (see ops/gemm.h).
 #include "ops/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -37,7 +39,54 @@ std::vector<float> run(const Product& p, const std::vector<float>& a, const std:
   return c;
 }
 
+void matches_double_precision();
+void bitwise_for_any_thread_count();
+
+// Sets each backend this machine has in turn (OpenBLAS, then oneDNN where it loads); restores the default after.
+class EveryBackend {
+ public:
+  EveryBackend() : saved_(ops::gemm_backend()) {}
+  ~EveryBackend() { ops::set_gemm_backend(saved_); }
+  template <typename F>
+  void run(F f) {
+    for (const ops::GemmBackend backend : {ops::GemmBackend::openblas, ops::GemmBackend::onednn}) {
+      if (!ops::set_gemm_backend(backend)) {
+        std::printf("ops::sgemm: oneDNN (libdnnl.so.2) is not installed here; only OpenBLAS is tested\n");
+        continue;
+      }
+      SCOPED_TRACE(ops::gemm_backend_name());
+      f();
+    }
+  }
+
+ private:
+  ops::GemmBackend saved_;
+};
+
 TEST(Gemm, MatchesDoublePrecisionForEveryTransposeAndStride) {
+  EveryBackend().run([] { matches_double_precision(); });
+}
+
+TEST(Gemm, BackendsAgreeAndNameThemselves) {
+  const ops::GemmBackend saved = ops::gemm_backend();
+  ASSERT_TRUE(ops::set_gemm_backend(ops::GemmBackend::openblas));
+  EXPECT_EQ(ops::gemm_backend_name().rfind("OpenBLAS", 0), 0u) << ops::gemm_backend_name();
+  const Product p{300, 200, 100, false, true, 0.0f};
+  const auto a = normal_values(static_cast<std::size_t>((p.m + 3) * (p.k + 3)), 7);
+  const auto b = normal_values(static_cast<std::size_t>((p.k + 3) * (p.n + 3)), 8);
+  const auto c0 = normal_values(static_cast<std::size_t>(p.m * (p.n + 3)), 9);
+  const auto openblas = run(p, a, b, c0);
+  if (!ops::set_gemm_backend(ops::GemmBackend::onednn)) {
+    EXPECT_EQ(ops::gemm_backend(), ops::GemmBackend::openblas);
+    GTEST_SKIP() << "oneDNN (libdnnl.so.2) is not installed here";
+  }
+  EXPECT_EQ(ops::gemm_backend_name().rfind("oneDNN ", 0), 0u) << ops::gemm_backend_name();
+  const auto onednn = run(p, a, b, c0);
+  ops::set_gemm_backend(saved);
+  for (std::size_t i = 0; i < openblas.size(); ++i) ASSERT_NEAR(openblas[i], onednn[i], 1e-4) << i;
+}
+
+void matches_double_precision() {
   for (const bool ta : {false, true}) {
     for (const bool tb : {false, true}) {
       // Split along rows (m > n), along columns (n > m) and a single piece, with ragged last pieces.
@@ -92,6 +141,10 @@ TEST(Gemm, PiecesDependOnTheShapeAloneAndCoverIt) {
 // The shapes where OpenBLAS 0.3.21's own threading changed the last bits between 1 and 2 threads (a strided 1x1
 // convolution's product, a transformer's Linear, a d_W accumulation with beta 1).
 TEST(Gemm, BitwiseTheSameForAnyThreadCount) {
+  EveryBackend().run([] { bitwise_for_any_thread_count(); });
+}
+
+void bitwise_for_any_thread_count() {
   for (const Product p : {Product{32, 16384, 16, false, false, 0.0f}, Product{1024, 768, 256, false, true, 0.0f},
                           Product{256, 1024, 1024, true, false, 1.0f}, Product{16, 4096, 16, false, false, 0.0f}}) {
     const auto a = normal_values(static_cast<std::size_t>((p.m + 3) * (p.k + 3)), 4);
