@@ -175,25 +175,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<bench::TorchYardstick> yardsticks;
-  if (!no_torch) {
-    for (bench::TorchYardstick& y : bench::torch_yardsticks(PROPLAB_SOURCE_DIR, "resnet20")) {
-      if (!torch_setup.empty()) {
-        y.setup = torch_setup;
-        y.variant = "eager";
-      } else if (!y.search(torch_steps)) {
-        std::printf("%s: not available (%s cannot run bench/torch_reference.py)\n", y.label.c_str(), y.python.c_str());
-        continue;
-      } else {
-        std::printf("%s: torch %s, fastest intra,blas = %s %s (%.1f ms/step in the search)\n", y.label.c_str(),
-                    y.version.c_str(), y.setup.c_str(), y.variant.c_str(), y.search_ms);
-      if (const std::string error = bench::json_string(y.search_output, "compile_error"); !error.empty())
-        std::printf("  (torch.compile failed, eager kept: %s)\n", error.c_str());
-      }
-      yardsticks.push_back(std::move(y));
-    }
-    if (yardsticks.empty() || yardsticks.front().python == "/usr/bin/python3")
-      std::printf("pytorch 2.x: no bench virtual environment (bench/make-torch-venv.sh makes one)\n");
-  }
+  if (!no_torch) yardsticks = bench::find_yardsticks(PROPLAB_SOURCE_DIR, "resnet20", torch_steps, "", torch_setup);
   std::vector<double> off_rounds, every10_rounds;
   for (int r = 0; r < rounds; ++r) {
     for (Setup& s : setups) {
@@ -242,11 +224,12 @@ int main(int argc, char** argv) {
     std::vector<double> ratio_every10;
     for (std::size_t r = 0; r < y.round_ms.size() && r < every10_rounds.size(); ++r)
       ratio_every10.push_back(y.round_ms[r] / 1e3 / every10_rounds[r]);
-    std::printf("  %-20s torch %s, intra,blas = %s %s: %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s\n",
-                y.label.c_str(), y.version.empty() ? "?" : y.version.c_str(), y.setup.c_str(), y.variant.c_str(),
-                t * 1e3, batch / t, flops / t / 1e9);
-    std::printf("  ratio to %s (median of rounds): proplab %.2fx its images/s recording off, %.2fx recording every 10\n",
-                y.label.c_str(), median(y.ratio), median(ratio_every10));
+    std::printf("  %-20s torch %s, intra,blas = %s %s: %7.1f ms/step  %7.1f images/s  %6.1f GFLOP/s\n", y.label.c_str(),
+                y.version.empty() ? "?" : y.version.c_str(), y.setup.c_str(), y.variant.c_str(), t * 1e3, batch / t,
+                flops / t / 1e9);
+    std::printf(
+        "  ratio to %s (median of rounds): proplab %.2fx its images/s recording off, %.2fx recording every 10\n",
+        y.label.c_str(), median(y.ratio), median(ratio_every10));
   }
   return 0;
 }

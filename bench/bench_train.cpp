@@ -183,22 +183,7 @@ int main(int argc, char** argv) {
   dims.seq_len = m.seq_len;
   dims.batch = batch;
   std::vector<bench::TorchYardstick> yardsticks;
-  if (!no_torch) {
-    for (bench::TorchYardstick& y : bench::torch_yardsticks(PROPLAB_SOURCE_DIR, "transformer")) {
-      if (!y.search(torch_steps, "--hooks")) {
-        std::printf("%s: not available (%s cannot run bench/torch_reference.py)\n", y.label.c_str(), y.python.c_str());
-        continue;
-      }
-      std::printf("%s: torch %s, fastest intra,blas = %s %s (%.1f ms/step in the search)\n", y.label.c_str(),
-                  y.version.c_str(), y.setup.c_str(), y.variant.c_str(), y.search_ms);
-      if (const std::string error = bench::json_string(y.search_output, "compile_error"); !error.empty())
-        std::printf("  (torch.compile failed, eager kept: %s)\n", error.c_str());
-      yardsticks.push_back(std::move(y));
-    }
-    if (yardsticks.empty() || yardsticks.front().python == "/usr/bin/python3")
-      std::printf("pytorch 2.x: no bench virtual environment (bench/make-torch-venv.sh makes one)\n");
-    std::fflush(stdout);
-  }
+  if (!no_torch) yardsticks = bench::find_yardsticks(PROPLAB_SOURCE_DIR, "transformer", torch_steps, "--hooks");
   std::vector<double> sgemm_rates, sgemm_linear_rates;
   for (int r = 0; r < rounds; ++r) {
     // One step of each setup in turn, so bursts of machine noise hit all three alike.
@@ -209,9 +194,8 @@ int main(int argc, char** argv) {
     const bench::SgemmStepRate sgemm = bench::measure_sgemm_rates(bench::step_sgemm_shapes(dims), threads(), 5);
     sgemm_rates.push_back(sgemm.step_gflops);
     sgemm_linear_rates.push_back(sgemm.group_gflops(bench::SgemmGroup::linear));
-    const double round_off =
-        median(std::vector<double>(setups[0].seconds.begin() + static_cast<std::ptrdiff_t>(first),
-                                   setups[0].seconds.end()));
+    const double round_off = median(
+        std::vector<double>(setups[0].seconds.begin() + static_cast<std::ptrdiff_t>(first), setups[0].seconds.end()));
     std::printf("round %d: proplab %.1f ms/step recording off", r + 1, round_off * 1e3);
     for (bench::TorchYardstick& y : yardsticks) {
       if (const auto ms = y.round(torch_steps)) {
@@ -258,13 +242,15 @@ int main(int argc, char** argv) {
     const double t = median(y.round_ms) / 1e3;
     std::printf("  %s, torch %s, intra,blas = %s %s: %7.1f ms/step  %7.0f tokens/s\n", y.label.c_str(),
                 y.version.c_str(), y.setup.c_str(), y.variant.c_str(), t * 1e3, tokens / t);
-    std::printf("  ratio to %s (median of rounds): proplab %.2fx its tokens/s (recording off), %.2fx (recording "
-                "every step)\n",
-                y.label.c_str(), median(y.ratio), t / median(setups[2].seconds));
+    std::printf(
+        "  ratio to %s (median of rounds): proplab %.2fx its tokens/s (recording off), %.2fx (recording "
+        "every step)\n",
+        y.label.c_str(), median(y.ratio), t / median(setups[2].seconds));
     if (const auto hooks = bench::json_number(y.search_output, "overhead_percent"))
-      std::printf("  %s mean/var/max hooks on every module (eager): overhead %+.1f%% (proplab, all statistics every "
-                  "step: %+.1f%%)\n",
-                  y.label.c_str(), *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
+      std::printf(
+          "  %s mean/var/max hooks on every module (eager): overhead %+.1f%% (proplab, all statistics every "
+          "step: %+.1f%%)\n",
+          y.label.c_str(), *hooks, 100.0 * (median(setups[2].seconds) / off - 1.0));
   }
   return 0;
 }

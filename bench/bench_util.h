@@ -73,10 +73,10 @@ inline std::string json_string(const std::string& text, const std::string& key) 
 // and variant (eager or torch.compile) once; round() then times that setup in a fresh interpreter, once per round
 // of the benchmark, so each round's ratio compares runs made minutes apart at most.
 struct TorchYardstick {
-  std::string label;   // what the report calls it
-  std::string python;  // the interpreter
-  std::string script;  // bench/torch_reference.py
-  std::string model;   // "transformer" or "resnet20"
+  std::string label;                    // what the report calls it
+  std::string python;                   // the interpreter
+  std::string script;                   // bench/torch_reference.py
+  std::string model;                    // "transformer" or "resnet20"
   std::string version, setup, variant;  // after search(): torch version, "intra,blas", "eager" | "compiled"
   double search_ms = 0.0;
   std::string search_output;            // search()'s JSON (hook overhead etc.)
@@ -86,8 +86,8 @@ struct TorchYardstick {
   // interpreter cannot run it (no torch).
   bool search(int steps, const std::string& extra = "") {
     std::ostringstream command;
-    command << python << " " << script << " --model " << model << " --json --warmup 2 --steps " << steps << " "
-            << extra << " 2>/dev/null";
+    command << python << " " << script << " --model " << model << " --json --warmup 2 --steps " << steps << " " << extra
+            << " 2>/dev/null";
     search_output = run_command(command.str());
     setup = json_string(search_output, "best_setup");
     variant = json_string(search_output, "variant");
@@ -101,9 +101,9 @@ struct TorchYardstick {
   std::optional<double> round(int steps) const {
     const std::string blas = setup.substr(setup.find(',') + 1);
     std::ostringstream command;
-    command << "env -u OMP_NUM_THREADS OPENBLAS_NUM_THREADS=" << blas << " " << python << " " << script
-            << " --model " << model << " --setup " << setup << " --variant " << variant << " --warmup 2 --steps "
-            << steps << " 2>/dev/null";
+    command << "env -u OMP_NUM_THREADS OPENBLAS_NUM_THREADS=" << blas << " " << python << " " << script << " --model "
+            << model << " --setup " << setup << " --variant " << variant << " --warmup 2 --steps " << steps
+            << " 2>/dev/null";
     return json_number(run_command(command.str()), "ms_per_step");
   }
 };
@@ -123,10 +123,36 @@ inline std::vector<TorchYardstick> torch_yardsticks(const std::string& source_di
   };
   std::string modern = source_dir + "/.bench-venv/bin/python";
   if (const char* named = std::getenv("PROPLAB_TORCH_PYTHON"); named && *named) modern = named;
-  if (std::filesystem::exists(modern) && modern != "/usr/bin/python3")
-    add("pytorch (bench venv)", modern);
+  if (std::filesystem::exists(modern) && modern != "/usr/bin/python3") add("pytorch (bench venv)", modern);
   add("pytorch (debian)", "/usr/bin/python3");
   return out;
+}
+
+// The yardsticks that run here, each searched once (or pinned to `pinned_setup`, eager, when it is given), with a
+// line each saying what was found; `extra` goes to the search (bench_train passes --hooks).
+inline std::vector<TorchYardstick> find_yardsticks(const std::string& source_dir, const std::string& model, int steps,
+                                                   const std::string& extra = "",
+                                                   const std::string& pinned_setup = "") {
+  std::vector<TorchYardstick> found;
+  for (TorchYardstick& y : torch_yardsticks(source_dir, model)) {
+    if (!pinned_setup.empty()) {
+      y.setup = pinned_setup;
+      y.variant = "eager";
+    } else if (!y.search(steps, extra)) {
+      std::printf("%s: not available (%s cannot run bench/torch_reference.py)\n", y.label.c_str(), y.python.c_str());
+      continue;
+    } else {
+      std::printf("%s: torch %s, fastest intra,blas = %s %s (%.1f ms/step in the search)\n", y.label.c_str(),
+                  y.version.c_str(), y.setup.c_str(), y.variant.c_str(), y.search_ms);
+      if (const std::string error = json_string(y.search_output, "compile_error"); !error.empty())
+        std::printf("  (torch.compile failed, eager kept: %s)\n", error.c_str());
+    }
+    found.push_back(std::move(y));
+  }
+  if (found.empty() || found.front().python == "/usr/bin/python3")
+    std::printf("pytorch 2.x: no bench virtual environment (bench/make-torch-venv.sh makes one)\n");
+  std::fflush(stdout);
+  return found;
 }
 
 }  // namespace proplab::bench
