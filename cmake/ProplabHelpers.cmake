@@ -43,7 +43,9 @@ function(add_proplab_test module)
   target_compile_options(test_${module} PRIVATE -Wall -Wextra)
   # One variable per property: gtest_discover_tests splits a ';' inside a property value (CMake 3.25), so
   # "A=1;B=2" in ENVIRONMENT would set only A.
-  gtest_discover_tests(test_${module} DISCOVERY_MODE PRE_TEST
+  # Listing the tests takes well under a second, but on a shared, loaded machine the default 5 s timeout has
+  # been exceeded (test_ops, while other jobs held both cores).
+  gtest_discover_tests(test_${module} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES ENVIRONMENT "PROPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                ENVIRONMENT_MODIFICATION "PROPLAB_BINARY=set:$<TARGET_FILE:proplab>"
     WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
