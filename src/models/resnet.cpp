@@ -349,6 +349,7 @@ void Resnet::norm_backward(Norm& norm, const Tensor& x, const Tensor& d_y, Tenso
 
 void Resnet::record(ProbeSink* sink, int probe, const Tensor& x, bool backward) {
   if (!sink) return;
+  if (x.ndim() == 4 && sink->image(probe, x, backward)) return;
   Tensor view = x;
   if (x.ndim() == 4) {
     view = view_of(probe_buffer_, {x.dim(0), x.dim(2) * x.dim(3), x.dim(1)});

@@ -620,6 +620,81 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
   add_totals(into, n, sequences, total, nonfinite, needs);
 }
 
+void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
+                       MomentSums& into, const StatSelection& which) {
+  const Needs needs = needs_for(which);
+  const bool started = start_accumulate(samples, pixels, channels, into, which, needs);
+  const Index n = samples * channels * pixels;
+  if (n == 0) return;
+  if (started && needs.sums) into.shift = choose_shift(x, n);
+  const double shift = into.shift;
+  const Index planes = samples * channels;
+  // Each (sample, channel) plane's sums, in kLanes interleaved partial sums (a fixed order whatever the threads),
+  // kept per plane and combined below in (sample, channel) order.
+  thread_local std::vector<ChunkSums> plane_buffer;
+  plane_buffer.assign(static_cast<std::size_t>(planes), ChunkSums{});
+  ChunkSums* plane_sums = plane_buffer.data();
+#pragma omp parallel for schedule(static) if (n > kChunkElements)
+  for (Index plane = 0; plane < planes; ++plane) {
+    const float* v = x + plane * pixels;
+    double s1[kLanes] = {}, s2[kLanes] = {}, s3[kLanes] = {}, s4[kLanes] = {};
+    std::uint32_t m[kLanes] = {};
+    Index i = 0;
+    for (; i + kLanes <= pixels; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) {
+        const double d = static_cast<double>(v[i + j]) - shift, q = d * d;
+        s1[j] += d;
+        s2[j] += q;
+        if (needs.higher) {
+          s3[j] = mul_add(q, d, s3[j]);
+          s4[j] = mul_add(q, q, s4[j]);
+        }
+        m[j] = std::max(m[j], abs_bits(v[i + j]));
+      }
+    for (int j = 0; i < pixels; ++i, ++j) {
+      const double d = static_cast<double>(v[i]) - shift, q = d * d;
+      s1[j] += d;
+      s2[j] += q;
+      if (needs.higher) {
+        s3[j] = mul_add(q, d, s3[j]);
+        s4[j] = mul_add(q, q, s4[j]);
+      }
+      m[j] = std::max(m[j], abs_bits(v[i]));
+    }
+    ChunkSums& out = plane_sums[plane];
+    for (int j = 0; j < kLanes; ++j) {
+      out.sum += s1[j];
+      out.sum_sq += s2[j];
+      out.sum_cube += s3[j];
+      out.sum_quad += s4[j];
+      out.max_bits = std::max(out.max_bits, m[j]);
+    }
+  }
+  ChunkSums total;
+  for (Index b = 0; b < samples; ++b) {
+    double seq_norm = 0.0;
+    for (Index c = 0; c < channels; ++c) {
+      const ChunkSums& plane = plane_sums[b * channels + c];
+      add_sums(total, plane);
+      seq_norm += plane.sum * plane.sum;  // ‖S_b‖²: S_b's entry for channel c is the plane's sum
+      if (needs.features) {
+        into.feature_sum[static_cast<std::size_t>(c)] += plane.sum;
+        into.feature_sum_sq[static_cast<std::size_t>(c)] += plane.sum_sq;
+      }
+    }
+    total.seq_sum_norm_sq += seq_norm;
+  }
+  if (!needs.seq) total.seq_sum_norm_sq = 0.0;
+  if (!needs.higher) total.sum_cube = total.sum_quad = 0.0;
+  if (!needs.sums) total.sum = total.sum_sq = 0.0;
+  std::int64_t nonfinite = 0;
+  if (needs.nonfinite) {
+    const bool suspicious = !std::isfinite(total.sum) || is_nonfinite_bits(total.max_bits) || !needs.sums;
+    if (suspicious) nonfinite = count_nonfinite(x, n);
+  }
+  add_totals(into, n, samples, total, nonfinite, needs);
+}
+
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which) {
   PROPLAB_CHECK(x.dtype() == DType::f32 && x.is_contiguous(), "moment accumulation needs a contiguous f32 tensor");
   PROPLAB_CHECK(sequences >= 1, "sequences must be >= 1, got ", sequences);

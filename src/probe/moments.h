@@ -113,6 +113,14 @@ struct LogitSums {
 // MomentSums (shift 0) holding `sums` for the statistics of `which` that apply (corr and chan ones dropped).
 MomentSums moment_sums(const LogitSums& sums, const StatSelection& which);
 
+// The same sums for an NCHW image tensor x [samples, channels, pixels] (CPU) as accumulate() gives for its
+// channels-last view [samples, pixels, channels] (sequences = samples, tokens = pixels, features = channels), read
+// in place: each (sample, channel) plane is summed on its own, its sums are that channel's per-feature sums, and
+// ‖S_b‖² is the sum of sample b's squared plane sums. Equal up to rounding (another summation order and shift),
+// bitwise independent of the thread count; it saves the channels-last copy, a pass over memory per probe.
+void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
+                       MomentSums& into, const StatSelection& which);
+
 // Finished statistics; NaN for statistics the sums were not accumulated for (nonfinite is a count).
 struct Moments {
   double mean, var, rms, max_abs, kurtosis, nonfinite, corr, chan_mean_sq, chan_var;

@@ -51,6 +51,13 @@ class ProbeSink {
   // computed q·k·scale from the packed qkv [B, T, 3D] (also given, for sinks that want the tensor itself).
   virtual void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
                                 float logit_scale) = 0;
+  // An NCHW image tensor [samples, C, H, W] for probe `probe` (its activation, or with `backward` its gradient),
+  // meant as its channels-last view [samples, H·W, C]. A sink that can read it in place does so and returns
+  // true; the default returns false, and the model then copies it channels-last and calls forward()/backward().
+  virtual bool image(int probe, const Tensor& x, bool backward) {
+    (void)probe, (void)x, (void)backward;
+    return false;
+  }
 };
 
 }  // namespace proplab

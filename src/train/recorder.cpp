@@ -274,6 +274,15 @@ void Recorder::backward(int probe_index, const Tensor& d_x, std::int64_t sequenc
   backward_seen_[probe_index] = true;
 }
 
+bool Recorder::image(int probe_index, const Tensor& x, bool backward) {
+  if (x.device() != Device::cpu || x.ndim() != 4 || !x.is_contiguous() || x.dtype() != DType::f32) return false;
+  probe::MomentSums& sums = (backward ? backward_sums_ : forward_sums_)[probe_index];
+  probe::accumulate_planes(x.f32(), x.dim(0), x.dim(1), x.dim(2) * x.dim(3), sums,
+                           backward ? backward_stats_ : forward_stats_);
+  (backward ? backward_seen_ : forward_seen_)[probe_index] = true;
+  return true;
+}
+
 void Recorder::attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor&, int, float) {
   // Moments over the causal entries that exist; token correlation and per-feature statistics do not apply (NaN).
   forward_sums_[probe_index].merge(probe::moment_sums(sums, forward_stats_));

@@ -83,6 +83,8 @@ class Recorder final : public ProbeSink {
   void backward(int probe_index, const Tensor& d_x, std::int64_t sequences) override;
   void attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor& qkv, int heads,
                         float logit_scale) override;
+  // CPU images are summed in place (probe::accumulate_planes); GPU ones take the channels-last copy.
+  bool image(int probe_index, const Tensor& x, bool backward) override;
 
  private:
   void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences,

@@ -535,5 +535,65 @@ TEST(Moments, TensorOverloadViewsRowsAsSequences) {
   EXPECT_THROW(accumulate(rows, 5, bad, StatSelection::all()), InternalError);
 }
 
+
+// accumulate_planes reads an NCHW image in place and must give accumulate()'s sums of its channels-last view, up to
+// rounding: every statistic, per-feature sums, ‖S_b‖², max and non-finite count, over two accumulated tensors
+// (so the merge of a second image into started sums too), and bitwise the same on 1 and 2 threads.
+TEST(Moments, PlanesOfAnImageMatchItsChannelsLastView) {
+  const std::int64_t n = 5, c = 19, pixels = 7 * 11;
+  std::vector<float> images[2], views[2];
+  for (int t = 0; t < 2; ++t) {
+    images[t].resize(static_cast<std::size_t>(n * c * pixels));
+    views[t].resize(images[t].size());
+    const CounterRng rng(31, static_cast<std::uint64_t>(t));
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t ch = 0; ch < c; ++ch)
+        for (std::int64_t p = 0; p < pixels; ++p) {
+          const std::size_t at = static_cast<std::size_t>((b * c + ch) * pixels + p);
+          images[t][at] = static_cast<float>(1.5 + 0.1 * ch + (1.0 + 0.05 * b) * rng.normal(at));
+          views[t][static_cast<std::size_t>((b * pixels + p) * c + ch)] = images[t][at];
+        }
+  }
+  images[1][17] = std::numeric_limits<float>::infinity();  // a non-finite element in the second image
+  views[1][static_cast<std::size_t>(17 * c)] = images[1][17];
+  const StatSelection all = StatSelection::all();
+  MomentSums reference;
+  for (int t = 0; t < 2; ++t) accumulate(views[t].data(), n, pixels, c, reference, all);
+  MomentSums planes[2];
+  for (int run = 0; run < 2; ++run) {
+    ScopedThreads scoped(run + 1);
+    for (int t = 0; t < 2; ++t) accumulate_planes(images[t].data(), n, c, pixels, planes[run], all);
+  }
+  // The image with an Inf makes the sums non-finite in both; compare the finite first image on its own too.
+  EXPECT_EQ(planes[0].nonfinite, reference.nonfinite);
+  EXPECT_EQ(planes[0].count, reference.count);
+  EXPECT_EQ(planes[0].sequences, reference.sequences);
+  EXPECT_EQ(planes[0].max_abs, reference.max_abs);
+  EXPECT_EQ(std::memcmp(&planes[0].sum, &planes[1].sum, sizeof(double)), 0);
+  EXPECT_EQ(planes[0].feature_sum, planes[1].feature_sum);
+  EXPECT_EQ(planes[0].seq_sum_norm_sq, planes[1].seq_sum_norm_sq);
+  MomentSums one_reference, one_planes;
+  accumulate(views[0].data(), n, pixels, c, one_reference, all);
+  accumulate_planes(images[0].data(), n, c, pixels, one_planes, all);
+  one_planes.recentre(one_reference.shift);
+  auto close = [](double a, double b) { return std::abs(a - b) <= 1e-10 * std::max(1.0, std::abs(b)); };
+  EXPECT_TRUE(close(one_planes.sum, one_reference.sum)) << one_planes.sum << " " << one_reference.sum;
+  EXPECT_TRUE(close(one_planes.sum_sq, one_reference.sum_sq));
+  EXPECT_TRUE(close(one_planes.sum_cube, one_reference.sum_cube));
+  EXPECT_TRUE(close(one_planes.sum_quad, one_reference.sum_quad));
+  EXPECT_TRUE(close(one_planes.seq_sum_norm_sq, one_reference.seq_sum_norm_sq));
+  EXPECT_EQ(one_planes.max_abs, one_reference.max_abs);
+  ASSERT_EQ(one_planes.feature_sum.size(), static_cast<std::size_t>(c));
+  for (std::size_t f = 0; f < static_cast<std::size_t>(c); ++f) {
+    EXPECT_TRUE(close(one_planes.feature_sum[f], one_reference.feature_sum[f])) << f;
+    EXPECT_TRUE(close(one_planes.feature_sum_sq[f], one_reference.feature_sum_sq[f])) << f;
+  }
+  const Moments a = finalize(one_planes), b = finalize(one_reference);
+  for (const double* pair : {&a.mean, &a.var, &a.kurtosis, &a.corr, &a.chan_mean_sq, &a.chan_var}) {
+    const double other = *(&b.mean + (pair - &a.mean));
+    EXPECT_TRUE(close(*pair, other)) << *pair << " " << other;
+  }
+}
+
 }  // namespace
 }  // namespace proplab::probe
