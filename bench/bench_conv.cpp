@@ -55,7 +55,8 @@ Timing median_ms(int reps, const std::function<void()>& call) {
 
 // Median wall ms of two calls timed alternately (a, b, a, b, ...) after one untimed call of each, with each call
 // run under its own conv kernel.
-std::pair<double, double> median_pair(int reps, const std::function<void()>& call, ops::ConvKernel a, ops::ConvKernel b) {
+std::pair<double, double> median_pair(int reps, const std::function<void()>& call, ops::ConvKernel a,
+                                      ops::ConvKernel b) {
   std::vector<double> times[2];
   const ops::ConvKernel kernels[2] = {a, b};
   for (int r = -1; r < reps; ++r)
@@ -83,6 +84,30 @@ struct ConvCase {
   int per_step;  // calls of this shape in one ResNet-20 step
 };
 
+// One case's operands (random, from consecutive streams) and outputs, and its name "c_in>c_out, size, k/s".
+struct ConvTensors {
+  ConvTensors(const ConvCase& c, int batch, std::uint64_t& stream)
+      : params{c.stride, c.kernel / 2, 1},
+        out_size(ops::conv2d_out_size(c.size, c.kernel, c.stride, c.kernel / 2)),
+        x(random({batch, c.c_in, c.size, c.size}, stream++)),
+        w(random({c.c_out, c.c_in, c.kernel, c.kernel}, stream++)),
+        y(Tensor::empty({batch, c.c_out, out_size, out_size})),
+        d_y(random(y.shape(), stream++)),
+        d_x(Tensor::empty(x.shape())),
+        d_w(Tensor::zeros(w.shape())),
+        first(c.c_in == 1),
+        name(std::to_string(c.c_in) + ">" + std::to_string(c.c_out) + ", " + std::to_string(c.size) + ", " +
+             std::to_string(c.kernel) + "/" + std::to_string(c.stride)) {}
+  void forward() { ops::conv2d_forward(x, w, nullptr, params, y); }
+  void backward() { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); }
+
+  ops::Conv2dParams params;
+  std::int64_t out_size;
+  Tensor x, w, y, d_y, d_x, d_w;
+  bool first;  // the stem: no d_x
+  std::string name;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,23 +132,12 @@ int main(int argc, char** argv) {
     double totals[2] = {0.0, 0.0};
     std::uint64_t stream = 0;
     for (const ConvCase& c : cases) {
-      const ops::Conv2dParams params{c.stride, c.kernel / 2, 1};
-      const std::int64_t out_size = ops::conv2d_out_size(c.size, c.kernel, c.stride, c.kernel / 2);
-      Tensor x = random({batch, c.c_in, c.size, c.size}, stream++);
-      Tensor w = random({c.c_out, c.c_in, c.kernel, c.kernel}, stream++);
-      Tensor y = Tensor::empty({batch, c.c_out, out_size, out_size});
-      Tensor d_y = random(y.shape(), stream++);
-      Tensor d_x = Tensor::empty(x.shape()), d_w = Tensor::zeros(w.shape());
-      const bool first = c.c_in == 1;
+      ConvTensors t(c, batch, stream);
       const auto forward = median_pair(
-          reps, [&] { ops::conv2d_forward(x, w, nullptr, params, y); }, ops::ConvKernel::direct,
-          ops::ConvKernel::im2col);
+          reps, [&] { t.forward(); }, ops::ConvKernel::direct, ops::ConvKernel::im2col);
       const auto backward = median_pair(
-          reps, [&] { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); },
-          ops::ConvKernel::direct, ops::ConvKernel::im2col);
-      const std::string name = std::to_string(c.c_in) + ">" + std::to_string(c.c_out) + ", " +
-                               std::to_string(c.size) + ", " + std::to_string(c.kernel) + "/" +
-                               std::to_string(c.stride);
+          reps, [&] { t.backward(); }, ops::ConvKernel::direct, ops::ConvKernel::im2col);
+      const std::string& name = t.name;
       std::printf("%-26s %7.2f / %6.2f (%4.2fx) %7.2f / %6.2f (%4.2fx) %7d\n", name.c_str(), forward.first,
                   forward.second, forward.second / forward.first, backward.first, backward.second,
                   backward.second / backward.first, c.per_step);
@@ -139,23 +153,15 @@ int main(int argc, char** argv) {
   double conv_total = 0.0, conv_cpu = 0.0, flops_total = 0.0;
   std::uint64_t stream = 0;
   for (const ConvCase& c : cases) {
-    const ops::Conv2dParams params{c.stride, c.kernel / 2, 1};
-    const std::int64_t out_size = ops::conv2d_out_size(c.size, c.kernel, c.stride, c.kernel / 2);
-    Tensor x = random({batch, c.c_in, c.size, c.size}, stream++);
-    Tensor w = random({c.c_out, c.c_in, c.kernel, c.kernel}, stream++);
-    Tensor y = Tensor::empty({batch, c.c_out, out_size, out_size});
-    Tensor d_y = random(y.shape(), stream++);
-    Tensor d_x = Tensor::empty(x.shape());
-    Tensor d_w = Tensor::zeros(w.shape());
-    const Timing forward = median_ms(reps, [&] { ops::conv2d_forward(x, w, nullptr, params, y); });
-    const bool first = c.c_in == 1;  // the stem needs no d_x
-    const Timing backward =
-        median_ms(reps, [&] { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); });
+    ConvTensors t(c, batch, stream);
+    const Timing forward = median_ms(reps, [&] { t.forward(); });
+    const bool first = t.first;
+    const std::int64_t out_size = t.out_size;
+    const Timing backward = median_ms(reps, [&] { t.backward(); });
     const double flops = 2.0 *
                          static_cast<double>(batch * c.c_in * c.kernel * c.kernel * c.c_out * out_size * out_size) *
                          (first ? 2.0 : 3.0);
-    const std::string name = std::to_string(c.c_in) + ">" + std::to_string(c.c_out) + ", " + std::to_string(c.size) +
-                             ", " + std::to_string(c.kernel) + "/" + std::to_string(c.stride);
+    const std::string& name = t.name;
     std::printf("%-26s %7.2f (%6.2f) %7.2f (%6.2f) %10.1f %7d\n", name.c_str(), forward.wall, forward.cpu,
                 backward.wall, backward.cpu, flops / ((forward.wall + backward.wall) / 1e3) / 1e9, c.per_step);
     conv_total += c.per_step * (forward.wall + backward.wall);

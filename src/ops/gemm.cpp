@@ -147,43 +147,35 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   const GemmPieces pieces = gemm_pieces(m, n, k);
-  if (gemm_backend() == GemmBackend::onednn) {
-    const DnnlSgemm product = dnnl().sgemm;
-    const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-#pragma omp parallel for schedule(dynamic) if (pieces.count > 1 && !omp_in_parallel())
-    for (std::int64_t piece = 0; piece < pieces.count; ++piece) {
-      // One thread per piece, as for OpenBLAS: oneDNN's OpenMP build runs serially inside an active parallel
-      // region and otherwise on omp_get_max_threads(), which OneBlasThread sets to 1 for the call.
-      const OneBlasThread one_thread;
-      const std::int64_t start = piece * pieces.size;
-      const std::int64_t length = std::min(pieces.size, (pieces.split_rows ? m : n) - start);
-      const int status =
-          pieces.split_rows
-              ? product(ta, tb, length, n, k, alpha, a + (trans_a ? start : start * lda), lda, b, ldb, beta,
-                        c + start * ldc, ldc)
-              : product(ta, tb, m, length, k, alpha, a, lda, b + (trans_b ? start * ldb : start), ldb, beta,
-                        c + start, ldc);
-      PROPLAB_CHECK(status == 0, "sgemm: dnnl_sgemm failed with status ", status);
-    }
-    return;
-  }
+  const DnnlSgemm onednn = gemm_backend() == GemmBackend::onednn ? dnnl().sgemm : nullptr;
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
   const int ik = as_int(k, "k"), ilda = as_int(lda, "lda"), ildb = as_int(ldb, "ldb"), ildc = as_int(ldc, "ldc");
   as_int(m, "m");
   as_int(n, "n");
+  // One piece, C [rows, columns] at pa, pb, pc, on the calling thread with the backend's library.
+  auto product = [&](std::int64_t rows, std::int64_t columns, const float* pa, const float* pb, float* pc) {
+    if (onednn) {
+      const int status =
+          onednn(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', rows, columns, k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+      PROPLAB_CHECK(status == 0, "sgemm: dnnl_sgemm failed with status ", status);
+    } else {
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(rows), static_cast<int>(columns), ik, alpha, pa, ilda, pb,
+                  ildb, beta, pc, ildc);
+    }
+  };
 #pragma omp parallel for schedule(dynamic) if (pieces.count > 1 && !omp_in_parallel())
   for (std::int64_t piece = 0; piece < pieces.count; ++piece) {
+    // One thread per piece: OpenBLAS's and oneDNN's OpenMP builds run serially inside an active parallel region
+    // and otherwise on omp_get_max_threads(), which OneBlasThread sets to 1 for the call.
     const OneBlasThread one_thread;
     const std::int64_t start = piece * pieces.size;
     const std::int64_t length = std::min(pieces.size, (pieces.split_rows ? m : n) - start);
     if (pieces.split_rows) {
       // Rows [start, start + length) of C and of op(A): A's rows, or A's columns when it is stored transposed.
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(length), static_cast<int>(n), ik, alpha,
-                  a + (trans_a ? start : start * lda), ilda, b, ildb, beta, c + start * ldc, ildc);
+      product(length, n, a + (trans_a ? start : start * lda), b, c + start * ldc);
     } else {
       // Columns [start, start + length) of C and of op(B): B's columns, or B's rows when it is stored transposed.
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(length), ik, alpha, a, ilda,
-                  b + (trans_b ? start * ldb : start), ildb, beta, c + start, ildc);
+      product(m, length, a, b + (trans_b ? start * ldb : start), c + start);
     }
   }
 }

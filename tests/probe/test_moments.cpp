@@ -535,7 +535,6 @@ TEST(Moments, TensorOverloadViewsRowsAsSequences) {
   EXPECT_THROW(accumulate(rows, 5, bad, StatSelection::all()), InternalError);
 }
 
-
 // accumulate_planes reads an NCHW image in place and must give accumulate()'s sums of its channels-last view, up to
 // rounding: every statistic, per-feature sums, ‖S_b‖², max and non-finite count, over two accumulated tensors
 // (so the merge of a second image into started sums too), and bitwise the same on 1 and 2 threads.
