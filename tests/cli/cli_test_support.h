@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -186,13 +187,14 @@ class CliTest : public ::testing::Test {
       _exit(127);
     }
     EXPECT_GT(pid, 0) << "fork failed: " << std::strerror(errno);
+    captures_[pid] = {out_path_, err_path_};
     return pid;
   }
 
   // Starts `proplab args...` (see spawn_program).
   pid_t spawn(const std::vector<std::string>& args) { return spawn_program(binary_, args); }
 
-  // Waits for the child started by the last spawn (killing it after kChildTimeout) and collects its output.
+  // Waits for the child `pid` (killing it after kChildTimeout) and collects its output.
   CliResult finish(pid_t pid) {
     CliResult result;
     const auto deadline = std::chrono::steady_clock::now() + kChildTimeout;
@@ -216,8 +218,9 @@ class CliTest : public ::testing::Test {
       result.exit_code = WEXITSTATUS(status);
     else if (WIFSIGNALED(status))
       result.exit_code = 128 + WTERMSIG(status);
-    result.out = read_text(out_path_);
-    result.err = read_text(err_path_);
+    const auto capture = captures_.find(pid);
+    result.out = read_text(capture != captures_.end() ? capture->second.first : out_path_);
+    result.err = read_text(capture != captures_.end() ? capture->second.second : err_path_);
     EXPECT_NE(result.exit_code, 127) << "could not execute the child program";
     return result;
   }
@@ -245,6 +248,7 @@ class CliTest : public ::testing::Test {
   }
 
   fs::path binary_, base_, work_, capture_, out_path_, err_path_;
+  std::map<pid_t, std::pair<fs::path, fs::path>> captures_;  // each child's stdout and stderr files
   int runs_ = 0;
 };
 

@@ -114,6 +114,7 @@ class SweepRunTest : public CliTest {
       _exit(127);
     }
     setpgid(pid, pid);  // also from here, so the group exists before the test signals it
+    captures_[pid] = {out_path_, err_path_};
     return pid;
   }
 
