@@ -19,6 +19,10 @@ namespace {
 using Index = std::int64_t;
 constexpr Index kLanes = 16;  // output pixels per block: one zmm
 constexpr Index kRows = 16;   // output channels per register tile
+constexpr Index kLineTaps = 49;
+// 16 floats in a zmm, as __m512 but without its licence to alias anything: GCC keeps an array of these in
+// registers across a loop that also loads through other pointers (an __m512 array it stored back every iteration).
+using Accumulator = float __attribute__((vector_size(64)));  // kernels up to 7×7 read x without a panel where they can (multiply_lines)
 
 bool cpu_has_kernel_features() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -121,6 +125,7 @@ __attribute__((target("avx512f"))) int plan_block(const DirectConvShape& s, Inde
       table.masks[t] = ok;
       // Evenly spaced over the set lanes (stride 1 or 2): offset − stride·lane is the same for all of them.
       table.loads[t] = 0;
+      table.starts[t] = 0;
       if (ok != 0 && s.stride <= 2) {
         const __m512i start = _mm512_sub_epi32(offsets, _mm512_mullo_epi32(lane, _mm512_set1_epi32(s.stride)));
         const int first = __builtin_ctz(ok);
@@ -223,6 +228,23 @@ __attribute__((target("avx512f,bmi2"))) void pack_panel(const float* x_block, co
   }
 }
 
+// Stores a tile's rows (plus bias) into y, lane by lane to each segment's sample.
+__attribute__((target("avx512f"))) void store_tile(const __m512* acc, Index rows, const float* bias, Index tile_first,
+                                                   const Segment* segments, int segment_count, float* y,
+                                                   Index pixels) {
+  for (Index r = 0; r < rows; ++r) {
+    const Index co = tile_first + r;
+    const __m512 v = bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(bias[co])) : acc[r];
+    for (int sgm = 0; sgm < segment_count; ++sgm) {
+      const Segment& g = segments[sgm];
+      const __mmask16 store = static_cast<__mmask16>((1u << g.count) - 1u);
+      const __mmask16 lanes = static_cast<__mmask16>(store << g.first);
+      const __m512 part = g.first == 0 ? v : _mm512_maskz_compress_ps(lanes, v);
+      _mm512_mask_storeu_ps(y + g.out_offset + co * pixels, store, part);
+    }
+  }
+}
+
 // acc[r] = Σ_k packed[k][r] · panel[k] for one tile of 16 output channels, then stored (plus bias) into y.
 __attribute__((target("avx512f"))) void multiply_tile(const float* panel, const float* packed_tile, Index k_total,
                                                       Index rows, const float* bias, Index tile_first,
@@ -237,17 +259,51 @@ __attribute__((target("avx512f"))) void multiply_tile(const float* panel, const 
 #pragma GCC unroll 16
     for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), b, acc[r]);
   }
-  for (Index r = 0; r < rows; ++r) {
-    const Index co = tile_first + r;
-    const __m512 v = bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(bias[co])) : acc[r];
-    for (int sgm = 0; sgm < segment_count; ++sgm) {
-      const Segment& g = segments[sgm];
-      const __mmask16 store = static_cast<__mmask16>((1u << g.count) - 1u);
-      const __mmask16 lanes = static_cast<__mmask16>(store << g.first);
-      const __m512 part = g.first == 0 ? v : _mm512_maskz_compress_ps(lanes, v);
-      _mm512_mask_storeu_ps(y + g.out_offset + co * pixels, store, part);
+  store_tile(acc, rows, bias, tile_first, segments, segment_count, y, pixels);
+}
+
+// Whether every tap of the block is one masked load (or nothing): then multiply_lines reads x itself, no panel.
+bool reads_lines(const BlockTable& table, Index taps) {
+  if (taps > kLineTaps) return false;
+  for (Index t = 0; t < taps; ++t)
+    if (table.masks[t] != 0 && table.loads[t] != 1) return false;
+  return true;
+}
+
+// multiply_tile without a panel, for a block whose taps are all single masked loads: each (input channel, tap)
+// line is loaded from x where the panel would have held it; the same values and the same FMAs in the same order,
+// so the result is bitwise the panel path's.
+__attribute__((target("avx512f"))) void multiply_lines(const float* x_block, const DirectConvShape& s,
+                                                       const BlockTable& table, const float* packed_tile,
+                                                       Index rows, const float* bias, Index tile_first,
+                                                       const Segment* segments, int segment_count, float* y,
+                                                       Index pixels) {
+  const Index taps = s.kh * s.kw, plane = s.h * s.w;
+  std::int32_t starts[kLineTaps];
+  __mmask16 masks[kLineTaps];
+  for (Index t = 0; t < taps; ++t) {
+    starts[t] = table.starts[t];
+    masks[t] = static_cast<__mmask16>(table.masks[t]);
+  }
+  Accumulator acc[kRows];
+#pragma GCC unroll 16
+  for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  // One loop over k = ci·taps + t (nested loops here made GCC keep the accumulators in memory).
+  const float* base = x_block;
+  Index t = 0;
+  for (Index k = 0; k < s.c_in * taps; ++k) {
+    const __m512 b = _mm512_maskz_loadu_ps(masks[t], base + starts[t]);
+    const float* w = packed_tile + k * kRows;
+#pragma GCC unroll 16
+    for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), b, acc[r]);
+    if (++t == taps) {
+      t = 0;
+      base += plane;
     }
   }
+  __m512 out[kRows];
+  for (Index r = 0; r < kRows; ++r) out[r] = acc[r];
+  store_tile(out, rows, bias, tile_first, segments, segment_count, y, pixels);
 }
 
 // Per thread, reused across calls: a 64-byte aligned panel of at least `floats` floats, and a block table for
@@ -367,7 +423,14 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
       const Index q0 = block * kLanes;
       BlockTable plan;
       const int segment_count = plans.get(block, table, plan, segments);
-      pack_panel(x + (q0 / pixels) * sample_elements, s, plan, panel);
+      const float* x_block = x + (q0 / pixels) * sample_elements;
+      if (reads_lines(plan, taps)) {
+        for (Index tile = 0; tile < tiles; ++tile)
+          multiply_lines(x_block, s, plan, packed + tile * k_total * kRows, std::min(kRows, s.c_out - tile * kRows),
+                         bias, tile * kRows, segments, segment_count, y, pixels);
+        continue;
+      }
+      pack_panel(x_block, s, plan, panel);
       for (Index tile = 0; tile < tiles; ++tile)
         multiply_tile(panel, packed + tile * k_total * kRows, k_total, std::min(kRows, s.c_out - tile * kRows), bias,
                       tile * kRows, segments, segment_count, y, pixels);
