@@ -9,8 +9,9 @@
 #include <vector>
 
 // GCC 12's AVX-512 intrinsics start from an undefined vector (_mm512_undefined_ps), which -Wmaybe-uninitialized
-// reports inside the headers; the values are always defined.
+// and -Wuninitialized report inside the headers; the values are always defined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace proplab::ops::detail {
 
@@ -352,30 +353,35 @@ __attribute__((target("avx512f"))) void transpose16(const float* in, float* out,
   }
 }
 
-// The weight gradient's register tile, 16 output channels × 16 patch elements: for every pixel of the chunk's
-// blocks, one load of its 16 patch elements (transposed panel [16 pixels][k_padded] per block) and 16 broadcast
-// FMAs with its d_y (packed [rows_padded][16 pixels] per block). Added to partial (row stride k_total) for the
-// rows and columns that exist.
+// The weight gradient's register tile, 16 patch elements × 16 output channels: for every pixel of the chunk's
+// blocks, one load of its d_y for the 16 output channels (transposed d_y [16 pixels][16 channels] per block and
+// tile) and 16 FMAs, each with one patch element broadcast from the block's panel ([k_padded][16 pixels]). Each
+// (channel, patch element) sum runs over the pixels in the same order as a tile laid out the other way round, so
+// the result does not depend on the layout. The tile is transposed once at the end and added to partial (row
+// stride k_total) for the channels and patch elements that exist.
 __attribute__((target("avx512f"))) void weight_grad_tile(const float* dy_tile, const float* patch_tile, Index blocks,
-                                                         Index dy_block_stride, Index patch_block_stride,
-                                                         Index k_padded, Index rows, Index cols, float* partial,
-                                                         Index k_total) {
-  __m512 acc[kRows];
+                                                         Index dy_block_stride, Index patch_block_stride, Index rows,
+                                                         Index cols, float* partial, Index k_total) {
+  Accumulator acc[kLanes];
 #pragma GCC unroll 16
-  for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (Index k = 0; k < kLanes; ++k) acc[k] = _mm512_setzero_ps();
   for (Index b = 0; b < blocks; ++b) {
     const float* dy = dy_tile + b * dy_block_stride;
     const float* patch = patch_tile + b * patch_block_stride;
     for (Index l = 0; l < kLanes; ++l) {
-      const __m512 v = _mm512_load_ps(patch + l * k_padded);
+      const __m512 v = _mm512_load_ps(dy + l * kRows);
 #pragma GCC unroll 16
-      for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy[r * kLanes + l]), v, acc[r]);
+      for (Index k = 0; k < kLanes; ++k) acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(patch[k * kLanes + l]), v, acc[k]);
     }
   }
+  alignas(64) float tile[kLanes * kRows], by_channel[kRows * kLanes];
+  for (Index k = 0; k < kLanes; ++k) _mm512_store_ps(tile + k * kRows, acc[k]);
+  transpose16(tile, by_channel, kLanes);
   const __mmask16 columns = static_cast<__mmask16>(cols >= kLanes ? 0xFFFFu : (1u << cols) - 1u);
   for (Index r = 0; r < rows; ++r) {
     float* to = partial + r * k_total;
-    _mm512_mask_storeu_ps(to, columns, _mm512_add_ps(_mm512_maskz_loadu_ps(columns, to), acc[r]));
+    const __m512 add = _mm512_load_ps(by_channel + r * kLanes);
+    _mm512_mask_storeu_ps(to, columns, _mm512_add_ps(_mm512_maskz_loadu_ps(columns, to), add));
   }
 }
 
@@ -445,7 +451,7 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
   if (blocks == 0 || s.c_out == 0 || k_total == 0) return;
   const Index k_padded = (k_total + kLanes - 1) / kLanes * kLanes;
   const Index rows_padded = (s.c_out + kRows - 1) / kRows * kRows;
-  // Chunks of blocks whose transposed panels fill about 256 KiB (they stay in L2 across the tiles), grouped into at
+  // Chunks of blocks whose panels fill about 256 KiB (they stay in L2 across the tiles), grouped into at
   // most kGroups runs of consecutive chunks: each group adds its chunks in order into its own partial, and the
   // partials are added in group order. All of it depends on the shape alone, not on the threads.
   constexpr Index kGroups = 16;
@@ -461,9 +467,9 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
   const BlockPlans plans(s);
 #pragma omp parallel if (groups > 1)
   {
-    // [panel of one block][chunk's transposed panels][chunk's packed d_y], 64-byte aligned.
-    float* panel = thread_panel(patch_stride + chunk_blocks * (patch_stride + dy_stride));
-    float* patches = panel + patch_stride;
+    // [one block's packed d_y][chunk's panels][chunk's transposed d_y], 64-byte aligned.
+    float* panel = thread_panel(dy_stride + chunk_blocks * (patch_stride + dy_stride));
+    float* patches = panel + dy_stride;
     float* dys = patches + chunk_blocks * patch_stride;
     const BlockTable table = thread_table(taps);
     Segment segments[kLanes];
@@ -476,15 +482,17 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
           const Index q0 = (first + b) * kLanes;
           BlockTable plan;
           const int segment_count = plans.get(first + b, table, plan, segments);
-          pack_panel(x + (q0 / pixels) * sample_elements, s, plan, panel);
-          std::fill(panel + k_total * kLanes, panel + patch_stride, 0.0f);
-          for (Index k = 0; k < k_padded; k += kLanes)
-            transpose16(panel + k * kLanes, patches + b * patch_stride + k, k_padded);
-          pack_dy(d_y, s, segments, segment_count, rows_padded, dys + b * dy_stride);
+          // The block's panel, padded with zero rows to whole tiles, and its d_y transposed tile by tile.
+          float* patch = patches + b * patch_stride;
+          pack_panel(x + (q0 / pixels) * sample_elements, s, plan, patch);
+          std::fill(patch + k_total * kLanes, patch + patch_stride, 0.0f);
+          pack_dy(d_y, s, segments, segment_count, rows_padded, panel);
+          for (Index co = 0; co < rows_padded; co += kRows)
+            transpose16(panel + co * kLanes, dys + b * dy_stride + co * kLanes, kRows);
         }
         for (Index k = 0; k < k_padded; k += kLanes)
           for (Index co = 0; co < rows_padded; co += kRows)
-            weight_grad_tile(dys + co * kLanes, patches + k, count, dy_stride, patch_stride, k_padded,
+            weight_grad_tile(dys + co * kLanes, patches + k * kLanes, count, dy_stride, patch_stride,
                              std::min(kRows, s.c_out - co), std::min(kLanes, k_total - k), partial + co * k_total + k,
                              k_total);
       }
