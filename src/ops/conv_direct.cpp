@@ -21,6 +21,7 @@ using Index = std::int64_t;
 constexpr Index kLanes = 16;  // output pixels per block: one zmm
 constexpr Index kRows = 16;   // output channels per register tile
 constexpr Index kLineTaps = 49;
+constexpr int kLineSegments = 2;  // samples a block may span and still be read as lines
 // 16 floats in a zmm, as __m512 but without its licence to alias anything: GCC keeps an array of these in
 // registers across a loop that also loads through other pointers (an __m512 array it stored back every iteration).
 using Accumulator = float __attribute__((vector_size(64)));  // kernels up to 7×7 read x without a panel where they can (multiply_lines)
@@ -37,11 +38,17 @@ bool cpu_has_kernel_features() {
 // One block's gather table, per tap t: lane l reads the input at (block base) + offsets[t·16 + l] where bit l of
 // masks[t] is set, else 0. When the set lanes read consecutive elements (as in every stride-1 convolution whose
 // block stays within one sample), starts[t] = offset of lane 0 on that line and loads[t] = 1: one masked load.
+// Stride 1 only: when every tap reads consecutive elements within each of the block's (at most kLineSegments)
+// samples, lines[0] = the number of segments and lane l of segment g reads line_starts[t·kLineSegments + g] + l
+// where bit l of line_masks[t·kLineSegments + g] is set: one masked load per segment, no gather (else lines[0] = 0).
 struct BlockTable {
   std::int32_t* offsets;
   std::uint16_t* masks;
   std::int32_t* starts;
   std::uint8_t* loads;
+  std::int32_t* line_starts;
+  std::uint16_t* line_masks;
+  std::uint8_t* lines;
 };
 
 // Output segments of one block: lanes [first, first + count) belong to one sample, whose output for channel 0
@@ -73,6 +80,30 @@ void pack_weights(const float* weight, Index c_out, Index k_total, float* packed
         const Index co = tile * kRows + r;
         packed[(tile * k_total + k) * kRows + r] = co < c_out ? weight[co * k_total + k] : 0.0f;
       }
+}
+
+// The table's lines (see BlockTable) from its offsets and masks.
+void plan_lines(const DirectConvShape& s, const BlockTable& table, const Segment* segments, int count) {
+  const Index taps = s.kh * s.kw;
+  bool lines = s.stride == 1 && count <= kLineSegments && taps <= kLineTaps;
+  for (Index t = 0; t < taps && lines; ++t)
+    for (int g = 0; g < kLineSegments; ++g) {
+      std::uint16_t mask = 0;
+      std::int32_t start = 0;
+      if (g < count) {
+        const std::uint32_t lanes = ((1u << segments[g].count) - 1u) << segments[g].first;
+        mask = static_cast<std::uint16_t>(table.masks[t] & lanes);
+        if (mask != 0) {
+          const int first = __builtin_ctz(mask);
+          start = table.offsets[t * kLanes + first] - first;
+          for (int l = first; l < kLanes; ++l)
+            if (((mask >> l) & 1u) != 0 && table.offsets[t * kLanes + l] != start + l) lines = false;
+        }
+      }
+      table.line_starts[t * kLineSegments + g] = start;
+      table.line_masks[t * kLineSegments + g] = mask;
+    }
+  table.lines[0] = static_cast<std::uint8_t>(lines ? count : 0);
 }
 
 // Fills the block's gather table and output segments; returns the number of segments.
@@ -137,6 +168,7 @@ __attribute__((target("avx512f"))) int plan_block(const DirectConvShape& s, Inde
       }
     }
   }
+  plan_lines(s, table, segments, count);
   return count;
 }
 
@@ -160,6 +192,9 @@ class BlockPlans {
     starts_.resize(static_cast<std::size_t>(period_ * taps_));
     masks_.resize(static_cast<std::size_t>(period_ * taps_));
     loads_.resize(static_cast<std::size_t>(period_ * taps_));
+    line_starts_.resize(static_cast<std::size_t>(period_ * taps_ * kLineSegments));
+    line_masks_.resize(static_cast<std::size_t>(period_ * taps_ * kLineSegments));
+    lines_.resize(static_cast<std::size_t>(period_));
     segments_.resize(static_cast<std::size_t>(period_ * kLanes));
     counts_.resize(static_cast<std::size_t>(period_));
     for (Index r = 0; r < period_; ++r) counts_[r] = plan_block(s, r * kLanes, row(r), segments_.data() + r * kLanes);
@@ -185,18 +220,60 @@ class BlockPlans {
  private:
   BlockTable row(Index r) const {
     auto* self = const_cast<BlockPlans*>(this);
-    return BlockTable{self->offsets_.data() + r * taps_ * kLanes, self->masks_.data() + r * taps_,
-                      self->starts_.data() + r * taps_, self->loads_.data() + r * taps_};
+    return BlockTable{self->offsets_.data() + r * taps_ * kLanes,
+                      self->masks_.data() + r * taps_,
+                      self->starts_.data() + r * taps_,
+                      self->loads_.data() + r * taps_,
+                      self->line_starts_.data() + r * taps_ * kLineSegments,
+                      self->line_masks_.data() + r * taps_ * kLineSegments,
+                      self->lines_.data() + r};
   }
 
   DirectConvShape s_;
   Index taps_ = 0, full_blocks_ = 0, period_ = 0, samples_per_period_ = 0;
-  std::vector<std::int32_t> offsets_, starts_;
-  std::vector<std::uint16_t> masks_;
-  std::vector<std::uint8_t> loads_;
+  std::vector<std::int32_t> offsets_, starts_, line_starts_;
+  std::vector<std::uint16_t> masks_, line_masks_;
+  std::vector<std::uint8_t> loads_, lines_;
   std::vector<Segment> segments_;
   std::vector<int> counts_;
 };
+
+// One (input channel, tap) line of a block read as lines (see BlockTable): one masked load per segment.
+template <int kSegments>
+__attribute__((target("avx512f"))) inline __m512 load_line(const float* base, const std::int32_t* starts,
+                                                           const __mmask16* masks) {
+  __m512 v = _mm512_maskz_loadu_ps(masks[0], base + starts[0]);
+  if constexpr (kSegments == 2) v = _mm512_mask_loadu_ps(v, masks[1], base + starts[1]);
+  return v;
+}
+
+// A block's lines, copied out of the table into locals (loads through the table's pointers could alias the
+// callers' accumulators and keep them in memory).
+struct Lines {
+  std::int32_t starts[kLineTaps * kLineSegments];
+  __mmask16 masks[kLineTaps * kLineSegments];
+  Lines(const BlockTable& table, Index taps) {
+    for (Index i = 0; i < taps * kLineSegments; ++i) {
+      starts[i] = table.line_starts[i];
+      masks[i] = static_cast<__mmask16>(table.line_masks[i]);
+    }
+  }
+};
+
+// pack_panel for a block read as lines: the same values, no branch or gather per element.
+template <int kSegments>
+__attribute__((target("avx512f"))) void pack_lines(const float* x_block, const DirectConvShape& s,
+                                                   const BlockTable& table, float* panel) {
+  const Index taps = s.kh * s.kw, plane = s.h * s.w;
+  const Lines lines(table, taps);
+  for (Index ci = 0; ci < s.c_in; ++ci) {
+    const float* base = x_block + ci * plane;
+    float* out = panel + ci * taps * kLanes;
+    for (Index t = 0; t < taps; ++t)
+      _mm512_store_ps(out + t * kLanes, load_line<kSegments>(base, lines.starts + t * kLineSegments,
+                                                             lines.masks + t * kLineSegments));
+  }
+}
 
 __attribute__((target("avx512f,bmi2"))) void pack_panel(const float* x_block, const DirectConvShape& s,
                                                         const BlockTable& table, float* panel) {
@@ -263,29 +340,17 @@ __attribute__((target("avx512f"))) void multiply_tile(const float* panel, const 
   store_tile(acc, rows, bias, tile_first, segments, segment_count, y, pixels);
 }
 
-// Whether every tap of the block is one masked load (or nothing): then multiply_lines reads x itself, no panel.
-bool reads_lines(const BlockTable& table, Index taps) {
-  if (taps > kLineTaps) return false;
-  for (Index t = 0; t < taps; ++t)
-    if (table.masks[t] != 0 && table.loads[t] != 1) return false;
-  return true;
-}
-
-// multiply_tile without a panel, for a block whose taps are all single masked loads: each (input channel, tap)
-// line is loaded from x where the panel would have held it; the same values and the same FMAs in the same order,
-// so the result is bitwise the panel path's.
+// multiply_tile without a panel, for a block read as lines: each (input channel, tap) line is loaded from x where
+// the panel would have held it; the same values and the same FMAs in the same order, so the result is bitwise
+// the panel path's.
+template <int kSegments>
 __attribute__((target("avx512f"))) void multiply_lines(const float* x_block, const DirectConvShape& s,
                                                        const BlockTable& table, const float* packed_tile,
                                                        Index rows, const float* bias, Index tile_first,
                                                        const Segment* segments, int segment_count, float* y,
                                                        Index pixels) {
   const Index taps = s.kh * s.kw, plane = s.h * s.w;
-  std::int32_t starts[kLineTaps];
-  __mmask16 masks[kLineTaps];
-  for (Index t = 0; t < taps; ++t) {
-    starts[t] = table.starts[t];
-    masks[t] = static_cast<__mmask16>(table.masks[t]);
-  }
+  const Lines lines(table, taps);
   Accumulator acc[kRows];
 #pragma GCC unroll 16
   for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
@@ -293,7 +358,8 @@ __attribute__((target("avx512f"))) void multiply_lines(const float* x_block, con
   const float* base = x_block;
   Index t = 0;
   for (Index k = 0; k < s.c_in * taps; ++k) {
-    const __m512 b = _mm512_maskz_loadu_ps(masks[t], base + starts[t]);
+    const __m512 b =
+        load_line<kSegments>(base, lines.starts + t * kLineSegments, lines.masks + t * kLineSegments);
     const float* w = packed_tile + k * kRows;
 #pragma GCC unroll 16
     for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), b, acc[r]);
@@ -316,14 +382,18 @@ float* thread_panel(Index floats) {
 }
 
 BlockTable thread_table(Index taps) {
-  thread_local std::vector<std::int32_t> offsets, starts;
-  thread_local std::vector<std::uint16_t> masks;
-  thread_local std::vector<std::uint8_t> loads;
+  thread_local std::vector<std::int32_t> offsets, starts, line_starts;
+  thread_local std::vector<std::uint16_t> masks, line_masks;
+  thread_local std::vector<std::uint8_t> loads, lines;
   offsets.resize(static_cast<std::size_t>(taps * kLanes));
   starts.resize(static_cast<std::size_t>(taps));
   masks.resize(static_cast<std::size_t>(taps));
   loads.resize(static_cast<std::size_t>(taps));
-  return BlockTable{offsets.data(), masks.data(), starts.data(), loads.data()};
+  line_starts.resize(static_cast<std::size_t>(taps * kLineSegments));
+  line_masks.resize(static_cast<std::size_t>(taps * kLineSegments));
+  lines.resize(1);
+  return BlockTable{offsets.data(), masks.data(),       starts.data(), loads.data(),
+                    line_starts.data(), line_masks.data(), lines.data()};
 }
 
 // in: 16 rows of 16 floats (row stride 16); out: their transpose, row i at out + i·out_stride. Unpacks pair the
@@ -430,10 +500,17 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
       BlockTable plan;
       const int segment_count = plans.get(block, table, plan, segments);
       const float* x_block = x + (q0 / pixels) * sample_elements;
-      if (reads_lines(plan, taps)) {
-        for (Index tile = 0; tile < tiles; ++tile)
-          multiply_lines(x_block, s, plan, packed + tile * k_total * kRows, std::min(kRows, s.c_out - tile * kRows),
-                         bias, tile * kRows, segments, segment_count, y, pixels);
+      if (plan.lines[0] != 0) {
+        for (Index tile = 0; tile < tiles; ++tile) {
+          const float* packed_tile = packed + tile * k_total * kRows;
+          const Index rows = std::min(kRows, s.c_out - tile * kRows);
+          if (plan.lines[0] == 1)
+            multiply_lines<1>(x_block, s, plan, packed_tile, rows, bias, tile * kRows, segments, segment_count, y,
+                              pixels);
+          else
+            multiply_lines<2>(x_block, s, plan, packed_tile, rows, bias, tile * kRows, segments, segment_count, y,
+                              pixels);
+        }
         continue;
       }
       pack_panel(x_block, s, plan, panel);
@@ -484,7 +561,13 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
           const int segment_count = plans.get(first + b, table, plan, segments);
           // The block's panel, padded with zero rows to whole tiles, and its d_y transposed tile by tile.
           float* patch = patches + b * patch_stride;
-          pack_panel(x + (q0 / pixels) * sample_elements, s, plan, patch);
+          const float* x_block = x + (q0 / pixels) * sample_elements;
+          if (plan.lines[0] == 1)
+            pack_lines<1>(x_block, s, plan, patch);
+          else if (plan.lines[0] == 2)
+            pack_lines<2>(x_block, s, plan, patch);
+          else
+            pack_panel(x_block, s, plan, patch);
           std::fill(patch + k_total * kLanes, patch + patch_stride, 0.0f);
           pack_dy(d_y, s, segments, segment_count, rows_padded, panel);
           for (Index co = 0; co < rows_padded; co += kRows)
