@@ -1,6 +1,6 @@
 // bench_conv: the image ops of a ResNet-20 step at their own shapes (Fashion-MNIST-shaped input, batch 128):
-// conv2d forward / backward (with d_x), batchnorm + ReLU forward / backward, each timed alone (median of --reps
-// calls), and the sum over one step's calls. Shows where a ResNet step's time goes without a profiler. Besides
+// conv2d forward / backward (with d_x), batchnorm + ReLU forward / backward (as two ops and fused, alternately),
+// each timed alone (median of --reps calls), and the sum over one step's calls. Shows where a ResNet step's time goes without a profiler. Besides
 // wall time it reports the process's CPU time per call (all threads, getrusage), which other load on shared
 // cores disturbs much less: compare builds by it.
 //
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     std::int64_t channels, size;
     int per_step;
   };
-  double norm_total = 0.0, norm_cpu = 0.0;
+  double norm_total = 0.0, fused_total = 0.0;
   for (const NormCase& n : std::vector<NormCase>{{16, 28, 7}, {32, 14, 7}, {64, 7, 7}}) {
     Tensor x = random({batch, n.channels, n.size, n.size}, stream++);
     Tensor y = Tensor::empty(x.shape()), act = Tensor::empty(x.shape()), d = random(x.shape(), stream++);
@@ -187,21 +187,43 @@ int main(int argc, char** argv) {
     running_var.fill(1.0f);
     Tensor mean = Tensor::empty({n.channels}), rstd = Tensor::empty({n.channels});
     Tensor d_gamma = Tensor::zeros({n.channels}), d_beta = Tensor::zeros({n.channels});
-    const Timing forward = median_ms(reps, [&] {
-      ops::batchnorm_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, y, mean, rstd);
-      ops::activation_forward(Activation::relu, y, act);
-    });
-    const Timing backward = median_ms(reps, [&] {
-      ops::activation_backward(Activation::relu, y, d, d_x);
-      ops::batchnorm_backward(x, &gamma, mean, rstd, d_x, true, d_x, &d_gamma, &d_beta);
-    });
+    // The two ops, then the fused op (ops::batchnorm_relu_*), call by call alternately.
+    const std::function<void()> calls[4] = {
+        [&] {
+          ops::batchnorm_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, y, mean, rstd);
+          ops::activation_forward(Activation::relu, y, act);
+        },
+        [&] {
+          ops::batchnorm_relu_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, act, mean,
+                                      rstd);
+        },
+        [&] {
+          ops::activation_backward(Activation::relu, y, d, d_x);
+          ops::batchnorm_backward(x, &gamma, mean, rstd, d_x, true, d_x, &d_gamma, &d_beta);
+        },
+        [&] { ops::batchnorm_relu_backward(x, &gamma, mean, rstd, act, d, true, d_x, &d_gamma, &d_beta); }};
+    std::vector<double> wall[4];
+    for (int r = -1; r < reps; ++r)
+      for (int k = 0; k < 4; ++k) {
+        const auto start = std::chrono::steady_clock::now();
+        calls[k]();
+        if (r >= 0)
+          wall[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+    double ms[4];
+    for (int k = 0; k < 4; ++k) {
+      std::sort(wall[k].begin(), wall[k].end());
+      ms[k] = wall[k][wall[k].size() / 2];
+    }
     std::printf(
-        "batchnorm+relu %2lld channels, %2lld px: fwd %.2f ms (cpu %.2f), bwd %.2f ms (cpu %.2f), x %d per step\n",
-        static_cast<long long>(n.channels), static_cast<long long>(n.size), forward.wall, forward.cpu, backward.wall,
-        backward.cpu, n.per_step);
-    norm_total += n.per_step * (forward.wall + backward.wall);
-    norm_cpu += n.per_step * (forward.cpu + backward.cpu);
+        "batchnorm+relu %2lld channels, %2lld px: fwd %.2f ms (fused %.2f, %.2fx), bwd %.2f ms (fused %.2f, %.2fx), x %d "
+        "per step\n",
+        static_cast<long long>(n.channels), static_cast<long long>(n.size), ms[0], ms[1], ms[0] / ms[1], ms[2], ms[3],
+        ms[2] / ms[3], n.per_step);
+    norm_total += n.per_step * (ms[0] + ms[2]);
+    fused_total += n.per_step * (ms[1] + ms[3]);
   }
-  std::printf("batchnorm+relu in one step: %.1f ms, %.1f ms CPU time\n", norm_total, norm_cpu);
+  std::printf("batchnorm+relu in one step: %.1f ms as two ops, %.1f ms fused (%.2fx)\n", norm_total, fused_total,
+              norm_total / fused_total);
   return 0;
 }

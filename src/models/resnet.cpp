@@ -347,6 +347,32 @@ void Resnet::norm_backward(Norm& norm, const Tensor& x, const Tensor& d_y, Tenso
                           &norm.beta->grad);
 }
 
+bool Resnet::fuses_norm_act(const Norm& norm) const {
+  return norm.gamma != nullptr && config_.activation == Activation::relu;
+}
+
+void Resnet::norm_act_forward(Norm& norm, const Tensor& x, Tensor& normed, Tensor& activated, bool training) const {
+  if (fuses_norm_act(norm)) {
+    ops::batchnorm_relu_forward(x, &norm.gamma->value, &norm.beta->value, config_.norm_eps, training,
+                                config_.bn_momentum, norm.running_mean, norm.running_var, activated, norm.mean,
+                                norm.rstd);
+    return;
+  }
+  norm_forward(norm, x, normed, training);
+  ops::activation_forward(config_.activation, normed, activated);
+}
+
+void Resnet::norm_act_backward(Norm& norm, const Tensor& x, const Tensor& normed, const Tensor& activated, Tensor& d,
+                               bool training) const {
+  if (fuses_norm_act(norm)) {
+    ops::batchnorm_relu_backward(x, &norm.gamma->value, norm.mean, norm.rstd, activated, d, training, d,
+                                 &norm.gamma->grad, &norm.beta->grad);
+    return;
+  }
+  ops::activation_backward(config_.activation, normed, d, d);
+  norm_backward(norm, x, d, d, training);
+}
+
 void Resnet::record(ProbeSink* sink, int probe, const Tensor& x, bool backward) {
   if (!sink) return;
   if (x.ndim() == 4 && sink->image(probe, x, backward)) return;
@@ -374,8 +400,7 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
   for (int j = 0; j < m; ++j) {
     Tensor input = cur;
     if (preact) {
-      norm_forward(k.norms[j], cur, k.normed[j], training);
-      ops::activation_forward(act, k.normed[j], k.activated[j]);
+      norm_act_forward(k.norms[j], cur, k.normed[j], k.activated[j], training);
       input = k.activated[j];
     }
     if (!k.bias_in.empty()) {
@@ -386,12 +411,11 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
     if (!k.bias_out.empty()) add_scalar(k.conv_out[j], *k.bias_out[j]);
     if (preact) {
       cur = k.conv_out[j];
+    } else if (j < m - 1) {
+      norm_act_forward(k.norms[j], k.conv_out[j], k.normed[j], k.activated[j], training);
+      cur = k.activated[j];
     } else {
-      norm_forward(k.norms[j], k.conv_out[j], k.normed[j], training);
-      if (j < m - 1) {
-        ops::activation_forward(act, k.normed[j], k.activated[j]);
-        cur = k.activated[j];
-      }
+      norm_forward(k.norms[j], k.conv_out[j], k.normed[j], training);  // the branch: no activation
     }
   }
   const Tensor& branch = preact ? k.conv_out[m - 1] : k.normed[m - 1];
@@ -425,8 +449,10 @@ void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_
   for (int j = m - 1; j >= 0; --j) {
     if (!preact) {
       // d: dL/d normed[j] (the branch output for j = m − 1, else dL/d activated[j] until the activation below).
-      if (j < m - 1) ops::activation_backward(act, k.normed[j], d, d);
-      norm_backward(k.norms[j], k.conv_out[j], d, d, training);
+      if (j < m - 1)
+        norm_act_backward(k.norms[j], k.conv_out[j], k.normed[j], k.activated[j], d, training);
+      else
+        norm_backward(k.norms[j], k.conv_out[j], d, d, training);
     }
     // d: dL/d conv_out[j].
     if (!k.bias_out.empty()) add_scalar_grad(d, *k.bias_out[j]);
@@ -443,10 +469,8 @@ void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_
     }
     if (!k.bias_in.empty()) add_scalar_grad(d_in, *k.bias_in[j]);
     d = d_in;
-    if (preact) {
-      ops::activation_backward(act, k.normed[j], d, d);
-      norm_backward(k.norms[j], j == 0 ? k.scaled : k.conv_out[j - 1], d, d, training);
-    }
+    if (preact)
+      norm_act_backward(k.norms[j], j == 0 ? k.scaled : k.conv_out[j - 1], k.normed[j], k.activated[j], d, training);
   }
   // d: dL/d scaled (from the branch).
   if (!preact && k.projection) {
@@ -470,24 +494,17 @@ double Resnet::forward_backward(const Batch& batch, float grad_scale, const Step
   ensure_buffers(x.dim(0));
   const bool preact = config_.preact;
   const bool training = context.training;
-  const Activation act = config_.activation;
   ProbeSink* sink = context.sink;
 
   conv_forward(stem_, x, stem_out_);
   if (stem_bias_) add_scalar(stem_out_, *stem_bias_);
-  if (!preact) {
-    norm_forward(stem_norm_, stem_out_, stem_normed_, training);
-    ops::activation_forward(act, stem_normed_, stem_act_);
-  }
+  if (!preact) norm_act_forward(stem_norm_, stem_out_, stem_normed_, stem_act_, training);
   const Tensor& stem = preact ? stem_out_ : stem_act_;
   record(sink, probe_stem_, stem, false);
   for (std::size_t b = 0; b < blocks_.size(); ++b)
     block_forward(blocks_[b], b == 0 ? stem : blocks_[b - 1].out, training, sink);
   const Tensor& last = blocks_.back().out;
-  if (preact) {
-    norm_forward(final_norm_, last, final_normed_, training);
-    ops::activation_forward(act, final_normed_, final_act_);
-  }
+  if (preact) norm_act_forward(final_norm_, last, final_normed_, final_act_, training);
   const Tensor& features = preact ? final_act_ : last;
   ops::global_avg_pool_forward(features, pooled_);
   classifier_.forward(pooled_, logits_);
@@ -502,10 +519,7 @@ double Resnet::forward_backward(const Batch& batch, float grad_scale, const Step
   int current = 0;
   Tensor d_stream = scratch(current, features.shape());
   ops::global_avg_pool_backward(d_pooled_, d_stream);
-  if (preact) {
-    ops::activation_backward(act, final_normed_, d_stream, d_stream);
-    norm_backward(final_norm_, last, d_stream, d_stream, training);
-  }
+  if (preact) norm_act_backward(final_norm_, last, final_normed_, final_act_, d_stream, training);
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
     const Tensor& input = b == 0 ? stem : blocks_[b - 1].out;
     Tensor d_input = scratch(1 - current, input.shape());
@@ -514,10 +528,7 @@ double Resnet::forward_backward(const Batch& batch, float grad_scale, const Step
     d_stream = d_input;
   }
   record(sink, probe_stem_, d_stream, true);
-  if (!preact) {
-    ops::activation_backward(act, stem_normed_, d_stream, d_stream);
-    norm_backward(stem_norm_, stem_out_, d_stream, d_stream, training);
-  }
+  if (!preact) norm_act_backward(stem_norm_, stem_out_, stem_normed_, stem_act_, d_stream, training);
   if (stem_bias_) add_scalar_grad(d_stream, *stem_bias_);
   conv_backward(stem_, x, d_stream, nullptr);
   return loss;

@@ -107,6 +107,13 @@ class Resnet final : public Model {
   void conv_backward(Conv& conv, const Tensor& x, const Tensor& d_y, Tensor* d_x) const;
   void norm_forward(Norm& norm, const Tensor& x, Tensor& y, bool training) const;
   void norm_backward(Norm& norm, const Tensor& x, const Tensor& d_y, Tensor& d_x, bool training) const;
+  bool fuses_norm_act(const Norm& norm) const;
+  // activated = act(norm(x)); with BatchNorm and ReLU one fused pass that leaves `normed` unwritten (the ReLU's
+  // backward reads its mask from `activated`), else the two ops through `normed`.
+  void norm_act_forward(Norm& norm, const Tensor& x, Tensor& normed, Tensor& activated, bool training) const;
+  // d (dL/d activated on entry) becomes dL/d x, in place; the same choice as norm_act_forward.
+  void norm_act_backward(Norm& norm, const Tensor& x, const Tensor& normed, const Tensor& activated, Tensor& d,
+                         bool training) const;
   void block_forward(Block& block, const Tensor& x, bool training, ProbeSink* sink);
   // d_out: dL/d(block output) (consumed); d_x: dL/d(block input) (overwritten).
   void block_backward(Block& block, const Tensor& x, Tensor& d_out, Tensor& d_x, bool training, ProbeSink* sink);

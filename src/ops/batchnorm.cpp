@@ -1,4 +1,5 @@
-// ops/batchnorm: BatchNorm over (N, H, W) per channel of NCHW images (or [N, C] features), train and eval.
+// ops/batchnorm: BatchNorm over (N, H, W) per channel of NCHW images (or [N, C] features), train and eval, alone
+// or fused with the ReLU after it (one pass less over memory each way).
 //
 // One task per channel; each channel's sums run over samples in order, each sample's plane summed in double
 // by 8 interleaved partial sums combined in a fixed order (so the loops vectorise), so every statistic and
@@ -6,6 +7,7 @@
 // (kernels/batchnorm.cuh) sums in double too, in fixed chunks per channel.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -48,36 +50,12 @@ double lane_sum(std::int64_t n, F f) {
   return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-}  // namespace
-
-void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
-                       float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
-                       Tensor& rstd) {
-  constexpr const char* op = "batchnorm_forward";
-  const ChannelShape s = channel_shape(op, x);
-  if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
-  if (beta) expect_shape(op, "beta", *beta, {s.c});
-  expect_shape(op, "running_mean", running_mean, {s.c});
-  expect_shape(op, "running_var", running_var, {s.c});
-  expect_shape(op, "y", y, x.shape());
-  expect_shape(op, "mean", mean, {s.c});
-  expect_shape(op, "rstd", rstd, {s.c});
-  const Device device = common_device(op, {&x, gamma, beta, &running_mean, &running_var, &y, &mean, &rstd});
+// The CPU forward; kRelu: y = relu(batchnorm(x)) (the same arithmetic, then activation_forward's relu).
+template <bool kRelu>
+void batchnorm_forward_cpu(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                           float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
+                           Tensor& rstd, const ChannelShape& s) {
   const std::int64_t count = s.n * s.spatial;
-  if (training)
-    PROPLAB_CHECK(count > 1, "op '", op, "': training BatchNorm needs more than one value per channel, got ",
-                  shape_string(x.shape()));
-  if (device == Device::cuda) {
-#ifdef PROPLAB_WITH_CUDA
-    kernels::batchnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, training,
-                               momentum, running_mean.f32(), running_var.f32(), y.f32(), mean.f32(), rstd.f32(), s.n,
-                               s.c, s.spatial);
-    return;
-#else
-    missing_device_impl(op, device);
-#endif
-  }
-
   const float* x_data = x.f32();
   float* y_data = y.f32();
   float* mean_data = mean.f32();
@@ -120,38 +98,31 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
     for (std::int64_t b = 0; b < s.n; ++b) {
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       float* out = y_data + (b * s.c + c) * s.spatial;
+      if constexpr (kRelu) {
 #pragma omp simd
-      for (std::int64_t p = 0; p < s.spatial; ++p) out[p] = (plane[p] - m) * a + shift;
+        for (std::int64_t p = 0; p < s.spatial; ++p) {
+          const float v = (plane[p] - m) * a + shift;
+          out[p] = v < 0.0f ? 0.0f : v;  // activation_forward's relu (relu(NaN) = NaN)
+        }
+      } else {
+#pragma omp simd
+        for (std::int64_t p = 0; p < s.spatial; ++p) out[p] = (plane[p] - m) * a + shift;
+      }
     }
   }
 }
 
-void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
-                        bool training, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta) {
-  constexpr const char* op = "batchnorm_backward";
-  const ChannelShape s = channel_shape(op, x);
-  if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
-  expect_shape(op, "mean", mean, {s.c});
-  expect_shape(op, "rstd", rstd, {s.c});
-  expect_shape(op, "d_y", d_y, x.shape());
-  expect_shape(op, "d_x", d_x, x.shape());
-  if (d_gamma) expect_shape(op, "d_gamma", *d_gamma, {s.c});
-  if (d_beta) expect_shape(op, "d_beta", *d_beta, {s.c});
-  const Device device = common_device(op, {&x, gamma, &mean, &rstd, &d_y, &d_x, d_gamma, d_beta});
-  if (device == Device::cuda) {
-#ifdef PROPLAB_WITH_CUDA
-    kernels::batchnorm_backward(x.f32(), gamma ? gamma->f32() : nullptr, mean.f32(), rstd.f32(), d_y.f32(), training,
-                                d_x.f32(), d_gamma ? d_gamma->f32() : nullptr, d_beta ? d_beta->f32() : nullptr, s.n,
-                                s.c, s.spatial);
-    return;
-#else
-    missing_device_impl(op, device);
-#endif
-  }
+
+// The CPU backward; kRelu: d_y is dL/dz of z = relu(normalised value), masked by z > 0 first.
+template <bool kRelu>
+void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
+                            const Tensor* z, const Tensor& d_y, bool training, Tensor& d_x, Tensor* d_gamma,
+                            Tensor* d_beta, const ChannelShape& s) {
   const std::int64_t count = s.n * s.spatial;
 
   const float* x_data = x.f32();
   const float* d_y_data = d_y.f32();
+  const float* z_data = kRelu ? z->f32() : nullptr;
   float* d_x_data = d_x.f32();
   const float* gamma_data = gamma ? gamma->f32() : nullptr;
 #pragma omp parallel for schedule(static) if (x.numel() > kParallelMin)
@@ -163,9 +134,15 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
     for (std::int64_t b = 0; b < s.n; ++b) {
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       const float* d_plane = d_y_data + (b * s.c + c) * s.spatial;
-      sum_d_y += lane_sum(s.spatial, [d_plane](std::int64_t p) { return static_cast<double>(d_plane[p]); });
-      sum_d_y_xhat += lane_sum(s.spatial, [plane, d_plane, m, r](std::int64_t p) {
-        return static_cast<double>(d_plane[p]) * ((plane[p] - m) * r);
+      const float* z_plane = kRelu ? z_data + (b * s.c + c) * s.spatial : nullptr;
+      // dL/d(normalised value): d_y, through the ReLU's mask when fused (activation_backward's relu).
+      const auto grad = [d_plane, z_plane](std::int64_t p) {
+        if constexpr (kRelu) return z_plane[p] > 0.0f ? d_plane[p] : 0.0f;
+        return d_plane[p];
+      };
+      sum_d_y += lane_sum(s.spatial, [&grad](std::int64_t p) { return static_cast<double>(grad(p)); });
+      sum_d_y_xhat += lane_sum(s.spatial, [plane, &grad, m, r](std::int64_t p) {
+        return static_cast<double>(grad(p)) * ((plane[p] - m) * r);
       });
     }
     if (d_gamma) d_gamma->f32()[c] += static_cast<float>(sum_d_y_xhat);
@@ -178,11 +155,130 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       const float* d_plane = d_y_data + (b * s.c + c) * s.spatial;
       float* out = d_x_data + (b * s.c + c) * s.spatial;
+      if constexpr (kRelu) {
+        const float* z_plane = z_data + (b * s.c + c) * s.spatial;
 #pragma omp simd
-      for (std::int64_t p = 0; p < s.spatial; ++p)
-        out[p] = gr * (d_plane[p] - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
+        for (std::int64_t p = 0; p < s.spatial; ++p) {
+          const float g_p = z_plane[p] > 0.0f ? d_plane[p] : 0.0f;
+          out[p] = gr * (g_p - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
+        }
+      } else {
+#pragma omp simd
+        for (std::int64_t p = 0; p < s.spatial; ++p)
+          out[p] = gr * (d_plane[p] - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
+      }
     }
   }
+}
+
+
+}  // namespace
+
+namespace {
+
+// The forward's arguments checked (y: the output, named `y_name`); returns the shape and the device.
+std::pair<ChannelShape, Device> check_forward(const char* op, const Tensor& x, const Tensor* gamma,
+                                              const Tensor* beta, bool training, const Tensor& running_mean,
+                                              const Tensor& running_var, const char* y_name, const Tensor& y,
+                                              const Tensor& mean, const Tensor& rstd) {
+  const ChannelShape s = channel_shape(op, x);
+  if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
+  if (beta) expect_shape(op, "beta", *beta, {s.c});
+  expect_shape(op, "running_mean", running_mean, {s.c});
+  expect_shape(op, "running_var", running_var, {s.c});
+  expect_shape(op, y_name, y, x.shape());
+  expect_shape(op, "mean", mean, {s.c});
+  expect_shape(op, "rstd", rstd, {s.c});
+  const Device device = common_device(op, {&x, gamma, beta, &running_mean, &running_var, &y, &mean, &rstd});
+  if (training)
+    PROPLAB_CHECK(s.n * s.spatial > 1, "op '", op,
+                  "': training BatchNorm needs more than one value per channel, got ", shape_string(x.shape()));
+  return {s, device};
+}
+
+// The backward's arguments checked (d_y: the incoming gradient, named `d_y_name`; z: the fused ReLU's output).
+std::pair<ChannelShape, Device> check_backward(const char* op, const Tensor& x, const Tensor* gamma,
+                                               const Tensor& mean, const Tensor& rstd, const Tensor* z,
+                                               const char* d_y_name, const Tensor& d_y, const Tensor& d_x,
+                                               const Tensor* d_gamma, const Tensor* d_beta) {
+  const ChannelShape s = channel_shape(op, x);
+  if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
+  expect_shape(op, "mean", mean, {s.c});
+  expect_shape(op, "rstd", rstd, {s.c});
+  if (z) expect_shape(op, "z", *z, x.shape());
+  expect_shape(op, d_y_name, d_y, x.shape());
+  expect_shape(op, "d_x", d_x, x.shape());
+  if (d_gamma) expect_shape(op, "d_gamma", *d_gamma, {s.c});
+  if (d_beta) expect_shape(op, "d_beta", *d_beta, {s.c});
+  const Device device = common_device(op, {&x, gamma, &mean, &rstd, z, &d_y, &d_x, d_gamma, d_beta});
+  return {s, device};
+}
+
+}  // namespace
+
+void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                       float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
+                       Tensor& rstd) {
+  constexpr const char* op = "batchnorm_forward";
+  const auto [s, device] =
+      check_forward(op, x, gamma, beta, training, running_mean, running_var, "y", y, mean, rstd);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::batchnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, training,
+                               momentum, running_mean.f32(), running_var.f32(), y.f32(), mean.f32(), rstd.f32(), s.n,
+                               s.c, s.spatial);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
+  batchnorm_forward_cpu<false>(x, gamma, beta, eps, training, momentum, running_mean, running_var, y, mean, rstd, s);
+}
+
+void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
+                        bool training, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta) {
+  constexpr const char* op = "batchnorm_backward";
+  const auto [s, device] = check_backward(op, x, gamma, mean, rstd, nullptr, "d_y", d_y, d_x, d_gamma, d_beta);
+  if (device == Device::cuda) {
+#ifdef PROPLAB_WITH_CUDA
+    kernels::batchnorm_backward(x.f32(), gamma ? gamma->f32() : nullptr, mean.f32(), rstd.f32(), d_y.f32(), training,
+                                d_x.f32(), d_gamma ? d_gamma->f32() : nullptr, d_beta ? d_beta->f32() : nullptr, s.n,
+                                s.c, s.spatial);
+    return;
+#else
+    missing_device_impl(op, device);
+#endif
+  }
+  batchnorm_backward_cpu<false>(x, gamma, mean, rstd, nullptr, d_y, training, d_x, d_gamma, d_beta, s);
+}
+
+void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                            float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
+                            Tensor& rstd) {
+  constexpr const char* op = "batchnorm_relu_forward";
+  const auto [s, device] =
+      check_forward(op, x, gamma, beta, training, running_mean, running_var, "z", z, mean, rstd);
+  if (device != Device::cpu) {
+    // The two ops (their kernels), the normalised values held in z until the ReLU.
+    batchnorm_forward(x, gamma, beta, eps, training, momentum, running_mean, running_var, z, mean, rstd);
+    activation_forward(Activation::relu, z, z);
+    return;
+  }
+  batchnorm_forward_cpu<true>(x, gamma, beta, eps, training, momentum, running_mean, running_var, z, mean, rstd, s);
+}
+
+void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& z, const Tensor& d_z, bool training, Tensor& d_x, Tensor* d_gamma,
+                             Tensor* d_beta) {
+  constexpr const char* op = "batchnorm_relu_backward";
+  const auto [s, device] = check_backward(op, x, gamma, mean, rstd, &z, "d_z", d_z, d_x, d_gamma, d_beta);
+  if (device != Device::cpu) {
+    // The two ops: the ReLU's mask (z > 0 where the normalised value is > 0) into d_x, then BatchNorm in place.
+    activation_backward(Activation::relu, z, d_z, d_x);
+    batchnorm_backward(x, gamma, mean, rstd, d_x, training, d_x, d_gamma, d_beta);
+    return;
+  }
+  batchnorm_backward_cpu<true>(x, gamma, mean, rstd, &z, d_z, training, d_x, d_gamma, d_beta, s);
 }
 
 }  // namespace proplab::ops

@@ -132,6 +132,17 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
 // d_x (overwrite; through the batch statistics when training, the fixed running ones in eval), d_gamma/d_beta (+=).
 void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
                         bool training, Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
+// BatchNorm then ReLU in one pass: z = relu(batchnorm(x)), the normalised values never stored (bitwise what
+// batchnorm_forward then activation_forward(relu) give in z; on a GPU it is those two calls).
+void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                            float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
+                            Tensor& rstd);
+// Its backward from z and d_z: d_x (overwrite; may alias d_z), d_gamma/d_beta (+=). The ReLU's gradient is masked
+// by z > 0 (which holds exactly where the normalised value is > 0), inside BatchNorm's two passes: bitwise
+// activation_backward(relu) then batchnorm_backward.
+void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& z, const Tensor& d_z, bool training, Tensor& d_x, Tensor* d_gamma,
+                             Tensor* d_beta);
 
 // Scaled weight standardisation (NF-Nets) of weight [C_out, ...] per output row o over its fan_in elements:
 // w_hat[o, j] = gain[o] · scale · (w[o, j] − mean_o) · rstd_o, rstd_o = 1/sqrt(fan_in · var_o + eps)

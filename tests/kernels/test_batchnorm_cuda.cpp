@@ -187,6 +187,71 @@ TEST(BatchnormCuda, BackwardMatchesCpu) {
   }
 }
 
+// The fused BatchNorm + ReLU (on a GPU the two kernels in turn) against the CPU's fused op: z to the forward's
+// tolerance (the ReLU only clips), and the backward, given the same z, statistics and d_z on both sides, to the
+// backward's (its mask is then the same on both).
+TEST(BatchnormCuda, ReluFusedMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 7000;
+  for (const Shape& shape : kShapes) {
+    for (const bool training : {true, false}) {
+      if (training && shape[0] * spatial_of(shape) <= 1) continue;
+      SCOPED_TRACE("shape " + shape_string(shape) + (training ? " training" : " eval"));
+      const std::int64_t c = shape[1];
+      const Tensor x = random_tensor(shape, seed += 10, 2.0, 0.7), d_z = random_tensor(shape, seed + 1);
+      const BnParams p = make_params(c, seed + 2);
+      Tensor rm_cpu = p.running_mean.clone(), rv_cpu = p.running_var.clone();
+      Tensor z_cpu = Tensor::empty(shape), mean_cpu = Tensor::empty({c}), rstd_cpu = Tensor::empty({c});
+      ops::batchnorm_relu_forward(x, &p.gamma, &p.beta, 1e-5f, training, 0.1f, rm_cpu, rv_cpu, z_cpu, mean_cpu,
+                                  rstd_cpu);
+      const Tensor gamma = to_cuda(p.gamma), beta = to_cuda(p.beta);
+      Tensor rm = to_cuda(p.running_mean), rv = to_cuda(p.running_var);
+      Tensor z = Tensor::empty(shape, DType::f32, Device::cuda);
+      Tensor mean = Tensor::empty({c}, DType::f32, Device::cuda), rstd = Tensor::empty({c}, DType::f32, Device::cuda);
+      ops::batchnorm_relu_forward(to_cuda(x), &gamma, &beta, 1e-5f, training, 0.1f, rm, rv, z, mean, rstd);
+      expect_close_rel(rstd.to_vector(), rstd_cpu.to_vector(), kValueTol, "rstd");
+      const std::vector<float> r = rstd_cpu.to_vector(), g = p.gamma.to_vector();
+      std::vector<float> a(r.size());
+      for (std::size_t i = 0; i < r.size(); ++i) a[i] = r[i] * g[i];
+      expect_close(z.to_vector(), z_cpu.to_vector(),
+                   affine_scale(x.to_vector(), shape, mean_cpu.to_vector(), a, p.beta.to_vector()), kValueTol, "z");
+
+      Tensor d_x_cpu = Tensor::empty(shape), d_gamma_cpu = Tensor::zeros({c}), d_beta_cpu = Tensor::zeros({c});
+      ops::batchnorm_relu_backward(x, &p.gamma, mean_cpu, rstd_cpu, z_cpu, d_z, training, d_x_cpu, &d_gamma_cpu,
+                                   &d_beta_cpu);
+      Tensor d_x = Tensor::empty(shape, DType::f32, Device::cuda);
+      Tensor d_gamma = Tensor::zeros({c}, DType::f32, Device::cuda), d_beta = Tensor::zeros({c}, DType::f32, Device::cuda);
+      ops::batchnorm_relu_backward(to_cuda(x), &gamma, to_cuda(mean_cpu), to_cuda(rstd_cpu), to_cuda(z_cpu),
+                                   to_cuda(d_z), training, d_x, &d_gamma, &d_beta);
+      // Scale as in check_backward, of the masked gradient.
+      const std::vector<float> xs = x.to_vector(), zs = z_cpu.to_vector(), dzs = d_z.to_vector();
+      const std::vector<float> ms = mean_cpu.to_vector();
+      const std::int64_t spatial = spatial_of(shape), count = shape[0] * spatial;
+      std::vector<double> mean_abs(c, 0.0), mean_abs_xhat(c, 0.0), scale(xs.size());
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const std::size_t ch = static_cast<std::size_t>((static_cast<std::int64_t>(i) / spatial) % c);
+        const double dy = zs[i] > 0.0f ? std::abs(double(dzs[i])) : 0.0;
+        mean_abs[ch] += dy / double(count);
+        mean_abs_xhat[ch] += dy * std::abs((double(xs[i]) - ms[ch]) * r[ch]) / double(count);
+      }
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const std::size_t ch = static_cast<std::size_t>((static_cast<std::int64_t>(i) / spatial) % c);
+        const double dy = zs[i] > 0.0f ? std::abs(double(dzs[i])) : 0.0;
+        const double xhat = std::abs((double(xs[i]) - ms[ch]) * r[ch]);
+        scale[i] = std::abs(double(g[ch]) * r[ch]) * (dy + (training ? mean_abs[ch] + xhat * mean_abs_xhat[ch] : 0.0));
+      }
+      expect_close(d_x.to_vector(), d_x_cpu.to_vector(), scale, kGradTol, "d_x");
+      std::vector<double> gamma_scale(c), beta_scale(c);
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        gamma_scale[ch] = mean_abs_xhat[ch] * double(count);
+        beta_scale[ch] = mean_abs[ch] * double(count);
+      }
+      expect_close(d_gamma.to_vector(), d_gamma_cpu.to_vector(), gamma_scale, kValueTol, "d_gamma");
+      expect_close(d_beta.to_vector(), d_beta_cpu.to_vector(), beta_scale, kValueTol, "d_beta");
+    }
+  }
+}
+
 TEST(BatchnormCuda, ForwardAndBackwardAreBitwiseRepeatable) {
   SKIP_WITHOUT_GPU();
   const Shape shape = {9, 4, 64, 64};

@@ -122,10 +122,79 @@ TEST(BatchNorm, EvalGradientsAndFeatureLayout) {
   EXPECT_GRAD_OK(check_gradient(loss, gamma, d_gamma));
 }
 
+// The fused op against the two ops it replaces, bitwise: forward (z, statistics, running statistics) and backward
+// (d_x, also in place over d_z, and the parameter gradients), training and eval, images and [N, C] features, with
+// and without gamma/beta.
+TEST(BatchNorm, ReluFusedIsBitwiseBatchNormThenRelu) {
+  std::uint64_t seed = 40;
+  for (const Shape& shape : {Shape{4, 3, 5, 6}, Shape{7, 5}, Shape{16, 8, 7, 7}}) {
+    for (const bool training : {true, false}) {
+      for (const bool affine : {true, false}) {
+        SCOPED_TRACE(shape_string(shape) + (training ? " training" : " eval") + (affine ? " affine" : " plain"));
+        const std::int64_t c = shape[1];
+        const Tensor x = random_tensor(shape, ++seed, 1.5, 0.3), d_z = random_tensor(shape, ++seed);
+        const Tensor gamma = random_tensor({c}, ++seed, 0.5, 0.8), beta = random_tensor({c}, ++seed, 0.5);
+        const Tensor* g = affine ? &gamma : nullptr;
+        const Tensor* b = affine ? &beta : nullptr;
+
+        BatchNormBuffers two(x);
+        ops::batchnorm_forward(x, g, b, kEps, training, 0.1f, two.running_mean, two.running_var, two.y, two.mean,
+                               two.rstd);
+        Tensor z_two = Tensor::empty(shape);
+        ops::activation_forward(Activation::relu, two.y, z_two);
+        BatchNormBuffers fused(x);
+        ops::batchnorm_relu_forward(x, g, b, kEps, training, 0.1f, fused.running_mean, fused.running_var, fused.y,
+                                    fused.mean, fused.rstd);
+        EXPECT_TRUE(testing::bitwise_equal(fused.y, z_two)) << "z";
+        EXPECT_TRUE(testing::bitwise_equal(fused.mean, two.mean)) << "mean";
+        EXPECT_TRUE(testing::bitwise_equal(fused.rstd, two.rstd)) << "rstd";
+        EXPECT_TRUE(testing::bitwise_equal(fused.running_mean, two.running_mean)) << "running_mean";
+        EXPECT_TRUE(testing::bitwise_equal(fused.running_var, two.running_var)) << "running_var";
+        std::int64_t zeros = 0;
+        for (float v : z_two.to_vector()) zeros += v == 0.0f;
+        EXPECT_GT(zeros, 0) << "the ReLU's mask is exercised";
+
+        Tensor d_y = Tensor::empty(shape), d_x_two = Tensor::empty(shape);
+        Tensor d_gamma_two = random_tensor({c}, seed + 100), d_beta_two = d_gamma_two.clone();
+        ops::activation_backward(Activation::relu, two.y, d_z, d_y);
+        ops::batchnorm_backward(x, g, two.mean, two.rstd, d_y, training, d_x_two, &d_gamma_two, &d_beta_two);
+        Tensor d_x = Tensor::empty(shape);
+        Tensor d_gamma = random_tensor({c}, seed + 100), d_beta = d_gamma.clone();
+        ops::batchnorm_relu_backward(x, g, fused.mean, fused.rstd, fused.y, d_z, training, d_x, &d_gamma, &d_beta);
+        EXPECT_TRUE(testing::bitwise_equal(d_x, d_x_two)) << "d_x";
+        EXPECT_TRUE(testing::bitwise_equal(d_gamma, d_gamma_two)) << "d_gamma";
+        EXPECT_TRUE(testing::bitwise_equal(d_beta, d_beta_two)) << "d_beta";
+        Tensor in_place = d_z.clone();
+        ops::batchnorm_relu_backward(x, g, fused.mean, fused.rstd, fused.y, in_place, training, in_place, nullptr,
+                                     nullptr);
+        EXPECT_TRUE(testing::bitwise_equal(in_place, d_x_two)) << "d_x over d_z";
+      }
+    }
+  }
+}
+
+TEST(BatchNorm, ReluFusedGradients) {
+  Tensor x = random_tensor({3, 4, 3, 3}, 60, 1.0, 0.5);
+  Tensor gamma = random_tensor({4}, 61, 0.5, 1.0), beta = random_tensor({4}, 62, 0.3);
+  BatchNormBuffers b(x);
+  auto loss = [&] {
+    ops::batchnorm_relu_forward(x, &gamma, &beta, kEps, true, 0.1f, b.running_mean, b.running_var, b.y, b.mean,
+                                b.rstd);
+    return project(b.y, 63);
+  };
+  loss();
+  Tensor d_z = projection_weights(x.shape(), 63);
+  Tensor d_x = Tensor::empty(x.shape()), d_gamma = Tensor::zeros({4}), d_beta = Tensor::zeros({4});
+  ops::batchnorm_relu_backward(x, &gamma, b.mean, b.rstd, b.y, d_z, true, d_x, &d_gamma, &d_beta);
+  EXPECT_GRAD_OK(check_gradient(loss, x, d_x));
+  EXPECT_GRAD_OK(check_gradient(loss, gamma, d_gamma));
+  EXPECT_GRAD_OK(check_gradient(loss, beta, d_beta));
+}
+
 TEST(BatchNorm, ResultsIndependentOfThreadCount) {
   Tensor x = random_tensor({32, 16, 16, 16}, 14), d_y = random_tensor(x.shape(), 15);
   Tensor gamma = random_tensor({16}, 16);
-  Tensor y[2], d_x[2], d_gamma[2];
+  Tensor y[2], d_x[2], d_gamma[2], z_fused[2], d_x_relu[2];
   for (int run = 0; run < 2; ++run) {
     testing::ScopedThreads scoped(run == 0 ? 1 : 2);
     BatchNormBuffers b(x);
@@ -134,7 +203,15 @@ TEST(BatchNorm, ResultsIndependentOfThreadCount) {
     d_x[run] = Tensor::empty(x.shape());
     d_gamma[run] = Tensor::zeros({16});
     ops::batchnorm_backward(x, &gamma, b.mean, b.rstd, d_y, true, d_x[run], &d_gamma[run], nullptr);
+    Tensor z = Tensor::empty(x.shape()), d_x_fused = Tensor::empty(x.shape());
+    ops::batchnorm_relu_forward(x, &gamma, nullptr, kEps, true, 0.1f, b.running_mean, b.running_var, z, b.mean,
+                                b.rstd);
+    ops::batchnorm_relu_backward(x, &gamma, b.mean, b.rstd, z, d_y, true, d_x_fused, nullptr, nullptr);
+    z_fused[run] = z;
+    d_x_relu[run] = d_x_fused;
   }
+  EXPECT_TRUE(testing::bitwise_equal(z_fused[0], z_fused[1]));
+  EXPECT_TRUE(testing::bitwise_equal(d_x_relu[0], d_x_relu[1]));
   EXPECT_TRUE(testing::bitwise_equal(y[0], y[1]));
   EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1]));
   EXPECT_TRUE(testing::bitwise_equal(d_gamma[0], d_gamma[1]));
