@@ -134,15 +134,18 @@ void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& 
     for (std::int64_t b = 0; b < s.n; ++b) {
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       const float* d_plane = d_y_data + (b * s.c + c) * s.spatial;
-      const float* z_plane = kRelu ? z_data + (b * s.c + c) * s.spatial : nullptr;
-      // dL/d(normalised value): d_y, through the ReLU's mask when fused (activation_backward's relu).
-      const auto grad = [d_plane, z_plane](std::int64_t p) {
-        if constexpr (kRelu) return z_plane[p] > 0.0f ? d_plane[p] : 0.0f;
-        return d_plane[p];
-      };
-      sum_d_y += lane_sum(s.spatial, [&grad](std::int64_t p) { return static_cast<double>(grad(p)); });
-      sum_d_y_xhat += lane_sum(s.spatial, [plane, &grad, m, r](std::int64_t p) {
-        return static_cast<double>(grad(p)) * ((plane[p] - m) * r);
+      if constexpr (kRelu) {
+        // dL/d(normalised value) = d_y through the ReLU's mask (activation_backward's relu), written into d_x's
+        // plane (d_x may be d_y) and summed from there while it is in cache.
+        const float* z_plane = z_data + (b * s.c + c) * s.spatial;
+        float* g_plane = d_x_data + (b * s.c + c) * s.spatial;
+#pragma omp simd
+        for (std::int64_t p = 0; p < s.spatial; ++p) g_plane[p] = z_plane[p] > 0.0f ? d_plane[p] : 0.0f;
+        d_plane = g_plane;
+      }
+      sum_d_y += lane_sum(s.spatial, [d_plane](std::int64_t p) { return static_cast<double>(d_plane[p]); });
+      sum_d_y_xhat += lane_sum(s.spatial, [plane, d_plane, m, r](std::int64_t p) {
+        return static_cast<double>(d_plane[p]) * ((plane[p] - m) * r);
       });
     }
     if (d_gamma) d_gamma->f32()[c] += static_cast<float>(sum_d_y_xhat);
@@ -155,22 +158,13 @@ void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& 
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       const float* d_plane = d_y_data + (b * s.c + c) * s.spatial;
       float* out = d_x_data + (b * s.c + c) * s.spatial;
-      if constexpr (kRelu) {
-        const float* z_plane = z_data + (b * s.c + c) * s.spatial;
+      if constexpr (kRelu) d_plane = out;  // the masked gradient, written there by the first pass
 #pragma omp simd
-        for (std::int64_t p = 0; p < s.spatial; ++p) {
-          const float g_p = z_plane[p] > 0.0f ? d_plane[p] : 0.0f;
-          out[p] = gr * (g_p - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
-        }
-      } else {
-#pragma omp simd
-        for (std::int64_t p = 0; p < s.spatial; ++p)
-          out[p] = gr * (d_plane[p] - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
-      }
+      for (std::int64_t p = 0; p < s.spatial; ++p)
+        out[p] = gr * (d_plane[p] - mean_d_y - (plane[p] - m) * r * mean_d_y_xhat);
     }
   }
 }
-
 
 }  // namespace
 
