@@ -29,6 +29,19 @@ void ResidualSite::backward(const Tensor& x, const Tensor& f, const Tensor& d_y,
   if (beta_param) add_to_scalar(beta_param->grad, static_cast<float>(d_beta));
 }
 
+void ResidualSite::forward_relu(const Tensor& x, const Tensor& f, Tensor& y) const {
+  ops::residual_relu_forward(x, f, current_lambda(), current_beta(), y);
+}
+
+void ResidualSite::backward_relu(const Tensor& x, const Tensor& f, const Tensor& y, Tensor& d_y, Tensor& d_x,
+                                 Tensor& d_f) const {
+  double d_lambda = 0.0, d_beta = 0.0;
+  ops::residual_relu_backward(x, f, y, d_y, current_lambda(), current_beta(), &d_x, &d_f,
+                              lambda_param ? &d_lambda : nullptr, beta_param ? &d_beta : nullptr);
+  if (lambda_param) add_to_scalar(lambda_param->grad, static_cast<float>(d_lambda));
+  if (beta_param) add_to_scalar(beta_param->grad, static_cast<float>(d_beta));
+}
+
 void ResidualSite::add_to_scalar(Tensor& scalar, float value) {
   if (scalar.device() == Device::cpu) {
     scalar.f32()[0] += value;

@@ -427,6 +427,8 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
   const Tensor& shortcut = k.projection ? k.shortcut_normed : x;
   if (preact) {
     k.residual.forward(shortcut, branch, k.out);
+  } else if (act == Activation::relu) {
+    k.residual.forward_relu(shortcut, branch, k.out);  // one pass; k.sum stays unwritten
   } else {
     k.residual.forward(shortcut, branch, k.sum);
     ops::activation_forward(act, k.sum, k.out);
@@ -439,11 +441,16 @@ void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_
   const Activation act = config_.activation;
   const int m = static_cast<int>(k.convs.size());
   record(sink, k.probe_out, d_out, true);
-  if (!preact) ops::activation_backward(act, k.sum, d_out, d_out);  // now dL/d sum
   Tensor d_shortcut = scratch(2, k.out.shape());
   Tensor d = scratch(3, k.out.shape());
   const Tensor& branch = preact ? k.conv_out[m - 1] : k.normed[m - 1];
-  k.residual.backward(k.projection ? k.shortcut_normed : x, branch, d_out, d_shortcut, d);
+  const Tensor& shortcut = k.projection ? k.shortcut_normed : x;
+  if (!preact && act == Activation::relu) {
+    k.residual.backward_relu(shortcut, branch, k.out, d_out, d_shortcut, d);  // d_out becomes dL/d sum
+  } else {
+    if (!preact) ops::activation_backward(act, k.sum, d_out, d_out);  // now dL/d sum
+    k.residual.backward(shortcut, branch, d_out, d_shortcut, d);
+  }
   record(sink, k.probe_branch, d, true);
   int buffer = 3;  // which scratch buffer holds d
   for (int j = m - 1; j >= 0; --j) {

@@ -81,6 +81,14 @@ void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta
 // d_lambda += Σ d_y·x, d_beta += Σ d_y·f (each skipped when null; learnable scalars).
 void residual_backward(const Tensor& x, const Tensor& f, const Tensor& d_y, float lambda, float beta, Tensor* d_x,
                        Tensor* d_f, double* d_lambda, double* d_beta);
+// y = relu(lambda * x + beta * f) in one pass (bitwise residual_forward then activation_forward(relu); on a GPU it
+// is those two calls).
+void residual_relu_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y);
+// Its backward from y: d_y is dL/dy on entry and dL/d(lambda * x + beta * f) on return (masked by y > 0, which holds
+// exactly where the sum is > 0); then as residual_backward (d_x may alias d_y). Bitwise activation_backward(relu)
+// then residual_backward.
+void residual_relu_backward(const Tensor& x, const Tensor& f, const Tensor& y, Tensor& d_y, float lambda, float beta,
+                            Tensor* d_x, Tensor* d_f, double* d_lambda, double* d_beta);
 
 // ---- dropout with a counter-based mask ----------------------------------------------------------------------------
 // Element i is dropped when CounterRng(seed, stream).uniform(i) < p; kept ones are scaled by 1/(1-p).

@@ -132,6 +132,44 @@ TEST(ResidualCuda, BackwardMatchesCpuAndAccumulatesScalars) {
   }
 }
 
+// The fused residual + ReLU (on a GPU the two kernels in turn) against the CPU's fused op; the backward gets the
+// CPU's y on both sides, so the mask is the same.
+TEST(ResidualCuda, ReluFusedMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const float lambda = 0.83f, beta = -0.41f;
+  std::uint64_t seed = 900;
+  for (const Shape& shape : kShapes) {
+    SCOPED_TRACE("shape " + shape_string(shape));
+    Inputs in = make_inputs(shape, seed += 10);
+    Tensor y_cpu = Tensor::empty(shape);
+    ops::residual_relu_forward(in.x, in.f, lambda, beta, y_cpu);
+    Tensor y_cuda = Tensor::empty(shape, DType::f32, Device::cuda);
+    ops::residual_relu_forward(to_cuda(in.x), to_cuda(in.f), lambda, beta, y_cuda);
+    const std::vector<float> x = in.x.to_vector(), f = in.f.to_vector();
+    std::vector<double> scale(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      scale[i] = std::abs(lambda * double(x[i])) + std::abs(beta * double(f[i]));
+    expect_close(y_cuda.to_vector(), y_cpu.to_vector(), scale, "y");
+
+    Tensor d_y_cpu = in.d_y.clone(), d_x_cpu = Tensor::empty(shape), d_f_cpu = Tensor::empty(shape);
+    double d_lambda_cpu = 0.25, d_beta_cpu = -1.5;
+    ops::residual_relu_backward(in.x, in.f, y_cpu, d_y_cpu, lambda, beta, &d_x_cpu, &d_f_cpu, &d_lambda_cpu,
+                                &d_beta_cpu);
+    Tensor d_y_cuda = to_cuda(in.d_y), d_x_cuda = Tensor::empty(shape, DType::f32, Device::cuda);
+    Tensor d_f_cuda = Tensor::empty(shape, DType::f32, Device::cuda);
+    double d_lambda_cuda = 0.25, d_beta_cuda = -1.5;
+    ops::residual_relu_backward(to_cuda(in.x), to_cuda(in.f), to_cuda(y_cpu), d_y_cuda, lambda, beta, &d_x_cuda,
+                                &d_f_cuda, &d_lambda_cuda, &d_beta_cuda);
+    const std::vector<float> masked = d_y_cpu.to_vector(), expected_d_x = d_x_cpu.to_vector();
+    const std::vector<float> expected_d_f = d_f_cpu.to_vector();
+    expect_close(d_y_cuda.to_vector(), masked, magnitudes(masked), "d_y (masked)");
+    expect_close(d_x_cuda.to_vector(), expected_d_x, magnitudes(expected_d_x), "d_x");
+    expect_close(d_f_cuda.to_vector(), expected_d_f, magnitudes(expected_d_f), "d_f");
+    expect_close_scalar(d_lambda_cuda, d_lambda_cpu, "d_lambda");
+    expect_close_scalar(d_beta_cuda, d_beta_cpu, "d_beta");
+  }
+}
+
 TEST(ResidualCuda, BackwardOptionalOutputsAndAliasing) {
   SKIP_WITHOUT_GPU();
   const float lambda = 1.1f;

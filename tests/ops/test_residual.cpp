@@ -89,6 +89,55 @@ TEST(Residual, ScalarGradsIndependentOfThreadCount) {
   EXPECT_EQ(beta1, beta2);
 }
 
+// The fused op against the two ops it replaces, bitwise: y, the masked gradient left in d_y, d_x, d_f and the scalar
+// gradients (also with d_x over d_y, and with outputs skipped), on sizes of several reduction chunks.
+TEST(Residual, ReluFusedIsBitwiseResidualThenRelu) {
+  for (const Shape& shape : {Shape{5, 7}, Shape{3, 16, 28, 28}, Shape{90001}}) {
+    SCOPED_TRACE(shape_string(shape));
+    const Tensor x = random_tensor(shape, 20), f = random_tensor(shape, 21, 1.5), d_out = random_tensor(shape, 22);
+    Tensor sum = Tensor::empty(shape), y_two = Tensor::empty(shape), y = Tensor::empty(shape);
+    ops::residual_forward(x, f, 0.9f, 0.6f, sum);
+    ops::activation_forward(Activation::relu, sum, y_two);
+    ops::residual_relu_forward(x, f, 0.9f, 0.6f, y);
+    EXPECT_TRUE(testing::bitwise_equal(y, y_two)) << "y";
+
+    Tensor d_sum = Tensor::empty(shape), d_x_two = Tensor::empty(shape), d_f_two = Tensor::empty(shape);
+    double d_lambda_two = 0.5, d_beta_two = -0.25;
+    ops::activation_backward(Activation::relu, sum, d_out, d_sum);
+    ops::residual_backward(x, f, d_sum, 0.9f, 0.6f, &d_x_two, &d_f_two, &d_lambda_two, &d_beta_two);
+    Tensor d_y = d_out.clone(), d_x = Tensor::empty(shape), d_f = Tensor::empty(shape);
+    double d_lambda = 0.5, d_beta = -0.25;
+    ops::residual_relu_backward(x, f, y, d_y, 0.9f, 0.6f, &d_x, &d_f, &d_lambda, &d_beta);
+    EXPECT_TRUE(testing::bitwise_equal(d_y, d_sum)) << "d_y becomes dL/d sum";
+    EXPECT_TRUE(testing::bitwise_equal(d_x, d_x_two)) << "d_x";
+    EXPECT_TRUE(testing::bitwise_equal(d_f, d_f_two)) << "d_f";
+    EXPECT_EQ(d_lambda, d_lambda_two);
+    EXPECT_EQ(d_beta, d_beta_two);
+
+    Tensor shared = d_out.clone();
+    ops::residual_relu_backward(x, f, y, shared, 0.9f, 0.6f, &shared, nullptr, nullptr, nullptr);
+    EXPECT_TRUE(testing::bitwise_equal(shared, d_x_two)) << "d_x over d_y";
+  }
+}
+
+TEST(Residual, ReluFusedGradients) {
+  Tensor x = random_tensor({4, 6}, 30), f = random_tensor({4, 6}, 31), y = Tensor::empty({4, 6});
+  Tensor lambda = Tensor::from_vector({1}, {0.9f}), beta = Tensor::from_vector({1}, {0.4f});
+  auto loss = [&] {
+    ops::residual_relu_forward(x, f, lambda.item(), beta.item(), y);
+    return project(y, 32);
+  };
+  loss();
+  Tensor d_y = projection_weights(y.shape(), 32);
+  Tensor d_x = Tensor::empty(x.shape()), d_f = Tensor::empty(f.shape());
+  double d_lambda = 0.0, d_beta = 0.0;
+  ops::residual_relu_backward(x, f, y, d_y, lambda.item(), beta.item(), &d_x, &d_f, &d_lambda, &d_beta);
+  EXPECT_GRAD_OK(check_gradient(loss, x, d_x));
+  EXPECT_GRAD_OK(check_gradient(loss, f, d_f));
+  EXPECT_GRAD_OK(check_gradient(loss, lambda, Tensor::from_vector({1}, {static_cast<float>(d_lambda)})));
+  EXPECT_GRAD_OK(check_gradient(loss, beta, Tensor::from_vector({1}, {static_cast<float>(d_beta)})));
+}
+
 TEST(Residual, ShapeMismatchIsAnInternalError) {
   Tensor x = random_tensor({4, 5}, 14), f = random_tensor({5, 4}, 15), y = Tensor::empty({4, 5});
   EXPECT_THROW(ops::residual_forward(x, f, 1.0f, 1.0f, y), InternalError);
