@@ -486,9 +486,13 @@ void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_
     conv_backward(k.shortcut, k.scaled, d_shortcut, &d_from_shortcut);
     ops::axpy(1.0f, d_from_shortcut, d);
   }
-  d_x.copy_from(d);
-  if (k.input_scale != 1.0f) ops::scale(d_x, k.input_scale);
-  if (!k.projection) ops::axpy(1.0f, d_shortcut, d_x);
+  if (k.input_scale == 1.0f && !k.projection) {
+    ops::residual_forward(d, d_shortcut, 1.0f, 1.0f, d_x);  // d + d_shortcut in one pass (bitwise copy then axpy)
+  } else {
+    d_x.copy_from(d);
+    if (k.input_scale != 1.0f) ops::scale(d_x, k.input_scale);
+    if (!k.projection) ops::axpy(1.0f, d_shortcut, d_x);
+  }
   record(sink, k.probe_in, d_x, true);
 }
 
