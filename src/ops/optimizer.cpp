@@ -49,6 +49,9 @@ void for_blocks_measured(std::int64_t n, const float* param, const Body& body, U
     std::copy(param + begin, param + end, before);
     body(begin, end);
     double w = 0.0, u = 0.0;
+    // Vectorised (the compiler's fixed lane order; a plain double chain was latency-bound at about 4 cycles an
+    // element and cost ~2 ms of a reference-transformer step that records).
+#pragma omp simd reduction(+ : w, u)
     for (std::int64_t i = begin; i < end; ++i) {
       const double old = before[i - begin], delta = static_cast<double>(param[i]) - old;
       w += old * old;
