@@ -159,21 +159,23 @@ void softmax_backward_row(const float* p, float* d_row, std::int64_t valid, std:
   for (std::int64_t j = chunks_end; j < padded; j += kLanes) store(d_row + j, Vec{});
 }
 
-// Adds the power sums of row[0, valid) to `sums` (double; NaN/Inf only counted).
+// Adds the power sums of row[0, valid) to `sums` (double; NaN/Inf only counted). Vectorised (the compiler's fixed
+// lane order; a scalar double chain here cost about 1 ms of a recorded reference-transformer step).
 void add_logit_sums(const float* row, std::int64_t valid, LogitSums& sums) {
   double s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, largest = 0.0;
   std::int64_t nonfinite = 0;
+  constexpr double kLargest = std::numeric_limits<double>::max();
+#pragma omp simd reduction(+ : s1, s2, s3, s4, nonfinite) reduction(max : largest)
   for (std::int64_t j = 0; j < valid; ++j) {
-    const double x = row[j], x2 = x * x;
-    if (!std::isfinite(x)) {
-      ++nonfinite;
-      continue;
-    }
-    s1 += x;
-    s2 += x2;
-    s3 += x2 * x;
-    s4 += x2 * x2;
-    largest = std::max(largest, std::fabs(x));
+    const double x = row[j];
+    const bool finite = std::fabs(x) <= kLargest;  // false for NaN and ±Inf
+    const double v = finite ? x : 0.0, v2 = v * v;
+    nonfinite += finite ? 0 : 1;
+    s1 += v;
+    s2 += v2;
+    s3 += v2 * v;
+    s4 += v2 * v2;
+    largest = std::max(largest, std::fabs(v));
   }
   sums.count += valid;
   sums.nonfinite += nonfinite;

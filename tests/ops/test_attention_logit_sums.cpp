@@ -61,4 +61,39 @@ TEST(AttentionLogitSums, MatchTheCausalLogitsAndRepeatAcrossThreads) {
   EXPECT_EQ(std::memcmp(&one.sum, &two.sum, sizeof(double)), 0);
 }
 
+TEST(AttentionLogitSums, NonFiniteLogitsAreCountedAndLeftOutOfTheSums) {
+  const int batch = 2, tokens = 9, heads = 2, width = 8, head_dim = width / heads;
+  Tensor qkv = testing::random_tensor({batch, tokens, 3 * width}, 23, 1.0, 0.0);
+  // A NaN in the query of (sequence 1, token 4, head 0): that row's 5 causal logits are NaN, nothing else is.
+  qkv.f32()[(1 * tokens + 4) * 3 * width + 0] = std::nanf("");
+  Tensor probs = Tensor::empty({batch, heads, tokens, tokens}), out = Tensor::empty({batch, tokens, width});
+  ops::LogitSums with_nan;
+  ops::attention_forward(qkv, heads, 0.5f, probs, out, &with_nan);
+  EXPECT_EQ(with_nan.count, batch * heads * tokens * (tokens + 1) / 2);
+  EXPECT_EQ(with_nan.nonfinite, 5);
+  EXPECT_TRUE(std::isfinite(with_nan.sum) && std::isfinite(with_nan.sum_quad) && std::isfinite(with_nan.max_abs));
+
+  // The finite logits' sums against a naive double sum over every row but the NaN one.
+  const std::vector<float> v = qkv.to_vector();
+  double s1 = 0, s2 = 0, largest = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < tokens; ++i) {
+        if (b == 1 && h == 0 && i == 4) continue;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int e = 0; e < head_dim; ++e)
+            dot += static_cast<double>(v[(b * tokens + i) * 3 * width + h * head_dim + e]) *
+                   v[(b * tokens + j) * 3 * width + width + h * head_dim + e];
+          const double x = dot * 0.5;
+          s1 += x;
+          s2 += x * x;
+          largest = std::max(largest, std::fabs(x));
+        }
+      }
+  EXPECT_NEAR(with_nan.sum, s1, 1e-5 * std::fabs(s1) + 1e-4);
+  EXPECT_NEAR(with_nan.sum_sq, s2, 1e-5 * s2);
+  EXPECT_NEAR(with_nan.max_abs, largest, 1e-5 * largest);
+}
+
 }  // namespace proplab
