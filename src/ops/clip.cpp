@@ -29,6 +29,8 @@ double sum_of_squares_cpu(const Tensor& grad) {
   const float* data = grad.f32();
   return chunked_sum(grad.numel(), [=](std::int64_t begin, std::int64_t end) {
     double sum = 0.0;
+    // Vectorised (the compiler's fixed lane order, as ops::sum_squares): a double chain here was latency-bound.
+#pragma omp simd reduction(+ : sum)
     for (std::int64_t i = begin; i < end; ++i) sum += static_cast<double>(data[i]) * data[i];
     return sum;
   });
