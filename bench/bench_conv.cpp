@@ -1,8 +1,8 @@
 // bench_conv: the image ops of a ResNet-20 step at their own shapes (Fashion-MNIST-shaped input, batch 128):
 // conv2d forward / backward (with d_x), batchnorm + ReLU forward / backward (as two ops and fused, alternately),
-// each timed alone (median of --reps calls), and the sum over one step's calls. Shows where a ResNet step's time goes without a profiler. Besides
-// wall time it reports the process's CPU time per call (all threads, getrusage), which other load on shared
-// cores disturbs much less: compare builds by it.
+// each timed alone (median of --reps calls), and the sum over one step's calls. Shows where a ResNet step's time goes
+// without a profiler. Besides wall time it reports the process's CPU time per call (all threads, getrusage), which
+// other load on shared cores disturbs much less: compare builds by it.
 //
 // --kernels instead times each conv under both CPU kernels (ops::ConvKernel: direct and im2col), call by call
 // alternately so machine noise hits both alike, and prints their ratio.
@@ -194,8 +194,7 @@ int main(int argc, char** argv) {
           ops::activation_forward(Activation::relu, y, act);
         },
         [&] {
-          ops::batchnorm_relu_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, act, mean,
-                                      rstd);
+          ops::batchnorm_relu_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, act, mean, rstd);
         },
         [&] {
           ops::activation_backward(Activation::relu, y, d, d_x);
@@ -208,7 +207,8 @@ int main(int argc, char** argv) {
         const auto start = std::chrono::steady_clock::now();
         calls[k]();
         if (r >= 0)
-          wall[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+          wall[k].push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
       }
     double ms[4];
     for (int k = 0; k < 4; ++k) {
@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
       ms[k] = wall[k][wall[k].size() / 2];
     }
     std::printf(
-        "batchnorm+relu %2lld channels, %2lld px: fwd %.2f ms (fused %.2f, %.2fx), bwd %.2f ms (fused %.2f, %.2fx), x %d "
+        "batchnorm+relu %2lld channels, %2lld px: fwd %.2f ms (fused %.2f, %.2fx), bwd %.2f ms (fused %.2f, %.2fx), x "
+        "%d "
         "per step\n",
         static_cast<long long>(n.channels), static_cast<long long>(n.size), ms[0], ms[1], ms[0] / ms[1], ms[2], ms[3],
         ms[2] / ms[3], n.per_step);

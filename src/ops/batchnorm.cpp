@@ -112,7 +112,6 @@ void batchnorm_forward_cpu(const Tensor& x, const Tensor* gamma, const Tensor* b
   }
 }
 
-
 // The CPU backward; kRelu: d_y is dL/dz of z = relu(normalised value), masked by z > 0 first.
 template <bool kRelu>
 void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
@@ -171,10 +170,10 @@ void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& 
 namespace {
 
 // The forward's arguments checked (y: the output, named `y_name`); returns the shape and the device.
-std::pair<ChannelShape, Device> check_forward(const char* op, const Tensor& x, const Tensor* gamma,
-                                              const Tensor* beta, bool training, const Tensor& running_mean,
-                                              const Tensor& running_var, const char* y_name, const Tensor& y,
-                                              const Tensor& mean, const Tensor& rstd) {
+std::pair<ChannelShape, Device> check_forward(const char* op, const Tensor& x, const Tensor* gamma, const Tensor* beta,
+                                              bool training, const Tensor& running_mean, const Tensor& running_var,
+                                              const char* y_name, const Tensor& y, const Tensor& mean,
+                                              const Tensor& rstd) {
   const ChannelShape s = channel_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
   if (beta) expect_shape(op, "beta", *beta, {s.c});
@@ -185,16 +184,16 @@ std::pair<ChannelShape, Device> check_forward(const char* op, const Tensor& x, c
   expect_shape(op, "rstd", rstd, {s.c});
   const Device device = common_device(op, {&x, gamma, beta, &running_mean, &running_var, &y, &mean, &rstd});
   if (training)
-    PROPLAB_CHECK(s.n * s.spatial > 1, "op '", op,
-                  "': training BatchNorm needs more than one value per channel, got ", shape_string(x.shape()));
+    PROPLAB_CHECK(s.n * s.spatial > 1, "op '", op, "': training BatchNorm needs more than one value per channel, got ",
+                  shape_string(x.shape()));
   return {s, device};
 }
 
 // The backward's arguments checked (d_y: the incoming gradient, named `d_y_name`; z: the fused ReLU's output).
-std::pair<ChannelShape, Device> check_backward(const char* op, const Tensor& x, const Tensor* gamma,
-                                               const Tensor& mean, const Tensor& rstd, const Tensor* z,
-                                               const char* d_y_name, const Tensor& d_y, const Tensor& d_x,
-                                               const Tensor* d_gamma, const Tensor* d_beta) {
+std::pair<ChannelShape, Device> check_backward(const char* op, const Tensor& x, const Tensor* gamma, const Tensor& mean,
+                                               const Tensor& rstd, const Tensor* z, const char* d_y_name,
+                                               const Tensor& d_y, const Tensor& d_x, const Tensor* d_gamma,
+                                               const Tensor* d_beta) {
   const ChannelShape s = channel_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {s.c});
   expect_shape(op, "mean", mean, {s.c});
@@ -214,8 +213,7 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
                        float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
                        Tensor& rstd) {
   constexpr const char* op = "batchnorm_forward";
-  const auto [s, device] =
-      check_forward(op, x, gamma, beta, training, running_mean, running_var, "y", y, mean, rstd);
+  const auto [s, device] = check_forward(op, x, gamma, beta, training, running_mean, running_var, "y", y, mean, rstd);
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
     kernels::batchnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, training,
@@ -250,8 +248,7 @@ void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* 
                             float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
                             Tensor& rstd) {
   constexpr const char* op = "batchnorm_relu_forward";
-  const auto [s, device] =
-      check_forward(op, x, gamma, beta, training, running_mean, running_var, "z", z, mean, rstd);
+  const auto [s, device] = check_forward(op, x, gamma, beta, training, running_mean, running_var, "z", z, mean, rstd);
   if (device != Device::cpu) {
     // The two ops (their kernels), the normalised values held in z until the ReLU.
     batchnorm_forward(x, gamma, beta, eps, training, momentum, running_mean, running_var, z, mean, rstd);

@@ -24,7 +24,8 @@ constexpr Index kLineTaps = 49;
 constexpr int kLineSegments = 2;  // samples a block may span and still be read as lines
 // 16 floats in a zmm, as __m512 but without its licence to alias anything: GCC keeps an array of these in
 // registers across a loop that also loads through other pointers (an __m512 array it stored back every iteration).
-using Accumulator = float __attribute__((vector_size(64)));  // kernels up to 7×7 read x without a panel where they can (multiply_lines)
+using Accumulator =
+    float __attribute__((vector_size(64)));  // kernels up to 7×7 read x without a panel where they can (multiply_lines)
 
 bool cpu_has_kernel_features() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -270,8 +271,8 @@ __attribute__((target("avx512f"))) void pack_lines(const float* x_block, const D
     const float* base = x_block + ci * plane;
     float* out = panel + ci * taps * kLanes;
     for (Index t = 0; t < taps; ++t)
-      _mm512_store_ps(out + t * kLanes, load_line<kSegments>(base, lines.starts + t * kLineSegments,
-                                                             lines.masks + t * kLineSegments));
+      _mm512_store_ps(out + t * kLanes,
+                      load_line<kSegments>(base, lines.starts + t * kLineSegments, lines.masks + t * kLineSegments));
   }
 }
 
@@ -308,8 +309,7 @@ __attribute__((target("avx512f,bmi2"))) void pack_panel(const float* x_block, co
 
 // Stores a tile's rows (plus bias) into y, lane by lane to each segment's sample.
 __attribute__((target("avx512f"))) void store_tile(const __m512* acc, Index rows, const float* bias, Index tile_first,
-                                                   const Segment* segments, int segment_count, float* y,
-                                                   Index pixels) {
+                                                   const Segment* segments, int segment_count, float* y, Index pixels) {
   for (Index r = 0; r < rows; ++r) {
     const Index co = tile_first + r;
     const __m512 v = bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(bias[co])) : acc[r];
@@ -345,10 +345,9 @@ __attribute__((target("avx512f"))) void multiply_tile(const float* panel, const 
 // the panel path's.
 template <int kSegments>
 __attribute__((target("avx512f"))) void multiply_lines(const float* x_block, const DirectConvShape& s,
-                                                       const BlockTable& table, const float* packed_tile,
-                                                       Index rows, const float* bias, Index tile_first,
-                                                       const Segment* segments, int segment_count, float* y,
-                                                       Index pixels) {
+                                                       const BlockTable& table, const float* packed_tile, Index rows,
+                                                       const float* bias, Index tile_first, const Segment* segments,
+                                                       int segment_count, float* y, Index pixels) {
   const Index taps = s.kh * s.kw, plane = s.h * s.w;
   const Lines lines(table, taps);
   Accumulator acc[kRows];
@@ -358,8 +357,7 @@ __attribute__((target("avx512f"))) void multiply_lines(const float* x_block, con
   const float* base = x_block;
   Index t = 0;
   for (Index k = 0; k < s.c_in * taps; ++k) {
-    const __m512 b =
-        load_line<kSegments>(base, lines.starts + t * kLineSegments, lines.masks + t * kLineSegments);
+    const __m512 b = load_line<kSegments>(base, lines.starts + t * kLineSegments, lines.masks + t * kLineSegments);
     const float* w = packed_tile + k * kRows;
 #pragma GCC unroll 16
     for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r]), b, acc[r]);
@@ -392,7 +390,7 @@ BlockTable thread_table(Index taps) {
   line_starts.resize(static_cast<std::size_t>(taps * kLineSegments));
   line_masks.resize(static_cast<std::size_t>(taps * kLineSegments));
   lines.resize(1);
-  return BlockTable{offsets.data(), masks.data(),       starts.data(), loads.data(),
+  return BlockTable{offsets.data(),     masks.data(),      starts.data(), loads.data(),
                     line_starts.data(), line_masks.data(), lines.data()};
 }
 

@@ -99,7 +99,6 @@ void residual_backward_cpu(const Tensor& x, const Tensor& f, const Tensor* y, co
   }
 }
 
-
 }  // namespace
 
 void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y) {

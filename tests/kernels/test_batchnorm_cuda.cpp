@@ -220,7 +220,8 @@ TEST(BatchnormCuda, ReluFusedMatchesCpu) {
       ops::batchnorm_relu_backward(x, &p.gamma, mean_cpu, rstd_cpu, z_cpu, d_z, training, d_x_cpu, &d_gamma_cpu,
                                    &d_beta_cpu);
       Tensor d_x = Tensor::empty(shape, DType::f32, Device::cuda);
-      Tensor d_gamma = Tensor::zeros({c}, DType::f32, Device::cuda), d_beta = Tensor::zeros({c}, DType::f32, Device::cuda);
+      Tensor d_gamma = Tensor::zeros({c}, DType::f32, Device::cuda),
+             d_beta = Tensor::zeros({c}, DType::f32, Device::cuda);
       ops::batchnorm_relu_backward(to_cuda(x), &gamma, to_cuda(mean_cpu), to_cuda(rstd_cpu), to_cuda(z_cpu),
                                    to_cuda(d_z), training, d_x, &d_gamma, &d_beta);
       // Scale as in check_backward, of the masked gradient.

@@ -178,8 +178,7 @@ TEST(BatchNorm, ReluFusedGradients) {
   Tensor gamma = random_tensor({4}, 61, 0.5, 1.0), beta = random_tensor({4}, 62, 0.3);
   BatchNormBuffers b(x);
   auto loss = [&] {
-    ops::batchnorm_relu_forward(x, &gamma, &beta, kEps, true, 0.1f, b.running_mean, b.running_var, b.y, b.mean,
-                                b.rstd);
+    ops::batchnorm_relu_forward(x, &gamma, &beta, kEps, true, 0.1f, b.running_mean, b.running_var, b.y, b.mean, b.rstd);
     return project(b.y, 63);
   };
   loss();
@@ -204,8 +203,7 @@ TEST(BatchNorm, ResultsIndependentOfThreadCount) {
     d_gamma[run] = Tensor::zeros({16});
     ops::batchnorm_backward(x, &gamma, b.mean, b.rstd, d_y, true, d_x[run], &d_gamma[run], nullptr);
     Tensor z = Tensor::empty(x.shape()), d_x_fused = Tensor::empty(x.shape());
-    ops::batchnorm_relu_forward(x, &gamma, nullptr, kEps, true, 0.1f, b.running_mean, b.running_var, z, b.mean,
-                                b.rstd);
+    ops::batchnorm_relu_forward(x, &gamma, nullptr, kEps, true, 0.1f, b.running_mean, b.running_var, z, b.mean, b.rstd);
     ops::batchnorm_relu_backward(x, &gamma, b.mean, b.rstd, z, d_y, true, d_x_fused, nullptr, nullptr);
     z_fused[run] = z;
     d_x_relu[run] = d_x_fused;
