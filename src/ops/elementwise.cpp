@@ -37,6 +37,15 @@ double ordered_chunk_sum(std::int64_t n, ChunkSum chunk_sum) {
   return total;
 }
 
+// Σ x² over [begin, end) in double: the one chunk body of sum_squares and sum_squares_each (the same code, so
+// the same vectorised order).
+inline double chunk_sum_squares(const float* x, std::int64_t begin, std::int64_t end) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t i = begin; i < end; ++i) sum += static_cast<double>(x[i]) * x[i];
+  return sum;
+}
+
 }  // namespace
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
@@ -130,12 +139,46 @@ double sum_squares(const Tensor& x) {
 #endif
   }
   const float* x_data = x.f32();
-  return ordered_chunk_sum(x.numel(), [=](std::int64_t begin, std::int64_t end) {
+  return ordered_chunk_sum(x.numel(),
+                           [=](std::int64_t begin, std::int64_t end) { return chunk_sum_squares(x_data, begin, end); });
+}
+
+std::vector<double> sum_squares_each(const std::vector<const Tensor*>& xs) {
+  constexpr const char* op = "sum_squares_each";
+  std::vector<double> sums(xs.size(), 0.0);
+  bool all_cpu = true;
+  for (const Tensor* x : xs) {
+    PROPLAB_CHECK(x != nullptr, "op '", op, "': a null tensor");
+    expect_f32(op, "x", *x);
+    all_cpu = all_cpu && x->device() == Device::cpu;
+  }
+  if (!all_cpu) {
+    for (std::size_t t = 0; t < xs.size(); ++t) sums[t] = sum_squares(*xs[t]);
+    return sums;
+  }
+  // Every tensor's chunks in one list, summed in one parallel region; then each tensor's partials in chunk order,
+  // as sum_squares adds them.
+  std::vector<std::int64_t> first(xs.size() + 1, 0);
+  for (std::size_t t = 0; t < xs.size(); ++t) first[t + 1] = first[t] + (xs[t]->numel() + kReduceChunk - 1) / kReduceChunk;
+  std::vector<std::size_t> owner(static_cast<std::size_t>(first.back()));
+  for (std::size_t t = 0; t < xs.size(); ++t)
+    for (std::int64_t c = first[t]; c < first[t + 1]; ++c) owner[static_cast<std::size_t>(c)] = t;
+  std::vector<double> partial(static_cast<std::size_t>(first.back()));
+  std::int64_t total = 0;
+  for (const Tensor* x : xs) total += x->numel();
+#pragma omp parallel for schedule(static) if (total > kParallelMin)
+  for (std::int64_t c = 0; c < first.back(); ++c) {
+    const std::size_t t = owner[static_cast<std::size_t>(c)];
+    const std::int64_t begin = (c - first[t]) * kReduceChunk;
+    partial[static_cast<std::size_t>(c)] =
+        chunk_sum_squares(xs[t]->f32(), begin, std::min(xs[t]->numel(), begin + kReduceChunk));
+  }
+  for (std::size_t t = 0; t < xs.size(); ++t) {
     double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (std::int64_t i = begin; i < end; ++i) sum += static_cast<double>(x_data[i]) * x_data[i];
-    return sum;
-  });
+    for (std::int64_t c = first[t]; c < first[t + 1]; ++c) sum += partial[static_cast<std::size_t>(c)];
+    sums[t] = sum;
+  }
+  return sums;
 }
 
 }  // namespace proplab::ops

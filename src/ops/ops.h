@@ -32,6 +32,9 @@ void zero(Tensor& x);
 double dot(const Tensor& x, const Tensor& y);
 // Σ x_i² in double, deterministic.
 double sum_squares(const Tensor& x);
+// sum_squares of each tensor, bitwise as one call each, in one parallel region for all of them on the CPU (a region
+// per tensor costs more than many small tensors' sums where the idle thread sleeps between regions).
+std::vector<double> sum_squares_each(const std::vector<const Tensor*>& xs);
 
 // ---- linear: y = x W^T (+ b); x [rows, in], W [out, in], b [out], y [rows, out] ------------------------------
 void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y);

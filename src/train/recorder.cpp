@@ -37,10 +37,6 @@ probe::StatSelection selection_from(const std::vector<std::string>& names, const
   return probe::StatSelection::parse(names, std::string("record.") + what);
 }
 
-double rms_of(const Tensor& t) {
-  return std::sqrt(ops::sum_squares(t) / static_cast<double>(std::max<std::int64_t>(t.numel(), 1)));
-}
-
 std::vector<std::int64_t> ints_of(const std::vector<ProbeInfo>& probes, int ProbeInfo::*field) {
   std::vector<std::int64_t> out;
   for (const ProbeInfo& p : probes) out.push_back(p.*field);
@@ -294,12 +290,16 @@ void Recorder::before_update() {
   update_norms_.assign(all.size(), ops::UpdateNorms{});
   for (std::size_t s = 0; s < param_stats_.size(); ++s) {
     if (param_stats_[s] != ParamStat::grad_rms) continue;
+    // Every gradient's Σg² in one parallel region (bitwise one ops::sum_squares each).
+    std::vector<const Tensor*> grads(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) grads[i] = &all[i]->grad;
+    std::vector<double> squares = ops::sum_squares_each(grads);
     if (tensor_group_ == nullptr) {
-      for (std::size_t i = 0; i < all.size(); ++i) param_rows_[s][i] = rms_of(all[i]->grad);
+      for (std::size_t i = 0; i < all.size(); ++i)
+        param_rows_[s][i] =
+            std::sqrt(squares[i] / static_cast<double>(std::max<std::int64_t>(all[i]->grad.numel(), 1)));
       continue;
     }
-    std::vector<double> squares(all.size());
-    for (std::size_t i = 0; i < all.size(); ++i) squares[i] = ops::sum_squares(all[i]->grad);
     sum_split_parameters(*tensor_group_, params_, squares);
     for (std::size_t i = 0; i < all.size(); ++i)
       param_rows_[s][i] = std::sqrt(squares[i] / static_cast<double>(std::max<std::int64_t>(full_numel(*all[i]), 1)));

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,26 @@ TEST(Elementwise, ReductionsIndependentOfThreadCount) {
   }
   EXPECT_EQ(dot1, dot2);
   EXPECT_EQ(sq1, sq2);
+}
+
+TEST(Elementwise, SumSquaresEachIsBitwiseOneCallEach) {
+  // Empty, one element, one chunk, a chunk and a bit, many chunks: each sum as sum_squares gives it alone, on 1
+  // and 2 threads.
+  std::vector<Tensor> tensors;
+  std::uint64_t seed = 80;
+  for (std::int64_t n : {0, 1, 4096, 4097, 70001, 13}) tensors.push_back(testing::random_tensor({n}, ++seed, 1.7, 0.3));
+  std::vector<const Tensor*> xs;
+  for (const Tensor& t : tensors) xs.push_back(&t);
+  for (int threads : {1, 2}) {
+    testing::ScopedThreads scoped(threads);
+    const std::vector<double> each = ops::sum_squares_each(xs);
+    ASSERT_EQ(each.size(), xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const double alone = ops::sum_squares(*xs[i]);
+      EXPECT_EQ(std::memcmp(&each[i], &alone, sizeof(double)), 0) << "tensor " << i << ", " << threads << " threads";
+    }
+  }
+  EXPECT_TRUE(ops::sum_squares_each({}).empty());
 }
 
 TEST(Elementwise, GradientsOfReductions) {
