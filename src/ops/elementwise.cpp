@@ -159,7 +159,8 @@ std::vector<double> sum_squares_each(const std::vector<const Tensor*>& xs) {
   // Every tensor's chunks in one list, summed in one parallel region; then each tensor's partials in chunk order,
   // as sum_squares adds them.
   std::vector<std::int64_t> first(xs.size() + 1, 0);
-  for (std::size_t t = 0; t < xs.size(); ++t) first[t + 1] = first[t] + (xs[t]->numel() + kReduceChunk - 1) / kReduceChunk;
+  for (std::size_t t = 0; t < xs.size(); ++t)
+    first[t + 1] = first[t] + (xs[t]->numel() + kReduceChunk - 1) / kReduceChunk;
   std::vector<std::size_t> owner(static_cast<std::size_t>(first.back()));
   for (std::size_t t = 0; t < xs.size(); ++t)
     for (std::int64_t c = first[t]; c < first[t + 1]; ++c) owner[static_cast<std::size_t>(c)] = t;
