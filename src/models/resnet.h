@@ -91,10 +91,10 @@ class Resnet final : public Model {
     Tensor scaled;                  // u = s·x (aliases x when s = 1)
     std::vector<Tensor> conv_in;    // what conv j reads
     std::vector<Tensor> conv_out;   // a_j (+ scalar bias)
-    std::vector<Tensor> normed;     // norm(·) output (aliases its input without norm)
+    std::vector<Tensor> normed;     // norm(·) output (aliases its input without norm; unwritten when fused)
     std::vector<Tensor> activated;  // act(normed)
     Tensor shortcut_out, shortcut_normed;
-    Tensor sum;  // post-activation: λ·shortcut + β·branch
+    Tensor sum;  // post-activation: λ·shortcut + β·branch (unwritten with ReLU: fused into `out`)
     Tensor out;
   };
 

@@ -165,10 +165,6 @@ void batchnorm_backward_cpu(const Tensor& x, const Tensor* gamma, const Tensor& 
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The forward's arguments checked (y: the output, named `y_name`); returns the shape and the device.
 std::pair<ChannelShape, Device> check_forward(const char* op, const Tensor& x, const Tensor* gamma, const Tensor* beta,
                                               bool training, const Tensor& running_mean, const Tensor& running_var,

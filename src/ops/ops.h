@@ -148,9 +148,9 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
 void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
                             float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
                             Tensor& rstd);
-// Its backward from z and d_z: d_x (overwrite; may alias d_z), d_gamma/d_beta (+=). The ReLU's gradient is masked
-// by z > 0 (which holds exactly where the normalised value is > 0), inside BatchNorm's two passes: bitwise
-// activation_backward(relu) then batchnorm_backward.
+// Its backward from z and d_z: d_x (overwrite; may alias d_z, not z), d_gamma/d_beta (+=). The ReLU's gradient,
+// masked by z > 0 (which holds exactly where the normalised value is > 0), is written into d_x plane by plane and
+// summed from there: bitwise activation_backward(relu) then batchnorm_backward.
 void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
                              const Tensor& z, const Tensor& d_z, bool training, Tensor& d_x, Tensor* d_gamma,
                              Tensor* d_beta);
