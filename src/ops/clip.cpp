@@ -1,15 +1,15 @@
 // ops/clip (CPU reference): global gradient-norm clipping over a list of tensors.
 //
-// Determinism: each tensor's Σ g² is a chunked_sum (fixed chunks, combined in chunk order, in double) and the
-// per-tensor sums are added in list order, so the norm is bitwise the same for any thread count. Scaling is
-// elementwise. On CUDA each tensor's sum is a fixed-order device reduction (same bits every run; the order within
-// a tensor differs from the CPU's), the per-tensor sums are added in list order on the host.
+// Determinism: each tensor's Σ g² is ops::sum_squares' (fixed chunks, combined in chunk order, in double; all
+// tensors' chunks in one parallel region: sum_squares_each) and the per-tensor sums are added in list order, so the
+// norm is bitwise the same for any thread count. Scaling is elementwise. On CUDA each tensor's sum is a fixed-order
+// device reduction (same bits every run; the order within a tensor differs from the CPU's), the per-tensor sums are
+// added in list order on the host.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "core/parallel.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 
@@ -25,17 +25,6 @@ namespace {
 // Below this many elements a parallel region costs more than the loop.
 constexpr std::int64_t kParallelMin = 1 << 15;
 
-double sum_of_squares_cpu(const Tensor& grad) {
-  const float* data = grad.f32();
-  return chunked_sum(grad.numel(), [=](std::int64_t begin, std::int64_t end) {
-    double sum = 0.0;
-    // Vectorised (the compiler's fixed lane order, as ops::sum_squares): a double chain here was latency-bound.
-#pragma omp simd reduction(+ : sum)
-    for (std::int64_t i = begin; i < end; ++i) sum += static_cast<double>(data[i]) * data[i];
-    return sum;
-  });
-}
-
 void scale_cpu(Tensor& grad, float factor) {
   float* data = grad.f32();
   const std::int64_t n = grad.numel();
@@ -44,8 +33,9 @@ void scale_cpu(Tensor& grad, float factor) {
 }
 
 double clip_grad_norm_cpu(const std::vector<Tensor*>& grads, double max_norm) {
+  // Every tensor's Σ g² in one parallel region (ops::sum_squares' chunks and order), added in list order.
   double total = 0.0;
-  for (const Tensor* grad : grads) total += sum_of_squares_cpu(*grad);
+  for (double sum : sum_squares_each(std::vector<const Tensor*>(grads.begin(), grads.end()))) total += sum;
   const double norm = std::sqrt(total);
   // A non-finite norm is returned untouched for the caller to report; scaling by 0 would hide it in NaNs.
   if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {

@@ -20,12 +20,11 @@ namespace {
 using Index = std::int64_t;
 constexpr Index kLanes = 16;  // output pixels per block: one zmm
 constexpr Index kRows = 16;   // output channels per register tile
-constexpr Index kLineTaps = 49;
+constexpr Index kLineTaps = 49;   // kernels up to 7×7 read x without a panel where they can (multiply_lines)
 constexpr int kLineSegments = 2;  // samples a block may span and still be read as lines
 // 16 floats in a zmm, as __m512 but without its licence to alias anything: GCC keeps an array of these in
 // registers across a loop that also loads through other pointers (an __m512 array it stored back every iteration).
-using Accumulator =
-    float __attribute__((vector_size(64)));  // kernels up to 7×7 read x without a panel where they can (multiply_lines)
+using Accumulator = float __attribute__((vector_size(64)));
 
 bool cpu_has_kernel_features() {
 #if defined(__x86_64__) || defined(__i386__)

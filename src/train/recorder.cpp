@@ -308,7 +308,10 @@ void Recorder::before_update() {
 
 void Recorder::skip_update() {
   auto& all = params_.all();
-  for (std::size_t i = 0; i < all.size(); ++i) update_norms_[i] = {ops::sum_squares(all[i]->value), 0.0};
+  std::vector<const Tensor*> values(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) values[i] = &all[i]->value;
+  const std::vector<double> squares = ops::sum_squares_each(values);
+  for (std::size_t i = 0; i < all.size(); ++i) update_norms_[i] = {squares[i], 0.0};
 }
 
 void Recorder::after_update() {
