@@ -4,8 +4,8 @@
 // without a profiler. Besides wall time it reports the process's CPU time per call (all threads, getrusage), which
 // other load on shared cores disturbs much less: compare builds by it.
 //
-// --kernels instead times each conv under both CPU kernels (ops::ConvKernel: direct and im2col), call by call
-// alternately so machine noise hits both alike, and prints their ratio.
+// --kernels instead times each conv under the three CPU kernel settings (ops::ConvKernel: winograd, direct and
+// im2col), call by call alternately so machine noise hits them alike, and prints the step totals' ratios.
 //
 //   bench_conv [--reps N] [--threads N] [--batch N] [--kernels]
 #include <sys/resource.h>
@@ -53,22 +53,26 @@ Timing median_ms(int reps, const std::function<void()>& call) {
   return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
-// Median wall ms of two calls timed alternately (a, b, a, b, ...) after one untimed call of each, with each call
-// run under its own conv kernel.
-std::pair<double, double> median_pair(int reps, const std::function<void()>& call, ops::ConvKernel a,
-                                      ops::ConvKernel b) {
-  std::vector<double> times[2];
-  const ops::ConvKernel kernels[2] = {a, b};
+// Median wall ms of one call under each conv kernel, timed alternately (a, b, c, a, b, c, ...) after one untimed
+// call under each.
+std::vector<double> median_each(int reps, const std::function<void()>& call,
+                                const std::vector<ops::ConvKernel>& kernels) {
+  std::vector<std::vector<double>> times(kernels.size());
   for (int r = -1; r < reps; ++r)
-    for (int k = 0; k < 2; ++k) {
+    for (std::size_t k = 0; k < kernels.size(); ++k) {
       ops::set_conv_kernel(kernels[k]);
       const auto start = std::chrono::steady_clock::now();
       call();
       if (r >= 0)
         times[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     }
-  for (auto& t : times) std::sort(t.begin(), t.end());
-  return {times[0][times[0].size() / 2], times[1][times[1].size() / 2]};
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  ops::set_conv_kernel(ops::ConvKernel::winograd);
+  return medians;
 }
 
 Tensor random(const Shape& shape, std::uint64_t stream) {
@@ -117,7 +121,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads_arg, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", batch, "images")->check(CLI::PositiveNumber);
   bool compare_kernels = false;
-  app.add_flag("--kernels", compare_kernels, "time each conv under the direct and the im2col kernel, alternately");
+  app.add_flag("--kernels", compare_kernels,
+               "time each conv under the winograd, direct and im2col kernels, alternately");
   CLI11_PARSE(app, argc, argv);
   set_threads(threads_arg);
 
@@ -127,25 +132,24 @@ int main(int argc, char** argv) {
   };
   std::printf("bench_conv: batch %d, %d threads, median of %d calls\n", batch, threads(), reps);
   if (compare_kernels) {
-    std::printf("%-26s %24s %24s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms direct/im2col", "bwd ms direct/im2col",
-                "x step");
-    double totals[2] = {0.0, 0.0};
+    const std::vector<ops::ConvKernel> kernels = {ops::ConvKernel::winograd, ops::ConvKernel::direct,
+                                                  ops::ConvKernel::im2col};
+    std::printf("%-26s %28s %28s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms winograd/direct/im2col",
+                "bwd ms winograd/direct/im2col", "x step");
+    double totals[3] = {0.0, 0.0, 0.0};
     std::uint64_t stream = 0;
     for (const ConvCase& c : cases) {
       ConvTensors t(c, batch, stream);
-      const auto forward = median_pair(
-          reps, [&] { t.forward(); }, ops::ConvKernel::direct, ops::ConvKernel::im2col);
-      const auto backward = median_pair(
-          reps, [&] { t.backward(); }, ops::ConvKernel::direct, ops::ConvKernel::im2col);
-      const std::string& name = t.name;
-      std::printf("%-26s %7.2f / %6.2f (%4.2fx) %7.2f / %6.2f (%4.2fx) %7d\n", name.c_str(), forward.first,
-                  forward.second, forward.second / forward.first, backward.first, backward.second,
-                  backward.second / backward.first, c.per_step);
-      totals[0] += c.per_step * (forward.first + backward.first);
-      totals[1] += c.per_step * (forward.second + backward.second);
+      const auto forward = median_each(
+          reps, [&] { t.forward(); }, kernels);
+      const auto backward = median_each(
+          reps, [&] { t.backward(); }, kernels);
+      std::printf("%-26s %8.2f / %6.2f / %6.2f   %8.2f / %6.2f / %6.2f   %7d\n", t.name.c_str(), forward[0], forward[1],
+                  forward[2], backward[0], backward[1], backward[2], c.per_step);
+      for (int k = 0; k < 3; ++k) totals[k] += c.per_step * (forward[k] + backward[k]);
     }
-    std::printf("convs in one step: direct %.1f ms, im2col %.1f ms (%.2fx)\n", totals[0], totals[1],
-                totals[1] / totals[0]);
+    std::printf("convs in one step: winograd %.1f ms, direct %.1f ms (%.2fx), im2col %.1f ms (%.2fx)\n", totals[0],
+                totals[1], totals[1] / totals[0], totals[2], totals[2] / totals[0]);
     return 0;
   }
   std::printf("%-26s %16s %16s %10s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms (cpu)", "bwd ms (cpu)", "GFLOP/s",

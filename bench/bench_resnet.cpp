@@ -6,7 +6,8 @@
 // one run:
 //   - proplab with recording off, recording every 10 steps (the study default: every statistic of every probe and
 //     parameter, written to a real run file) and every step, and (on CPUs that run ops/conv_direct) recording off
-//     with the im2col convolutions, interleaved step by step so machine noise hits all alike;
+//     with the next slower convolution setting (the direct kernel where Winograd runs by default, im2col under
+//     PROPLAB_CONV=direct), interleaved step by step so machine noise hits all alike;
 //   - PyTorch (bench/torch_reference.py --model resnet20) under PyTorch 2.x from the bench virtual environment
 //     (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's 1.13: each
 //     searches its thread setups and (2.x) eager against torch.compile once, then the fastest runs once per
@@ -124,17 +125,18 @@ int main(int argc, char** argv) {
     if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
     setups.push_back(std::move(s));
   }
-  if (ops::conv_direct_supported() && ops::conv_kernel() == ops::ConvKernel::direct) {
-    // The same step with the im2col convolutions, interleaved with the others: the direct kernel's gain.
+  for (Setup& s : setups) s.kernel = ops::conv_kernel();
+  if (ops::conv_direct_supported() && ops::conv_kernel() != ops::ConvKernel::im2col) {
+    // The same step with the next slower convolution setting (winograd → direct, direct → im2col), interleaved
+    // with the others: the setting's gain.
     Setup s;
-    s.label = "off, im2col convs";
-    s.kernel = ops::ConvKernel::im2col;
+    const bool winograd = ops::conv_kernel() == ops::ConvKernel::winograd;
+    s.label = winograd ? "off, direct convs" : "off, im2col convs";
+    s.kernel = winograd ? ops::ConvKernel::direct : ops::ConvKernel::im2col;
     s.model = std::make_unique<Resnet>(config, ScalingConfig{}, 1);
     s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
     setups.push_back(std::move(s));
   }
-  for (Setup& s : setups)
-    if (s.kernel == ops::ConvKernel::direct) s.kernel = ops::conv_kernel();
   Batch b{Tensor::empty({batch, 1, 28, 28}), Tensor::empty({batch}, DType::i32)};
   const CounterRng image_rng(1, 0), label_rng(1, 1);
   for (std::int64_t i = 0; i < b.inputs.numel(); ++i)

@@ -1,6 +1,8 @@
-// ops/conv: 2-D convolution on NCHW images, with stride, zero padding and groups: the packed direct kernel
-// (ops/conv_direct.h) for the forward (strided ones from 32 input channels) and the stride-1 d_x of one-group
-// convolutions on CPUs with AVX-512F, and im2col + OpenBLAS sgemm for the rest (conv_kernel(), ops.h).
+// ops/conv: 2-D convolution on NCHW images, with stride, zero padding and groups. On CPUs with AVX-512F:
+// Winograd F(2×2, 3×3) (ops/conv_winograd.h) for the forward and the stride-1 d_x of 3 × 3, stride-1, one-group
+// convolutions; the packed direct kernel (ops/conv_direct.h) for the other forwards and d_x of one-group
+// convolutions (strided ones from 32 input channels) and their weight gradients; im2col + sgemm for the rest
+// (conv_kernel(), ops.h).
 // The im2col path:
 //
 // Samples are processed in fixed chunks (a function of the shape only, sized so a chunk's columns stay in the L2
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "ops/conv_direct.h"
+#include "ops/conv_winograd.h"
 #include "ops/dispatch.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -197,7 +200,8 @@ float* scratch(std::vector<float>& buffer, std::int64_t count) {
 std::atomic<ConvKernel>& kernel_setting() {
   static std::atomic<ConvKernel> setting{[] {
     const char* env = std::getenv("PROPLAB_CONV");
-    return env && std::string_view(env) == "im2col" ? ConvKernel::im2col : ConvKernel::direct;
+    const std::string_view name = env ? env : "";
+    return name == "im2col" ? ConvKernel::im2col : name == "direct" ? ConvKernel::direct : ConvKernel::winograd;
   }()};
   return setting;
 }
@@ -205,7 +209,7 @@ std::atomic<ConvKernel>& kernel_setting() {
 // Fills the direct kernel's shape for g and returns true when that kernel runs g (one group, the setting, the
 // CPU, and not a strided convolution of few channels).
 bool direct_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
-  if (g.groups != 1 || kernel_setting().load(std::memory_order_relaxed) != ConvKernel::direct) return false;
+  if (g.groups != 1 || kernel_setting().load(std::memory_order_relaxed) == ConvKernel::im2col) return false;
   // Strided convolutions with few input channels run faster through im2col (bench_conv --kernels, ResNet-20:
   // 16 → 32 channels at stride 2, 0.70× and 0.74×; 32 → 64, 1.18× and 1.86×).
   if (g.stride != 1 && g.c_in < 32) return false;
@@ -213,6 +217,17 @@ bool direct_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
   s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw, s.h_out = g.h_out, s.w_out = g.w_out;
   s.stride = g.stride, s.padding = g.padding;
   return detail::direct_conv_fits(s);
+}
+
+// Fills the kernels' shape for g and returns true when Winograd F(2×2, 3×3) runs g (one group, 3 × 3, stride 1,
+// the setting, the CPU).
+bool winograd_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
+  if (g.groups != 1 || g.stride != 1 || g.kh != 3 || g.kw != 3) return false;
+  if (kernel_setting().load(std::memory_order_relaxed) != ConvKernel::winograd) return false;
+  s.n = g.n, s.c_in = g.c_in, s.h = g.h, s.w = g.w;
+  s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw, s.h_out = g.h_out, s.w_out = g.w_out;
+  s.stride = g.stride, s.padding = g.padding;
+  return detail::winograd_conv_fits(s);
 }
 
 // y = conv(x, weight) (+ bias) for the geometry g, chunk by chunk: im2col, one sgemm, scatter into NCHW.
@@ -249,6 +264,17 @@ void forward_columns(const float* x_data, const ConvGeometry& g, const float* we
       }
     }
   }
+}
+
+// y = conv(x, weight) (+ bias) on the fastest kernel that runs g: Winograd, direct, or im2col (forward_columns).
+void forward_any(const float* x_data, const ConvGeometry& g, const float* weight, const float* bias_data,
+                 float* y_data) {
+  if (detail::DirectConvShape s; winograd_shape(g, s))
+    detail::winograd_conv_forward(x_data, weight, bias_data, y_data, s);
+  else if (direct_shape(g, s))
+    detail::direct_conv_forward(x_data, weight, bias_data, y_data, s);
+  else
+    forward_columns(x_data, g, weight, bias_data, y_data);
 }
 
 // d_weight += the weight gradient through im2col + sgemm, chunk by chunk; with d_x, also d_x through col2im.
@@ -345,11 +371,7 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, c
 #endif
   }
   if (g.n == 0 || g.c_out == 0) return;
-  if (detail::DirectConvShape s; direct_shape(g, s)) {
-    detail::direct_conv_forward(x.f32(), weight.f32(), bias ? bias->f32() : nullptr, y.f32(), s);
-    return;
-  }
-  forward_columns(x.f32(), g, weight.f32(), bias ? bias->f32() : nullptr, y.f32());
+  forward_any(x.f32(), g, weight.f32(), bias ? bias->f32() : nullptr, y.f32());
 }
 
 ConvKernel conv_kernel() { return kernel_setting().load(std::memory_order_relaxed); }
@@ -412,10 +434,7 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
       for (std::int64_t ci = 0; ci < g.c_in; ++ci)
         for (std::int64_t tap = 0; tap < taps; ++tap)
           flipped[(ci * g.c_out + co) * taps + (taps - 1 - tap)] = w[(co * g.c_in + ci) * taps + tap];
-    if (detail::DirectConvShape s; direct_shape(t, s))
-      detail::direct_conv_forward(d_y_data, flipped, nullptr, d_x->f32(), s);
-    else
-      forward_columns(d_y_data, t, flipped, nullptr, d_x->f32());
+    forward_any(d_y_data, t, flipped, nullptr, d_x->f32());
   }
   // The weight gradient: the direct kernel where it runs this shape and d_x needs no col2im; else im2col below.
   if (detail::DirectConvShape s; (!d_x || d_x_by_conv) && direct_shape(g, s)) {

@@ -118,12 +118,15 @@ struct Conv2dParams {
 };
 // The output spatial size for an input size, kernel size and params (a UserError when it would be < 1).
 std::int64_t conv2d_out_size(std::int64_t in, std::int64_t kernel, int stride, int padding);
-// The CPU's convolution kernel: `direct` (packed direct convolution, ops/conv_direct.h: the forward, strided ones
-// from 32 input channels, and the stride-1 d_x of one-group convolutions, on CPUs with AVX-512F; the rest, and
-// other CPUs, run im2col) or `im2col` (im2col + OpenBLAS sgemm for everything). Process-wide; the default is
-// direct, or im2col when the environment has PROPLAB_CONV=im2col. Both are bitwise independent of the thread
-// count; they differ in the last bits. conv_direct_supported(): whether this CPU runs the direct kernel at all.
-enum class ConvKernel { direct, im2col };
+// The CPU's convolution kernels: `winograd` (the default: Winograd F(2×2, 3×3), ops/conv_winograd.h, for the
+// forward and the stride-1 d_x of 3 × 3, stride-1, one-group convolutions, and `direct` for the rest of what it
+// runs), `direct` (packed direct convolution, ops/conv_direct.h: the forward, strided ones from 32 input channels,
+// the stride-1 d_x and the weight gradient of one-group convolutions) or `im2col` (im2col + sgemm for
+// everything). The first two need AVX-512F; other CPUs run im2col whatever the setting. Process-wide;
+// PROPLAB_CONV=direct or PROPLAB_CONV=im2col in the environment chooses the others. Each is bitwise independent
+// of the thread count; they differ in the last bits. conv_direct_supported(): whether this CPU runs the Winograd
+// and direct kernels at all.
+enum class ConvKernel { winograd, direct, im2col };
 ConvKernel conv_kernel();
 void set_conv_kernel(ConvKernel kernel);
 bool conv_direct_supported();

@@ -394,10 +394,11 @@ void TrainingRun::open_run_file() {
   header.precision = matmul_precision_name(run_precision(spec_));
   // The CPU libraries and kernels differ in the last bits (ops/gemm.h, ops::ConvKernel): the file says which ran.
   if (device_ == Device::cpu)
-    header.kernels = "sgemm: " + ops::gemm_backend_name() + "; conv: " +
-                     (ops::conv_kernel() == ops::ConvKernel::direct && ops::conv_direct_supported()
-                          ? "direct (AVX-512) and im2col"
-                          : "im2col");
+    header.kernels =
+        "sgemm: " + ops::gemm_backend_name() + "; conv: " +
+        (!ops::conv_direct_supported() || ops::conv_kernel() == ops::ConvKernel::im2col ? "im2col"
+         : ops::conv_kernel() == ops::ConvKernel::direct                                ? "direct (AVX-512) and im2col"
+                                                         : "winograd F(2x2,3x3), direct (AVX-512) and im2col");
   // A resumed run rewrites its file: the history before the checkpoint comes from the previous file, moved aside
   // and read while the new one is written.
   std::filesystem::path previous_copy = summary_.run_file;

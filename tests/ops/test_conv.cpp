@@ -176,7 +176,7 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
                         {2, 6, 8, 8, 9, 3, {1, 0, 1}},      {2, 40, 10, 10, 16, 3, {3, 1, 1}},
                         {1, 1, 28, 28, 16, 3, {1, 1, 1}},   {40, 8, 7, 7, 16, 3, {1, 1, 1}},
                         {24, 32, 10, 10, 16, 3, {2, 1, 1}}};
-  ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::direct);
+  ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::winograd);
   std::uint64_t seed = 40;
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.n << "x" << c.c_in << "x" << c.h << "x" << c.w << " -> " << c.c_out << " k"
@@ -197,7 +197,7 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
       ops::conv2d_forward(x, weight, &bias, c.params, y[run]);
       ops::conv2d_backward(x, weight, d_y, c.params, &d_x[run], d_w[run], nullptr);
     }
-    ops::set_conv_kernel(ops::ConvKernel::direct);
+    ops::set_conv_kernel(ops::ConvKernel::winograd);
     EXPECT_TRUE(testing::bitwise_equal(y[0], y[1])) << "direct y depends on the thread count";
     EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1])) << "direct d_x depends on the thread count";
     testing::expect_all_close(y[0], naive_conv(x, weight, &bias, c.params), 1e-4, 1e-4, "direct y");
@@ -210,6 +210,66 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
     std::vector<double> d_w_im2col;
     for (float v : d_w[2].to_vector()) d_w_im2col.push_back(v);
     testing::expect_all_close(d_w[0], d_w_im2col, 1e-4, 1e-5, "direct d_weight against im2col");
+  }
+}
+
+// Winograd F(2×2, 3×3) (ops/conv_winograd.h) against the direct kernel and the double-precision direct sum, on
+// shapes that reach its edges: tile rows of 1, 4, 7 (one load per input line), 8, 14 and 15 tiles (two loads)
+// and 16+ (a row cut into segments of 15), blocks spanning tile rows and samples, odd output sizes (half tiles),
+// padding 0, 1 and 2, channel counts off the 16-channel tile, a last partial block; forward with and without bias
+// and the stride-1 d_x (a Winograd convolution of d_y with the flipped kernel), and thread independence. Other
+// kernels and strides fall through to the direct kernel, so their results are bitwise the direct setting's.
+TEST(Conv2d, WinogradMatchesDirectSum) {
+  if (!ops::conv_direct_supported()) GTEST_SKIP() << "this CPU lacks AVX-512F: only the im2col kernel runs here";
+  struct Case {
+    std::int64_t n, c_in, h, w, c_out, k;
+    ops::Conv2dParams params;
+    bool bias;
+  };
+  const Case cases[] = {{3, 16, 28, 28, 16, 3, {1, 1, 1}, true}, {5, 7, 7, 7, 19, 3, {1, 1, 1}, true},
+                        {4, 3, 3, 2, 5, 3, {1, 1, 1}, false},    {2, 33, 14, 14, 40, 3, {1, 1, 1}, true},
+                        {2, 6, 8, 8, 9, 3, {1, 0, 1}, true},     {3, 5, 9, 11, 17, 3, {1, 2, 1}, false},
+                        {2, 4, 5, 30, 3, 3, {1, 1, 1}, true},    {2, 4, 6, 33, 18, 3, {1, 0, 1}, true},
+                        {1, 1, 28, 28, 16, 3, {1, 1, 1}, true},  {40, 8, 7, 7, 16, 3, {1, 1, 1}, false},
+                        {2, 3, 16, 16, 4, 3, {1, 1, 1}, true},   {3, 2, 3, 3, 2, 3, {1, 0, 1}, true},
+                        {2, 9, 14, 13, 20, 3, {2, 1, 1}, true},  {2, 6, 9, 9, 7, 5, {1, 2, 1}, true}};
+  ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::winograd);
+  std::uint64_t seed = 80;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.n << "x" << c.c_in << "x" << c.h << "x" << c.w << " -> " << c.c_out << " k"
+                                      << c.k << " s" << c.params.stride << " p" << c.params.padding);
+    Tensor x = random_tensor({c.n, c.c_in, c.h, c.w}, seed++);
+    Tensor weight = random_tensor({c.c_out, c.c_in, c.k, c.k}, seed++, 0.2);
+    Tensor bias = random_tensor({c.c_out}, seed++);
+    const std::int64_t h_out = ops::conv2d_out_size(c.h, c.k, c.params.stride, c.params.padding);
+    const std::int64_t w_out = ops::conv2d_out_size(c.w, c.k, c.params.stride, c.params.padding);
+    Tensor d_y = random_tensor({c.n, c.c_out, h_out, w_out}, seed++);
+    Tensor y[3], d_x[3], d_w[3];
+    for (int run = 0; run < 3; ++run) {  // winograd on 1 thread, winograd on 2, direct
+      testing::ScopedThreads scoped(run == 0 ? 1 : 2);
+      ops::set_conv_kernel(run == 2 ? ops::ConvKernel::direct : ops::ConvKernel::winograd);
+      y[run] = Tensor::empty(d_y.shape());
+      d_x[run] = Tensor::empty(x.shape());
+      d_w[run] = Tensor::zeros(weight.shape());
+      ops::conv2d_forward(x, weight, c.bias ? &bias : nullptr, c.params, y[run]);
+      ops::conv2d_backward(x, weight, d_y, c.params, &d_x[run], d_w[run], nullptr);
+    }
+    ops::set_conv_kernel(ops::ConvKernel::winograd);
+    EXPECT_TRUE(testing::bitwise_equal(y[0], y[1])) << "winograd y depends on the thread count";
+    EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1])) << "winograd d_x depends on the thread count";
+    EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[2])) << "the weight gradient is the direct kernel's";
+    testing::expect_all_close(y[0], naive_conv(x, weight, c.bias ? &bias : nullptr, c.params), 1e-5, 1e-5,
+                              "winograd y");
+    std::vector<double> y_direct, d_x_direct;
+    for (float v : y[2].to_vector()) y_direct.push_back(v);
+    for (float v : d_x[2].to_vector()) d_x_direct.push_back(v);
+    testing::expect_all_close(y[0], y_direct, 1e-5, 1e-5, "winograd y against direct");
+    testing::expect_all_close(d_x[0], d_x_direct, 1e-5, 1e-5, "winograd d_x against direct");
+    if (c.k != 3 || c.params.stride != 1) {
+      EXPECT_TRUE(testing::bitwise_equal(y[0], y[2])) << "a shape Winograd does not run is the direct kernel's";
+    } else if (y[0].numel() > 1000) {
+      EXPECT_FALSE(testing::bitwise_equal(y[0], y[2])) << "Winograd did not run";
+    }
   }
 }
 
