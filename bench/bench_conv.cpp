@@ -104,6 +104,7 @@ struct ConvTensors {
              std::to_string(c.kernel) + "/" + std::to_string(c.stride)) {}
   void forward() { ops::conv2d_forward(x, w, nullptr, params, y); }
   void backward() { ops::conv2d_backward(x, w, d_y, params, first ? nullptr : &d_x, d_w, nullptr); }
+  void weight_grad() { ops::conv2d_backward(x, w, d_y, params, nullptr, d_w, nullptr); }
 
   ops::Conv2dParams params;
   std::int64_t out_size;
@@ -134,8 +135,8 @@ int main(int argc, char** argv) {
   if (compare_kernels) {
     const std::vector<ops::ConvKernel> kernels = {ops::ConvKernel::winograd, ops::ConvKernel::direct,
                                                   ops::ConvKernel::im2col};
-    std::printf("%-26s %28s %28s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms winograd/direct/im2col",
-                "bwd ms winograd/direct/im2col", "x step");
+    std::printf("%-26s %28s %28s %28s %7s\n", "conv (c_in>c_out, size, k/s)", "fwd ms winograd/direct/im2col",
+                "bwd ms winograd/direct/im2col", "of which d_weight", "x step");
     double totals[3] = {0.0, 0.0, 0.0};
     std::uint64_t stream = 0;
     for (const ConvCase& c : cases) {
@@ -144,8 +145,11 @@ int main(int argc, char** argv) {
           reps, [&] { t.forward(); }, kernels);
       const auto backward = median_each(
           reps, [&] { t.backward(); }, kernels);
-      std::printf("%-26s %8.2f / %6.2f / %6.2f   %8.2f / %6.2f / %6.2f   %7d\n", t.name.c_str(), forward[0], forward[1],
-                  forward[2], backward[0], backward[1], backward[2], c.per_step);
+      const auto weight_grad = median_each(
+          reps, [&] { t.weight_grad(); }, kernels);
+      std::printf("%-26s %8.2f / %6.2f / %6.2f   %8.2f / %6.2f / %6.2f   %8.2f / %6.2f / %6.2f   %7d\n", t.name.c_str(),
+                  forward[0], forward[1], forward[2], backward[0], backward[1], backward[2], weight_grad[0],
+                  weight_grad[1], weight_grad[2], c.per_step);
       for (int k = 0; k < 3; ++k) totals[k] += c.per_step * (forward[k] + backward[k]);
     }
     std::printf("convs in one step: winograd %.1f ms, direct %.1f ms (%.2fx), im2col %.1f ms (%.2fx)\n", totals[0],

@@ -253,6 +253,74 @@ __attribute__((target("avx512f"))) void store_outputs(const float* m, Index co0,
   }
 }
 
+// dy [16 points][C_out][16 lanes] = A d_yᵀ-tile Aᵀ for every tile of the block and output channel (the weight
+// gradient's transform of a 2 × 2 tile of d_y, A = [[1, 0], [1, 1], [1, −1], [0, −1]]); rows and columns outside the
+// output, and lanes without a tile, read zero.
+__attribute__((target("avx512f"))) void transform_dy(const float* d_y, const DirectConvShape& s,
+                                                     const Segment* segments, int count, float* dy) {
+  const Index pixels = s.h_out * s.w_out;
+  for (Index co = 0; co < s.c_out; ++co) {
+    Accumulator e[4];  // e[i·2 + j]: d_y at (row i, column j) of every lane's tile
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) e[k] = _mm512_setzero_ps();
+    for (int sg = 0; sg < count; ++sg) {
+      const Segment& g = segments[sg];
+      const float* channel = d_y + (g.sample * s.c_out + co) * pixels + 2 * g.tile_column;
+      const int length = g.out_length;
+      const __mmask16 low = static_cast<__mmask16>(length >= kLanes ? 0xFFFFu : (1u << length) - 1u);
+      const __mmask16 high = static_cast<__mmask16>(length > kLanes ? (1u << (length - kLanes)) - 1u : 0u);
+      const __m512i even = _mm512_load_si512(g.gather[0]), odd = _mm512_load_si512(g.gather[1]);
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i) {
+        const Index row = 2 * g.tile_row + i;
+        const bool row_ok = row < s.h_out;
+        const float* line = channel + (row_ok ? row * s.w_out : 0);
+        const __m512 a = _mm512_maskz_loadu_ps(row_ok ? low : 0, line);
+        const __m512 b = _mm512_maskz_loadu_ps(row_ok ? high : 0, line + kLanes);
+        e[i * 2 + 0] = _mm512_mask_mov_ps(e[i * 2 + 0], g.lanes, _mm512_permutex2var_ps(a, even, b));
+        e[i * 2 + 1] = _mm512_mask_mov_ps(e[i * 2 + 1], g.lanes, _mm512_permutex2var_ps(a, odd, b));
+      }
+    }
+    // Rows (A d_y), then columns (· Aᵀ).
+    const Accumulator r[4][2] = {{e[0], e[1]}, {e[0] + e[2], e[1] + e[3]}, {e[0] - e[2], e[1] - e[3]}, {-e[2], -e[3]}};
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      _mm512_store_ps(dy + ((a * 4 + 0) * s.c_out + co) * kLanes, r[a][0]);
+      _mm512_store_ps(dy + ((a * 4 + 1) * s.c_out + co) * kLanes, r[a][0] + r[a][1]);
+      _mm512_store_ps(dy + ((a * 4 + 2) * s.c_out + co) * kLanes, r[a][0] - r[a][1]);
+      _mm512_store_ps(dy + ((a * 4 + 3) * s.c_out + co) * kLanes, -r[a][1]);
+    }
+  }
+}
+
+// partial[point][co][ci] += Σ over the chunk's blocks and their lanes of dy[point][co][lane] · v[point][ci][lane],
+// for 16 output channels (rows) and 16 input channels (one zmm): v is given transposed per block, point and 16
+// input channels ([lane][16 channels], `v_block_stride` apart), one broadcast FMA per d_y value. Each sum runs over
+// the blocks and lanes in order.
+__attribute__((target("avx512f"))) void weight_grad_point(const float* dy, const float* vt, Index blocks,
+                                                          Index dy_block_stride, Index v_block_stride, Index rows,
+                                                          Index c_out_stride, Index columns, float* partial,
+                                                          Index partial_stride) {
+  Accumulator acc[kRows];
+#pragma GCC unroll 16
+  for (Index r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (Index b = 0; b < blocks; ++b) {
+    const float* d = dy + b * dy_block_stride;
+    const float* v = vt + b * v_block_stride;
+    for (Index l = 0; l < kLanes; ++l) {
+      const __m512 x = _mm512_load_ps(v + l * kLanes);
+#pragma GCC unroll 16
+      for (Index r = 0; r < kRows; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d[std::min(r, rows - 1) * c_out_stride + l]), x, acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>(columns >= kLanes ? 0xFFFFu : (1u << columns) - 1u);
+  for (Index r = 0; r < rows; ++r) {
+    float* to = partial + r * partial_stride;
+    _mm512_mask_storeu_ps(to, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, to), acc[r]));
+  }
+}
+
 }  // namespace
 
 bool winograd_conv_fits(const DirectConvShape& s) {
@@ -287,6 +355,94 @@ void winograd_conv_forward(const float* x, const float* weight, const float* bia
           multiply_point(v + point * s.c_in * kLanes, u + point * s.c_in * kRows, s.c_in, m + point * kRows * kLanes);
         store_outputs(m, tile * kRows, std::min(kRows, s.c_out - tile * kRows), bias, segments, count, y, s);
       }
+    }
+  }
+}
+
+void winograd_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s) {
+  Geometry geo;
+  geo.tiles_h = (s.h_out + 1) / 2, geo.tiles_w = (s.w_out + 1) / 2;
+  geo.per_sample = geo.tiles_h * geo.tiles_w;
+  geo.total = s.n * geo.per_sample;
+  const Index blocks = (geo.total + kLanes - 1) / kLanes;
+  if (blocks == 0 || s.c_out == 0 || s.c_in == 0) return;
+  const Index ci_padded = (s.c_in + kLanes - 1) / kLanes * kLanes;
+  // Per block: v transposed [16 points][C_in / 16][16 lanes][16 channels], and dy [16 points][C_out][16 lanes].
+  const Index v_stride = kPoints * ci_padded * kLanes, dy_stride = kPoints * s.c_out * kLanes;
+  // Chunks of blocks whose transforms fill about 256 KiB (they stay in L2 across the register tiles), grouped into
+  // at most kGroups runs of consecutive chunks: each group adds its chunks in order into its own partial
+  // [16 points][C_out][C_in], and the partials are added in group order. All of it depends on the shape alone.
+  constexpr Index kGroups = 16;
+  const Index chunk_blocks = std::max<Index>(1, (Index{1} << 16) / (v_stride + dy_stride));
+  const Index chunks = (blocks + chunk_blocks - 1) / chunk_blocks;
+  const Index groups = std::min(kGroups, chunks);
+  const Index partial_numel = kPoints * s.c_out * s.c_in;
+  thread_local std::vector<float> partial_buffer;
+  partial_buffer.assign(static_cast<std::size_t>(groups * partial_numel), 0.0f);
+  float* partials = partial_buffer.data();
+#pragma omp parallel if (groups > 1)
+  {
+    thread_local std::vector<float> v_buffer, work_buffer;
+    float* v = thread_buffer(v_buffer, kPoints * s.c_in * kLanes);
+    float* work = thread_buffer(work_buffer, chunk_blocks * (v_stride + dy_stride) + kLanes * kLanes);
+    float* vts = work;
+    float* dys = vts + chunk_blocks * v_stride;
+    float* square = dys + chunk_blocks * dy_stride;  // one 16 × 16 tile to transpose
+    Segment segments[kLanes];
+#pragma omp for schedule(dynamic)
+    for (Index group = 0; group < groups; ++group) {
+      float* partial = partials + group * partial_numel;
+      for (Index chunk = group * chunks / groups; chunk < (group + 1) * chunks / groups; ++chunk) {
+        const Index first = chunk * chunk_blocks, count = std::min(chunk_blocks, blocks - first);
+        for (Index b = 0; b < count; ++b) {
+          const int segment_count = plan_block(s, geo, (first + b) * kLanes, segments);
+          transform_input(x, s, segments, segment_count, v);
+          transform_dy(d_y, s, segments, segment_count, dys + b * dy_stride);
+          // v [point][ci][lane] → [point][ci / 16][lane][16 channels], channels past C_in zero.
+          float* vt = vts + b * v_stride;
+          for (Index point = 0; point < kPoints; ++point)
+            for (Index c0 = 0; c0 < ci_padded; c0 += kLanes) {
+              const Index width = std::min(kLanes, s.c_in - c0);
+              const float* from = v + (point * s.c_in + c0) * kLanes;
+              if (width < kLanes) {
+                std::copy(from, from + width * kLanes, square);
+                std::fill(square + width * kLanes, square + kLanes * kLanes, 0.0f);
+                from = square;
+              }
+              transpose16(from, vt + (point * ci_padded + c0) * kLanes, kLanes);
+            }
+        }
+        for (Index point = 0; point < kPoints; ++point)
+          for (Index co = 0; co < s.c_out; co += kRows)
+            for (Index c0 = 0; c0 < ci_padded; c0 += kLanes)
+              weight_grad_point(dys + (point * s.c_out + co) * kLanes, vts + (point * ci_padded + c0) * kLanes, count,
+                                dy_stride, v_stride, std::min(kRows, s.c_out - co), kLanes,
+                                std::min(kLanes, s.c_in - c0), partial + (point * s.c_out + co) * s.c_in + c0, s.c_in);
+      }
+    }
+  }
+  // The groups' partials in group order, then d_weight += Gᵀ M G (in double, rounded once), Gᵀ = [[1, ½, ½, 0],
+  // [0, ½, −½, 0], [0, ½, ½, 1]].
+#pragma omp parallel for schedule(static) if (s.c_out * s.c_in * groups > (1 << 12))
+  for (Index pair = 0; pair < s.c_out * s.c_in; ++pair) {
+    double m[4][4];
+    for (Index point = 0; point < kPoints; ++point) {
+      float sum = 0.0f;
+      for (Index group = 0; group < groups; ++group)
+        sum += partials[group * partial_numel + point * s.c_out * s.c_in + pair];
+      m[point / 4][point % 4] = sum;
+    }
+    double t[3][4];  // Gᵀ m
+    for (int j = 0; j < 4; ++j) {
+      t[0][j] = m[0][j] + 0.5 * (m[1][j] + m[2][j]);
+      t[1][j] = 0.5 * (m[1][j] - m[2][j]);
+      t[2][j] = 0.5 * (m[1][j] + m[2][j]) + m[3][j];
+    }
+    float* out = d_weight + pair * 9;
+    for (int i = 0; i < 3; ++i) {
+      out[i * 3 + 0] += static_cast<float>(t[i][0] + 0.5 * (t[i][1] + t[i][2]));
+      out[i * 3 + 1] += static_cast<float>(0.5 * (t[i][1] - t[i][2]));
+      out[i * 3 + 2] += static_cast<float>(0.5 * (t[i][1] + t[i][2]) + t[i][3]);
     }
   }
 }
