@@ -436,12 +436,8 @@ void conv2d_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, c
           flipped[(ci * g.c_out + co) * taps + (taps - 1 - tap)] = w[(co * g.c_in + ci) * taps + tap];
     forward_any(d_y_data, t, flipped, nullptr, d_x->f32());
   }
-  // The weight gradient: Winograd or the direct kernel where they run this shape and d_x needs no col2im; else
-  // im2col below.
-  // (Winograd's weight gradient vectorises over input channels: with fewer than 16 most lanes would idle.)
-  if (detail::DirectConvShape s; (!d_x || d_x_by_conv) && g.c_in >= 16 && winograd_shape(g, s)) {
-    detail::winograd_conv_weight_grad(x_data, d_y_data, d_weight.f32(), s);
-  } else if ((!d_x || d_x_by_conv) && direct_shape(g, s)) {
+  // The weight gradient: the direct kernel where it runs this shape and d_x needs no col2im; else im2col below.
+  if (detail::DirectConvShape s; (!d_x || d_x_by_conv) && direct_shape(g, s)) {
     detail::direct_conv_weight_grad(x_data, d_y_data, d_weight.f32(), s);
   } else {
     weight_grad_columns(x_data, d_y_data, weight.f32(), g, d_weight.f32(), d_x_by_conv ? nullptr : d_x);

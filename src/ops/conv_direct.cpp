@@ -393,9 +393,8 @@ BlockTable thread_table(Index taps) {
                     line_starts.data(), line_masks.data(), lines.data()};
 }
 
-}  // namespace
-
-// Unpacks pair the rows, shuffles gather four, and 128-bit lane shuffles assemble the columns.
+// in: 16 rows of 16 floats (row stride 16); out: their transpose, row i at out + i·out_stride. Unpacks pair the
+// rows, shuffles gather four, and 128-bit lane shuffles assemble the columns.
 __attribute__((target("avx512f"))) void transpose16(const float* in, float* out, Index out_stride) {
   __m512 r[16], t[16], u[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(in + i * kLanes);
@@ -420,8 +419,6 @@ __attribute__((target("avx512f"))) void transpose16(const float* in, float* out,
     _mm512_storeu_ps(out + (12 + j) * out_stride, _mm512_shuffle_f32x4(x1, y1, 0xDD));
   }
 }
-
-namespace {
 
 // The weight gradient's register tile, 16 patch elements × 16 output channels: for every pixel of the chunk's
 // blocks, one load of its d_y for the 16 output channels (transposed d_y [16 pixels][16 channels] per block and

@@ -36,8 +36,4 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
 // threads.
 void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s);
 
-// in: 16 rows of 16 floats (row stride 16, 64-byte aligned); out: their transpose, row i at out + i·out_stride.
-// Needs AVX-512F (where direct_conv_fits() holds).
-void transpose16(const float* in, float* out, std::int64_t out_stride);
-
 }  // namespace proplab::ops::detail

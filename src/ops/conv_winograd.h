@@ -29,10 +29,4 @@ bool winograd_conv_fits(const DirectConvShape& s);
 // stride 1, any padding.
 void winograd_conv_forward(const float* x, const float* weight, const float* bias, float* y, const DirectConvShape& s);
 
-// d_weight [C_out, C_in, 3, 3] += the weight gradient of that convolution: per tile, Gᵀ [(Bᵀ d B) ⊙ (A d_y Aᵀ)] G
-// summed over the tiles (the forward's transforms, transposed), the sum over tiles taken in the transformed
-// domain and transformed back once. Blocks as in the forward; their transforms are summed per chunk of blocks in
-// a fixed order into at most 16 partials, added in order: bitwise independent of the threads.
-void winograd_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s);
-
 }  // namespace proplab::ops::detail

@@ -41,30 +41,6 @@ std::vector<double> naive_conv(const Tensor& x, const Tensor& weight, const Tens
   return y;
 }
 
-// The weight gradient of one-group convolution in double: Σ over samples and output pixels of d_y · the input.
-std::vector<double> naive_weight_grad(const Tensor& x, const Tensor& d_y, const Tensor& weight,
-                                      const ops::Conv2dParams& p) {
-  const std::int64_t n = x.dim(0), c_in = x.dim(1), h = x.dim(2), w = x.dim(3);
-  const std::int64_t c_out = weight.dim(0), kh = weight.dim(2), kw = weight.dim(3);
-  const std::int64_t h_out = d_y.dim(2), w_out = d_y.dim(3);
-  const std::vector<float> xv = x.to_vector(), dv = d_y.to_vector();
-  std::vector<double> g(static_cast<std::size_t>(c_out * c_in * kh * kw), 0.0);
-  for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t o = 0; o < c_out; ++o)
-      for (std::int64_t oh = 0; oh < h_out; ++oh)
-        for (std::int64_t ow = 0; ow < w_out; ++ow) {
-          const double d = dv[((b * c_out + o) * h_out + oh) * w_out + ow];
-          for (std::int64_t c = 0; c < c_in; ++c)
-            for (std::int64_t i = 0; i < kh; ++i)
-              for (std::int64_t j = 0; j < kw; ++j) {
-                const std::int64_t ih = oh * p.stride - p.padding + i, iw = ow * p.stride - p.padding + j;
-                if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
-                g[((o * c_in + c) * kh + i) * kw + j] += d * xv[((b * c_in + c) * h + ih) * w + iw];
-              }
-        }
-  return g;
-}
-
 struct ConvCase {
   std::int64_t n, c_in, h, w, c_out, k;
   ops::Conv2dParams params;
@@ -240,10 +216,9 @@ TEST(Conv2d, DirectKernelMatchesIm2col) {
 // Winograd F(2×2, 3×3) (ops/conv_winograd.h) against the direct kernel and the double-precision direct sum, on
 // shapes that reach its edges: tile rows of 1, 4, 7 (one load per input line), 8, 14 and 15 tiles (two loads)
 // and 16+ (a row cut into segments of 15), blocks spanning tile rows and samples, odd output sizes (half tiles),
-// padding 0, 1 and 2, channel counts off the 16-channel tile, a last partial block; forward with and without bias,
-// the stride-1 d_x (a Winograd convolution of d_y with the flipped kernel) and the weight gradient (from 16 input
-// channels; below, the direct kernel's), and thread independence. Other kernels and strides fall through to the
-// direct kernel, so their results are bitwise the direct setting's.
+// padding 0, 1 and 2, channel counts off the 16-channel tile, a last partial block; forward with and without bias
+// and the stride-1 d_x (a Winograd convolution of d_y with the flipped kernel), and thread independence. Other
+// kernels and strides fall through to the direct kernel, so their results are bitwise the direct setting's.
 TEST(Conv2d, WinogradMatchesDirectSum) {
   if (!ops::conv_direct_supported()) GTEST_SKIP() << "this CPU lacks AVX-512F: only the im2col kernel runs here";
   struct Case {
@@ -257,8 +232,7 @@ TEST(Conv2d, WinogradMatchesDirectSum) {
                         {2, 4, 5, 30, 3, 3, {1, 1, 1}, true},    {2, 4, 6, 33, 18, 3, {1, 0, 1}, true},
                         {1, 1, 28, 28, 16, 3, {1, 1, 1}, true},  {40, 8, 7, 7, 16, 3, {1, 1, 1}, false},
                         {2, 3, 16, 16, 4, 3, {1, 1, 1}, true},   {3, 2, 3, 3, 2, 3, {1, 0, 1}, true},
-                        {2, 9, 14, 13, 20, 3, {2, 1, 1}, true},  {2, 6, 9, 9, 7, 5, {1, 2, 1}, true},
-                        {2, 17, 9, 11, 5, 3, {1, 2, 1}, true}};
+                        {2, 9, 14, 13, 20, 3, {2, 1, 1}, true},  {2, 6, 9, 9, 7, 5, {1, 2, 1}, true}};
   ASSERT_EQ(ops::conv_kernel(), ops::ConvKernel::winograd);
   std::uint64_t seed = 80;
   for (const Case& c : cases) {
@@ -283,11 +257,7 @@ TEST(Conv2d, WinogradMatchesDirectSum) {
     ops::set_conv_kernel(ops::ConvKernel::winograd);
     EXPECT_TRUE(testing::bitwise_equal(y[0], y[1])) << "winograd y depends on the thread count";
     EXPECT_TRUE(testing::bitwise_equal(d_x[0], d_x[1])) << "winograd d_x depends on the thread count";
-    EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[1])) << "winograd d_weight depends on the thread count";
-    testing::expect_all_close(d_w[0], naive_weight_grad(x, d_y, weight, c.params), 1e-4, 1e-5, "winograd d_weight");
-    std::vector<double> d_w_direct;
-    for (float v : d_w[2].to_vector()) d_w_direct.push_back(v);
-    testing::expect_all_close(d_w[0], d_w_direct, 1e-4, 1e-5, "winograd d_weight against direct");
+    EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[2])) << "the weight gradient is the direct kernel's";
     testing::expect_all_close(y[0], naive_conv(x, weight, c.bias ? &bias : nullptr, c.params), 1e-5, 1e-5,
                               "winograd y");
     std::vector<double> y_direct, d_x_direct;
@@ -297,14 +267,8 @@ TEST(Conv2d, WinogradMatchesDirectSum) {
     testing::expect_all_close(d_x[0], d_x_direct, 1e-5, 1e-5, "winograd d_x against direct");
     if (c.k != 3 || c.params.stride != 1) {
       EXPECT_TRUE(testing::bitwise_equal(y[0], y[2])) << "a shape Winograd does not run is the direct kernel's";
-      EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[2])) << "a shape Winograd does not run is the direct kernel's";
     } else if (y[0].numel() > 1000) {
       EXPECT_FALSE(testing::bitwise_equal(y[0], y[2])) << "Winograd did not run";
-      if (c.c_in >= 16) {
-        EXPECT_FALSE(testing::bitwise_equal(d_w[0], d_w[2])) << "Winograd did not run the weight gradient";
-      } else {
-        EXPECT_TRUE(testing::bitwise_equal(d_w[0], d_w[2])) << "below 16 input channels: the direct kernel's";
-      }
     }
   }
 }
