@@ -16,8 +16,8 @@ namespace proplab {
 
 using io_detail::ErrorKind;
 using io_detail::h5_check;
+using io_detail::H5Guard;
 using io_detail::H5Handle;
-using io_detail::H5Quiet;
 
 const char* run_status_name(RunStatus status) {
   switch (status) {
@@ -202,7 +202,7 @@ struct RunWriter::Impl {
   }
 
   void write_all() {
-    H5Quiet quiet;
+    H5Guard guard;
     for (Series& entry : series) write_series(entry);
     // In SWMR mode H5Fflush pushes raw data and metadata in the order a concurrent reader relies on.
     h5_check(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "H5Fflush", file_name);
@@ -305,7 +305,7 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
     }
   }
 
-  H5Quiet quiet;
+  H5Guard guard;
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->file_name = file_name;
@@ -373,19 +373,19 @@ RunWriter RunWriter::create(const std::filesystem::path& path, const RunHeader& 
 
 SeriesId RunWriter::create_series_2d(const std::string& path, std::int64_t columns) {
   impl_->require_layout_phase("create_series_2d");
-  H5Quiet quiet;
+  H5Guard guard;
   return SeriesId{impl_->add_series(path, 2, columns, false)};
 }
 
 SeriesId RunWriter::create_series_1d_int(const std::string& path) {
   impl_->require_layout_phase("create_series_1d_int");
-  H5Quiet quiet;
+  H5Guard guard;
   return SeriesId{impl_->add_series(path, 1, 1, true)};
 }
 
 void RunWriter::write_strings(const std::string& path, const std::vector<std::string>& values) {
   impl_->require_layout_phase("write_strings");
-  H5Quiet quiet;
+  H5Guard guard;
   std::size_t size = 1;
   for (const std::string& value : values) size = std::max(size, value.size());
   std::vector<char> buffer(size * values.size(), '\0');
@@ -396,19 +396,19 @@ void RunWriter::write_strings(const std::string& path, const std::vector<std::st
 
 void RunWriter::write_ints(const std::string& path, const std::vector<std::int64_t>& values) {
   impl_->require_layout_phase("write_ints");
-  H5Quiet quiet;
+  H5Guard guard;
   impl_->write_fixed(path, H5T_STD_I64LE, H5T_NATIVE_INT64, values.size(), values.data());
 }
 
 void RunWriter::write_doubles(const std::string& path, const std::vector<double>& values) {
   impl_->require_layout_phase("write_doubles");
-  H5Quiet quiet;
+  H5Guard guard;
   impl_->write_fixed(path, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, values.size(), values.data());
 }
 
 void RunWriter::write_attribute(const std::string& object_path, const std::string& name, const std::string& value) {
   impl_->require_layout_phase("write_attribute");
-  H5Quiet quiet;
+  H5Guard guard;
   const std::string& file_name = impl_->file_name;
   H5Handle object(
       h5_check(H5Oopen(impl_->file.get(), object_path.c_str(), H5P_DEFAULT), "H5Oopen", file_name, object_path));
@@ -418,7 +418,7 @@ void RunWriter::write_attribute(const std::string& object_path, const std::strin
 
 void RunWriter::start() {
   impl_->require_layout_phase("start");
-  H5Quiet quiet;
+  H5Guard guard;
   impl_->write_all();
   h5_check(H5Fstart_swmr_write(impl_->file.get()), "H5Fstart_swmr_write", impl_->file_name);
   impl_->started = true;
@@ -477,14 +477,14 @@ void RunWriter::append_int(SeriesId series, std::int64_t value) {
 
 void RunWriter::flush() {
   impl_->require_open("flush");
-  H5Quiet quiet;
+  H5Guard guard;
   impl_->write_all();
 }
 
 void RunWriter::finish(RunStatus status, const std::string& detail) {
   impl_->require_open("finish");
   PROPLAB_CHECK(status != RunStatus::running, "finish() records a final status, not running");
-  H5Quiet quiet;
+  H5Guard guard;
   // Marked first: whatever happens below, the writer does not try again from its destructor.
   impl_->finished = true;
   impl_->write_all();
@@ -496,7 +496,7 @@ bool RunWriter::abandon(RunStatus status, const std::string& detail) noexcept {
   if (!impl_ || impl_->abandoned) return false;
   impl_->abandoned = true;
   impl_->finished = true;
-  H5Quiet quiet;
+  H5Guard guard;
   try {
     for (Series& entry : impl_->series) {
       entry.pending_doubles.clear();
