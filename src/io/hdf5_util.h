@@ -5,12 +5,13 @@
 //   the file and the object, with HDF5's own error-stack messages appended. Calls that fail because of the
 //   user's file (open, create, missing object) raise UserError; everything else raises InternalError.
 // - Every HDF5 call proplab makes, on any thread and for any file, is made while holding the process-wide HDF5
-//   lock: an H5Guard, held by every public io entry point, takes it. HDF5's state is global to the process
-//   (identifiers, caches, free lists, and in a build without thread safety the error stacks too), so calls for two
-//   different files must not overlap either.
+//   lock: an H5Guard, held by every public io entry point (and by a run file's writer thread for each write,
+//   io/run_file.h), takes it. HDF5's state is global to the process (identifiers, caches, free lists, and in a
+//   build without thread safety the error stacks too), so calls for two different files must not overlap either.
 //   Debian's serial build is built thread-safe (H5_HAVE_THREADSAFE, one global lock inside the library), but
 //   nothing here relies on it: the lock serialises every call whichever build is linked. It is recursive (entry
-//   points nest), and no thread may wait for another thread's HDF5 work while holding it.
+//   points nest), and no thread waits for another thread's HDF5 work while holding it (a run file's writer thread
+//   is waited for only outside it).
 // - HDF5's automatic error printing is switched off (per thread in a thread-safe build, for the whole library
 //   otherwise: either way only while the lock is held) by the same H5Guard, so failures surface only as exceptions.
 // - The helpers below expect their caller to hold an H5Guard; H5Handle's close() and destructor take their own.
