@@ -116,7 +116,7 @@ bool SyntheticRunWriter::append_record() {
   return true;
 }
 
-void SyntheticRunWriter::flush() { writer_->flush(); }
+void SyntheticRunWriter::flush() { writer_->flush_and_wait(); }
 
 void SyntheticRunWriter::finish() {
   PROPLAB_CHECK(spec_.status != RunStatus::running, "a synthetic run is finished with a final status");

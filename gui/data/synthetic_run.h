@@ -36,8 +36,9 @@ struct SyntheticRunSpec {
   double backward_scale = 1.0;
   double depth_slope = 0.5;
   double theory_constant = std::nan("");  // NaN: the record-0 values
-  bool write_through = true;              // every append written and flushed at once (readers see each record); false:
-                                          // RunWriter's default buffering (much faster for big files)
+  bool write_through = true;              // every append handed to the writer thread at once, which writes and flushes
+                                          // it promptly (readers see each record); false: RunWriter's default
+                                          // buffering (much faster for big files)
   RunStatus status = RunStatus::completed;
   std::string status_detail;
 };
@@ -61,7 +62,7 @@ class SyntheticRunWriter {
   // Appends the training rows up to the next record's step and that record; false when all records are written.
   bool append_record();
   std::int64_t records_written() const { return records_written_; }
-  // Makes everything appended so far visible to SWMR readers.
+  // Makes everything appended so far visible to SWMR readers (returns once it is written and flushed).
   void flush();
   // Writes the spec's status (must not be running).
   void finish();

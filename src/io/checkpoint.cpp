@@ -14,8 +14,8 @@ namespace proplab {
 
 using io_detail::ErrorKind;
 using io_detail::h5_check;
+using io_detail::H5Guard;
 using io_detail::H5Handle;
-using io_detail::H5Quiet;
 
 namespace {
 
@@ -234,7 +234,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
   // (the folder is not made again when it is missing: a run whose folder vanished must notice)
   std::error_code error;
   const std::string temporary = file_name + ".tmp";
-  H5Quiet quiet;
+  H5Guard guard;
   try {
     H5Handle file(h5_check(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "H5Fcreate",
                            temporary, "", ErrorKind::write));
@@ -282,7 +282,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
 }
 
 Checkpoint read_checkpoint(const std::filesystem::path& path) {
-  H5Quiet quiet;
+  H5Guard guard;
   CheckpointFileReader reader(path);
   Checkpoint checkpoint;
   for (const std::string& name : reader.dataset_names(group_tensors)) {
@@ -293,7 +293,7 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std::string, Tensor>& targets) {
-  H5Quiet quiet;
+  H5Guard guard;
   CheckpointFileReader reader(path);
   const std::vector<std::string> stored = reader.dataset_names(group_tensors);
   const std::set<std::string> stored_set(stored.begin(), stored.end());

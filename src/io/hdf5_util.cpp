@@ -65,7 +65,15 @@ void h5_fail(const char* call, const std::string& file, const std::string& objec
   throw InternalError(message);
 }
 
-H5Quiet::H5Quiet() {
+namespace {
+// The process-wide HDF5 lock (function-local, so that it exists before any static initialiser could use HDF5).
+std::recursive_mutex& hdf5_lock() {
+  static std::recursive_mutex lock;
+  return lock;
+}
+}  // namespace
+
+H5Guard::H5Guard() : lock_(hdf5_lock()) {
   // Only failures of these two calls are possible if the library cannot initialise; then every later call
   // fails too and is reported there, so they are not fatal here.
   if (H5Eget_auto2(H5E_DEFAULT, &saved_function_, &saved_data_) < 0) {
@@ -75,7 +83,7 @@ H5Quiet::H5Quiet() {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
-H5Quiet::~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, saved_function_, saved_data_); }
+H5Guard::~H5Guard() { H5Eset_auto2(H5E_DEFAULT, saved_function_, saved_data_); }
 
 H5Handle& H5Handle::operator=(H5Handle&& other) noexcept {
   if (this != &other) {
@@ -111,6 +119,7 @@ herr_t close_id(hid_t id) {
 
 void H5Handle::close(const std::string& file) {
   if (id_ < 0) return;
+  H5Guard guard;
   const hid_t id = id_;
   id_ = H5I_INVALID_HID;
   h5_check(close_id(id), "H5Xclose", file);
@@ -118,7 +127,7 @@ void H5Handle::close(const std::string& file) {
 
 void H5Handle::close_quietly() noexcept {
   if (id_ < 0) return;
-  H5Quiet quiet;
+  H5Guard guard;
   close_id(id_);
   H5Eclear2(H5E_DEFAULT);
   id_ = H5I_INVALID_HID;

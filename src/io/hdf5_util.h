@@ -1,11 +1,20 @@
-// io/hdf5_util: the io module's private layer over the HDF5 C API (not included outside src/io).
+// io/hdf5_util: the io module's private layer over the HDF5 C API (not included outside src/io and tests/io).
 //
 // Invariants:
 // - Every HDF5 call goes through h5_check(), which turns a negative return into an exception naming the call,
 //   the file and the object, with HDF5's own error-stack messages appended. Calls that fail because of the
 //   user's file (open, create, missing object) raise UserError; everything else raises InternalError.
-// - HDF5's automatic error printing is switched off (per thread; the Debian build is thread-safe) by an
-//   H5Quiet guard held by every public io entry point, so failures surface only as exceptions.
+// - Every HDF5 call proplab makes, on any thread and for any file, is made while holding the process-wide HDF5
+//   lock: an H5Guard, held by every public io entry point (and by a run file's writer thread for each write,
+//   io/run_file.h), takes it. HDF5's state is global to the process (identifiers, caches, free lists, and in a
+//   build without thread safety the error stacks too), so calls for two different files must not overlap either.
+//   Debian's serial build is built thread-safe (H5_HAVE_THREADSAFE, one global lock inside the library), but
+//   nothing here relies on it: the lock serialises every call whichever build is linked. It is recursive (entry
+//   points nest), and no thread waits for another thread's HDF5 work while holding it (a run file's writer thread
+//   is waited for only outside it).
+// - HDF5's automatic error printing is switched off (per thread in a thread-safe build, for the whole library
+//   otherwise: either way only while the lock is held) by the same H5Guard, so failures surface only as exceptions.
+// - The helpers below expect their caller to hold an H5Guard; H5Handle's close() and destructor take their own.
 // - Every identifier is owned by an H5Handle that closes it exactly once; explicit close() is checked,
 //   the destructor's best-effort close is not (it may run during unwinding).
 // - Strings are stored as fixed-length, NUL-padded UTF-8 (one type size per attribute or dataset).
@@ -14,6 +23,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,15 +53,16 @@ Value h5_check(Value value, const char* call, const std::string& file, const std
   return value;
 }
 
-// Switches HDF5's automatic error printing off for this thread for the guard's lifetime.
-class H5Quiet {
+// Holds the process-wide HDF5 lock and switches HDF5's automatic error printing off for the guard's lifetime.
+class H5Guard {
  public:
-  H5Quiet();
-  ~H5Quiet();
-  H5Quiet(const H5Quiet&) = delete;
-  H5Quiet& operator=(const H5Quiet&) = delete;
+  H5Guard();
+  ~H5Guard();
+  H5Guard(const H5Guard&) = delete;
+  H5Guard& operator=(const H5Guard&) = delete;
 
  private:
+  std::unique_lock<std::recursive_mutex> lock_;
   H5E_auto2_t saved_function_ = nullptr;
   void* saved_data_ = nullptr;
 };

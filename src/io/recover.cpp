@@ -21,8 +21,8 @@ namespace proplab {
 
 using io_detail::ErrorKind;
 using io_detail::h5_check;
+using io_detail::H5Guard;
 using io_detail::H5Handle;
-using io_detail::H5Quiet;
 
 namespace {
 
@@ -158,7 +158,7 @@ bool run_file_marked_open(const fs::path& path) {
 RecoverResult recover_run_file(const fs::path& path) {
   const std::string file_name = path.string();
   require_regular_file(path);
-  H5Quiet quiet;
+  H5Guard guard;
   RecoverResult result;
   if (const std::optional<RunLockHolder> holder = lock_holder(path))
     throw UserError(detail::concat("run file '", file_name, "' is being written by ", holder->describe(),
@@ -234,7 +234,7 @@ void rewrite_run_status(const fs::path& path, RunStatus status, const std::strin
   PROPLAB_CHECK(status != RunStatus::running, "rewrite_run_status records how a run ended, not 'running'");
   PROPLAB_CHECK(end_time.size() <= run_time_size, "end_time '", end_time, "' fits ", run_time_size, " bytes");
   require_regular_file(path);
-  H5Quiet quiet;
+  H5Guard guard;
   H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
   h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
   H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen (read-write)", file_name, "",

@@ -10,8 +10,8 @@ namespace proplab {
 
 using io_detail::ErrorKind;
 using io_detail::h5_check;
+using io_detail::H5Guard;
 using io_detail::H5Handle;
-using io_detail::H5Quiet;
 
 struct RunReader::Impl {
   std::filesystem::path path;
@@ -124,7 +124,7 @@ RunReader RunReader::open(const std::filesystem::path& path, RunOpenMode mode) {
   if (!std::filesystem::is_regular_file(path, error)) {
     throw UserError(detail::concat("run file '", file_name, "' is not a regular file"));
   }
-  H5Quiet quiet;
+  H5Guard guard;
   const htri_t is_hdf5 = H5Fis_hdf5(file_name.c_str());
   if (is_hdf5 == 0) {
     throw UserError(detail::concat("'", file_name, "' is not an HDF5 file, so not a proplab run file"));
@@ -167,27 +167,27 @@ const std::filesystem::path& RunReader::path() const { return impl_->path; }
 bool RunReader::swmr() const { return impl_->swmr; }
 
 std::string RunReader::attribute_string(const std::string& name) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return io_detail::h5_read_string_attribute(impl_->root().get(), name, impl_->file_name);
 }
 
 std::int64_t RunReader::attribute_int(const std::string& name) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return io_detail::h5_read_int_attribute(impl_->root().get(), name, impl_->file_name);
 }
 
 bool RunReader::has_attribute(const std::string& name) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return io_detail::h5_has_attribute(impl_->root().get(), name, impl_->file_name);
 }
 
 std::vector<std::string> RunReader::attribute_names() const {
-  H5Quiet quiet;
+  H5Guard guard;
   return io_detail::h5_attribute_names(impl_->root().get(), impl_->file_name);
 }
 
 std::string RunReader::attribute_string(const std::string& object_path, const std::string& name) const {
-  H5Quiet quiet;
+  H5Guard guard;
   const std::string& file_name = impl_->file_name;
   if (!io_detail::h5_path_exists(impl_->file.get(), object_path, file_name)) {
     throw UserError(detail::concat("run file '", file_name, "' has no object '", object_path, "'"));
@@ -201,7 +201,7 @@ std::string RunReader::attribute_string(const std::string& object_path, const st
 RunStatus RunReader::status() const { return parse_run_status(attribute_string("status")); }
 
 bool RunReader::exists(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return io_detail::h5_path_exists(impl_->file.get(), path, impl_->file_name);
 }
 
@@ -213,7 +213,7 @@ herr_t collect_link_name(hid_t /*group*/, const char* name, const H5L_info_t* /*
 }  // namespace
 
 std::vector<std::string> RunReader::list(const std::string& group_path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   const std::string& file_name = impl_->file_name;
   if (!io_detail::h5_path_exists(impl_->file.get(), group_path, file_name)) {
     throw UserError(detail::concat("run file '", file_name, "' has no group '", group_path, "'"));
@@ -229,24 +229,24 @@ std::vector<std::string> RunReader::list(const std::string& group_path) const {
 }
 
 std::vector<std::int64_t> RunReader::dataset_shape(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   H5Handle dataset = impl_->open_dataset(path);
   const auto dims = impl_->shape_of(dataset.get(), path);
   return std::vector<std::int64_t>(dims.begin(), dims.end());
 }
 
 std::vector<double> RunReader::read_doubles(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return impl_->read_doubles(path);
 }
 
 std::vector<std::int64_t> RunReader::read_ints(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   return impl_->read_ints(path);
 }
 
 Dataset2D RunReader::read_2d(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   H5Handle dataset = impl_->open_dataset(path);
   const auto dims = impl_->shape_of(dataset.get(), path);
   impl_->require_rank(dims, 2, path);
@@ -263,14 +263,14 @@ Dataset2D RunReader::read_2d(const std::string& path) const {
 }
 
 std::vector<std::string> RunReader::read_strings(const std::string& path) const {
-  H5Quiet quiet;
+  H5Guard guard;
   H5Handle dataset = impl_->open_dataset(path);
   impl_->require_rank(impl_->shape_of(dataset.get(), path), 1, path);
   return io_detail::h5_read_string_dataset(dataset.get(), impl_->file_name, path);
 }
 
 TrainCurves RunReader::read_train() const {
-  H5Quiet quiet;
+  H5Guard guard;
   TrainCurves curves;
   curves.step = impl_->read_ints("/train/step");
   curves.loss = impl_->read_doubles("/train/loss");
@@ -288,7 +288,7 @@ TrainCurves RunReader::read_train() const {
 }
 
 EvalCurves RunReader::read_eval() const {
-  H5Quiet quiet;
+  H5Guard guard;
   EvalCurves curves;
   curves.step = impl_->read_ints("/eval/step");
   curves.loss = impl_->read_doubles("/eval/loss");
@@ -299,7 +299,7 @@ EvalCurves RunReader::read_eval() const {
 }
 
 std::vector<RunBlock> RunReader::read_block_layout() const {
-  H5Quiet quiet;
+  H5Guard guard;
   const std::string& file_name = impl_->file_name;
   if (!io_detail::h5_path_exists(impl_->file.get(), "/blocks", file_name)) return {};
   for (const char* path : {"/blocks/stage", "/blocks/transition"}) {

@@ -386,7 +386,8 @@ std::string Recorder::write_record(RunWriter& writer, std::int64_t step) {
     }
   }
   for (std::size_t s = 0; s < param_stats_.size(); ++s) writer.append_row(param_series_[s], param_rows_[s].data());
-  // Every record reaches the file at once: a reader (or a crash) sees whole records.
+  // Every record is handed to the run file's writer thread at once, which writes and flushes it as one: a reader
+  // (or a crash) sees whole records. (The write happens there; this thread does not wait for it.)
   writer.flush();
 
   // The first non-finite value, in depth order: a probe that saw NaN/Inf (or whose moments overflowed).

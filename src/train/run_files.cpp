@@ -57,7 +57,7 @@ void end_after_io_failure(const IoFailure& failure, RunWriter& writer, const std
   bool run_file_writable = failure.checkpoint && !writer.finished();
   if (run_file_writable) {  // the checkpoint failed: the run file may still take its last rows
     try {
-      writer.flush();
+      writer.flush_and_wait();  // (written, so that what it holds is counted below)
     } catch (const IoError&) {
       run_file_writable = false;
     }

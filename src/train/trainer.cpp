@@ -268,8 +268,13 @@ class TrainingRun {
     try {
       write();
     } catch (const IoError& error) {
+      // The run file's writer thread reports a refused write at a later call: the failure belongs to the step
+      // whose rows it was writing, the one after the last training row appended before they were handed over.
+      const std::optional<std::int64_t> last_handed_over =
+          checkpoint ? std::nullopt : writer_->failed_write_last_train_step();
+      const std::int64_t step = last_handed_over ? *last_handed_over + 1 : step_;
       io_failure_ =
-          IoFailure{checkpoint, checkpoint ? summary_.checkpoint.string() : error.path(), error.reason(), step_};
+          IoFailure{checkpoint, checkpoint ? summary_.checkpoint.string() : error.path(), error.reason(), step};
     }
   }
   // A batch on the model's device: batches are made on the host (pure functions of seed and index) and copied over.
@@ -437,7 +442,7 @@ void TrainingRun::open_run_file() {
       }
       for (std::size_t i = 0; i < eval_history.size() && eval_history.step[i] <= start_step_; ++i)
         created_->append_eval({eval_history.step[i], eval_history.loss[i]});
-      created_->flush();
+      created_->flush_and_wait();
     }
   } catch (...) {
     if (previous) {  // put the previous file back: nothing is lost when the new one cannot be written
@@ -472,12 +477,12 @@ void TrainingRun::save(std::int64_t step) {
   if (layout_.tensor && (!layout_.group || layout_.group->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0))
     tensors = gather_full_tensors(*layout_.tensor, model_->params(), tensors);
   if (!layout_.root) return;
-  // A checkpoint is taken only once the run file holds everything before it, so that --resume from it leaves no
-  // gap in the run file whatever happens to the rows written after it.
+  // A checkpoint is taken only once the run file holds everything before it (written and flushed by its writer
+  // thread), so that --resume from it leaves no gap in the run file whatever happens to the rows written after it.
   guarded(false, [&] {
+    writer_->flush_and_wait();
     // (a run file whose folder was removed or moved still takes writes, which no one will read)
     if (!std::filesystem::exists(summary_.run_file)) throw IoError(summary_.run_file.string(), ENOENT);
-    writer_->flush();
   });
   if (io_failure_) return;
   Checkpoint checkpoint;

@@ -91,7 +91,7 @@ void write_killed_swmr_run(const std::filesystem::path& path) {
       const double row[3] = {stat_at(record, 0), stat_at(record, 1), stat_at(record, 2)};
       writer.append_row(var, row);
     }
-    writer.flush();
+    writer.flush_and_wait();  // (flush() alone hands the rows to the writer thread, which the kill may beat)
     for (int step = 300; step < 307; ++step) writer.append_train(row_at(step));
     die_now();
   });

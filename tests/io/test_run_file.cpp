@@ -1,20 +1,26 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <limits>
+#include <map>
 #include <optional>
 #include <regex>
 #include <set>
 #include <thread>
 
 #include "io/checkpoint.h"
+#include "io/hdf5_util.h"
 #include "io/run_file.h"
 #include "io/run_reader.h"
 #include "io_test_support.h"
@@ -456,6 +462,19 @@ class ChildReader {
     return observation;
   }
 
+  // Observes until `seen` holds (a flush hands rows to the writer thread, which writes them shortly after) or 20 s
+  // have passed; the last observation.
+  template <typename Predicate>
+  Observation observe_until(Predicate seen) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    Observation observation = observe();
+    while (observation.ok == 1 && !seen(observation) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      observation = observe();
+    }
+    return observation;
+  }
+
  private:
   [[noreturn]] static void serve(const std::filesystem::path& path, RunOpenMode mode, int request_fd, int result_fd) {
     std::optional<RunReader> reader;
@@ -508,7 +527,7 @@ TEST(RunFileSwmr, ChildReaderSeesFlushedRowsWhileTheWriterRuns) {
   EXPECT_EQ(seen.train_rows, 0);  // still buffered in the writer
 
   writer.flush();
-  seen = child.observe();
+  seen = child.observe_until([](const Observation& o) { return o.train_rows == 10; });
   ASSERT_EQ(seen.ok, 1) << seen.error;
   EXPECT_EQ(seen.train_rows, 10);
   EXPECT_EQ(seen.train_match, 1);
@@ -521,7 +540,7 @@ TEST(RunFileSwmr, ChildReaderSeesFlushedRowsWhileTheWriterRuns) {
     writer.append_row(series, row);
   }
   writer.flush();
-  seen = child.observe();
+  seen = child.observe_until([](const Observation& o) { return o.train_rows == 25; });
   ASSERT_EQ(seen.ok, 1) << seen.error;
   EXPECT_EQ(seen.train_rows, 25);
   EXPECT_EQ(seen.train_match, 1);
@@ -531,7 +550,7 @@ TEST(RunFileSwmr, ChildReaderSeesFlushedRowsWhileTheWriterRuns) {
   // flush_every (1000) buffered rows trigger a write without flush().
   for (int step = 25; step < 1025; ++step) writer.append_train(train_row(step));
   writer.append_train(train_row(1025));
-  seen = child.observe();
+  seen = child.observe_until([](const Observation& o) { return o.train_rows == 1025; });
   ASSERT_EQ(seen.ok, 1) << seen.error;
   EXPECT_EQ(seen.train_rows, 1025);
   EXPECT_EQ(seen.train_match, 1);
@@ -562,7 +581,7 @@ TEST(RunFileSwmr, RowsAreWrittenWhenTheFlushIntervalHasPassed) {
   EXPECT_EQ(seen.train_rows, 0);
   std::this_thread::sleep_until(started + std::chrono::milliseconds(1100));
   writer.append_train(train_row(1));
-  seen = child.observe();
+  seen = child.observe_until([](const Observation& o) { return o.train_rows == 2; });
   ASSERT_EQ(seen.ok, 1) << seen.error;
   EXPECT_EQ(seen.train_rows, 2);
   EXPECT_EQ(seen.train_match, 1);
@@ -579,7 +598,7 @@ TEST(RunFileSwmr, KilledWriterLeavesFlushedRowsReadable) {
       RunWriter writer = RunWriter::create(path, test_header(), false, no_automatic_flush());
       writer.start();
       for (int step = 0; step < 20; ++step) writer.append_train(train_row(step));
-      writer.flush();
+      writer.flush_and_wait();  // (flush() alone hands the rows to the writer thread, which the kill may beat)
       for (int step = 20; step < 25; ++step) writer.append_train(train_row(step));  // never written
       ::kill(::getpid(), SIGKILL);
     } catch (...) {
@@ -597,6 +616,355 @@ TEST(RunFileSwmr, KilledWriterLeavesFlushedRowsReadable) {
   const TrainCurves train = reader.read_train();
   EXPECT_EQ(train.size(), 20u);
   EXPECT_TRUE(train_rows_match(train));
+}
+
+// ---- The writer thread (after start()) ------------------------------------------------------------------------
+
+// A series' storage as created: chunk dimensions and filter ids, read with the raw HDF5 API (under the process-wide
+// HDF5 lock, as every HDF5 call of the process).
+std::vector<std::int64_t> storage_of(const std::filesystem::path& path, const std::string& dataset_path) {
+  const io_detail::H5Guard guard;
+  std::vector<std::int64_t> storage;
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const hid_t dataset = H5Dopen2(file, dataset_path.c_str(), H5P_DEFAULT);
+  const hid_t properties = H5Dget_create_plist(dataset);
+  hsize_t chunk[2] = {0, 0};
+  const int rank = H5Pget_chunk(properties, 2, chunk);
+  for (int d = 0; d < rank; ++d) storage.push_back(static_cast<std::int64_t>(chunk[d]));
+  const int filters = H5Pget_nfilters(properties);
+  for (int f = 0; f < filters; ++f) {
+    unsigned flags = 0;
+    std::size_t count = 0;
+    storage.push_back(
+        H5Pget_filter2(properties, static_cast<unsigned>(f), &flags, &count, nullptr, 0, nullptr, nullptr));
+  }
+  H5Pclose(properties);
+  H5Dclose(dataset);
+  H5Fclose(file);
+  return storage;
+}
+
+// Every value of a run file that says what was recorded: each dataset's shape, values (as bit patterns) and storage,
+// and every root attribute but end_time (when finish() ran).
+struct FileContents {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  std::map<std::string, std::vector<std::uint64_t>> values;
+  std::map<std::string, std::vector<std::int64_t>> storage;
+  std::map<std::string, std::string> attributes;
+};
+
+FileContents read_contents(const std::filesystem::path& path) {
+  FileContents contents;
+  {
+    const RunReader reader = RunReader::open(path, RunOpenMode::normal);
+    for (const std::string group : {"/train", "/eval", "/forward", "/probes"}) {
+      for (const std::string& name : reader.list(group)) {
+        const std::string dataset = group + "/" + name;
+        contents.shapes[dataset] = reader.dataset_shape(dataset);
+        auto& bits = contents.values[dataset];
+        const std::vector<double> values =
+            contents.shapes[dataset].size() == 2 ? reader.read_2d(dataset).values : reader.read_doubles(dataset);
+        for (const double value : values) bits.push_back(std::bit_cast<std::uint64_t>(value));
+      }
+    }
+    for (const std::string& name : reader.attribute_names()) {
+      if (name == "end_time") continue;
+      contents.attributes[name] = name == "format_version" || name == "threads"
+                                      ? std::to_string(reader.attribute_int(name))
+                                      : reader.attribute_string(name);
+    }
+  }
+  for (const auto& [dataset, shape] : contents.shapes) contents.storage[dataset] = storage_of(path, dataset);
+  return contents;
+}
+
+// Many appends, automatic hand-offs (every 7 rows of a series) and flushes of a run, then finish(): every row is in
+// the file, in order, exactly as a writer without the writer thread writes it.
+void write_busy_run(const std::filesystem::path& path, bool write_on_thread) {
+  RunWriterOptions options;
+  options.flush_every = 7;
+  options.flush_interval_s = 3600.0;
+  options.write_on_thread = write_on_thread;
+  RunWriter writer = RunWriter::create(path, test_header(), false, options);
+  const SeriesId records = writer.create_series_1d_int("/forward/step");
+  const SeriesId act_mean = writer.create_series_2d("/forward/act_mean", 3);
+  const SeriesId wide = writer.create_series_2d("/probes/wide", 700);  // rows over a 4 KiB chunk
+  writer.start();
+  std::vector<double> wide_row(700);
+  for (std::int64_t step = 0; step < 3000; ++step) {
+    writer.append_train(train_row(step));
+    if (step % 11 == 0) writer.append_eval({step, 1.0 / (3.0 + static_cast<double>(step))});
+    if (step % 3 == 0) {
+      writer.append_int(records, step);
+      const double row[3] = {std::sqrt(static_cast<double>(step)), -1.0 / 3.0 * static_cast<double>(step), 1e-300};
+      writer.append_row(act_mean, row);
+      for (std::size_t c = 0; c < wide_row.size(); ++c)
+        wide_row[c] = std::sin(static_cast<double>(step) + 0.001 * static_cast<double>(c));
+      writer.append_row(wide, wide_row.data());
+      writer.flush();
+    }
+  }
+  writer.finish(RunStatus::completed, "3000 steps");
+}
+
+TEST(RunFileWriterThread, WritesEveryRowInOrderAsTheCallingThreadWould) {
+  ScratchDirectory dir;
+  write_busy_run(dir / "threaded.h5", true);
+  write_busy_run(dir / "reference.h5", false);
+  const FileContents threaded = read_contents(dir / "threaded.h5");
+  const FileContents reference = read_contents(dir / "reference.h5");
+  EXPECT_EQ(threaded.attributes, reference.attributes);
+  ASSERT_EQ(threaded.shapes.size(), 11u);  // /train 6, /eval 2, /forward 2, /probes 1
+  EXPECT_EQ(threaded.shapes, reference.shapes);
+  EXPECT_EQ(threaded.storage, reference.storage);
+  for (const auto& [dataset, bits] : reference.values) {
+    EXPECT_TRUE(threaded.values.at(dataset) == bits) << dataset << " differs from the calling thread's file";
+  }
+  EXPECT_EQ(threaded.shapes.at("/probes/wide"), (std::vector<std::int64_t>{1000, 700}));
+  const TrainCurves train = RunReader::open(dir / "threaded.h5").read_train();
+  ASSERT_EQ(train.size(), 3000u);
+  EXPECT_TRUE(train_rows_match(train));
+}
+
+// Lowers this process's file size limit (RLIMIT_FSIZE) to what the file at `path` has now, so that a write that
+// grows it is refused with EFBIG (SIGXFSZ ignored); restored when the object goes away.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(const std::filesystem::path& path) {
+    previous_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    PROPLAB_CHECK(::getrlimit(RLIMIT_FSIZE, &previous_) == 0, "getrlimit");
+    rlimit limited = previous_;
+    limited.rlim_cur = static_cast<rlim_t>(std::filesystem::file_size(path));
+    PROPLAB_CHECK(::setrlimit(RLIMIT_FSIZE, &limited) == 0, "setrlimit");
+  }
+  ~FileSizeLimit() { lift(); }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+  void lift() {
+    if (lifted_) return;
+    ::setrlimit(RLIMIT_FSIZE, &previous_);
+    ::signal(SIGXFSZ, previous_handler_);
+    lifted_ = true;
+  }
+
+ private:
+  rlimit previous_{};
+  sighandler_t previous_handler_ = SIG_DFL;
+  bool lifted_ = false;
+};
+
+// Runs `call` and returns the IoError's message; fails the test unless an IoError with EFBIG is thrown.
+template <typename Call>
+std::string efbig_message(Call call) {
+  try {
+    call();
+  } catch (const IoError& error) {
+    EXPECT_EQ(error.error_number(), EFBIG);
+    return error.what();
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected an IoError, got: " << error.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected an IoError";
+  return "";
+}
+
+// A run of 100 flushed rows whose next 20000 rows cannot be written (the file may not grow). Returns the writer.
+RunWriter write_until_the_disk_refuses(const std::filesystem::path& path, bool write_on_thread,
+                                       std::optional<FileSizeLimit>& limit) {
+  RunWriterOptions options;
+  options.flush_every = std::int64_t{1} << 40;
+  options.flush_interval_s = 3600.0;
+  options.write_on_thread = write_on_thread;
+  RunWriter writer = RunWriter::create(path, test_header(), false, options);
+  writer.start();
+  for (int step = 0; step < 100; ++step) writer.append_train(train_row(step));
+  writer.flush_and_wait();
+  limit.emplace(path);
+  for (int step = 100; step < 20100; ++step) writer.append_train(train_row(step));
+  return writer;
+}
+
+TEST(RunFileWriterThread, ARefusedWriteSurfacesAtTheNextCallAsTheCallingThreadWouldThrowIt) {
+  ScratchDirectory dir;
+  const auto path = dir / "full.h5";
+  // Without the writer thread the flush itself throws: the message every caller knows.
+  std::string expected;
+  {
+    std::optional<FileSizeLimit> limit;
+    RunWriter writer = write_until_the_disk_refuses(path, false, limit);
+    expected = efbig_message([&] { writer.flush(); });
+    EXPECT_FALSE(writer.failed_write_last_train_step().has_value());
+    limit->lift();
+    EXPECT_TRUE(writer.abandon(RunStatus::failed, "reference"));
+  }
+  EXPECT_EQ(expected, IoError(path.string(), EFBIG).what());
+  std::filesystem::remove(path);
+
+  std::optional<FileSizeLimit> limit;
+  RunWriter writer = write_until_the_disk_refuses(path, true, limit);
+  writer.flush();  // only hands the rows over: the write fails on the writer thread
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!writer.failed_write_last_train_step() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(writer.failed_write_last_train_step(), std::optional<std::int64_t>(20099));
+  EXPECT_EQ(writer.queued_bytes(), 0u);
+  // The next call rethrows it, and so does every later one: the writer takes no more rows.
+  EXPECT_EQ(efbig_message([&] { writer.append_train(train_row(20100)); }), expected);
+  EXPECT_EQ(efbig_message([&] { writer.append_eval({20100, 1.0}); }), expected);
+  EXPECT_EQ(efbig_message([&] { writer.flush(); }), expected);
+  EXPECT_EQ(efbig_message([&] { writer.flush_and_wait(); }), expected);
+  EXPECT_EQ(writer.flushed("/train/step").rows, 100);
+  EXPECT_EQ(writer.flushed("/train/step").last_int, 99);
+  EXPECT_EQ(efbig_message([&] { writer.finish(RunStatus::completed, ""); }), expected);
+  EXPECT_TRUE(writer.finished());
+  limit->lift();
+  EXPECT_TRUE(writer.abandon(RunStatus::failed, "disk full"));
+
+  const RunReader reader = RunReader::open(path, RunOpenMode::normal);
+  EXPECT_EQ(reader.status(), RunStatus::failed);
+  TrainCurves train = reader.read_train();
+  // What was flushed before the refused write stays; the extent of the write that failed may be there too (with or
+  // without its values, as without the writer thread), never rows from after it.
+  ASSERT_GE(train.size(), 100u);
+  EXPECT_LE(train.size(), 20100u);
+  train.step.resize(100);
+  for (auto* column : {&train.loss, &train.lr, &train.grad_norm, &train.tokens_per_s, &train.wall_time})
+    column->resize(100);
+  EXPECT_TRUE(train_rows_match(train));
+}
+
+// The rows of `dataset` in the one HDF5 file this process has open, as the library sees them now (its extent,
+// flushed or not). The caller holds the HDF5 lock.
+std::int64_t extent_in_this_process(const std::string& dataset) {
+  hid_t files[2];
+  if (H5Fget_obj_ids(H5F_OBJ_ALL, H5F_OBJ_FILE, 2, files) != 1) return -1;
+  const hid_t opened = H5Dopen2(files[0], dataset.c_str(), H5P_DEFAULT);
+  const hid_t space = H5Dget_space(opened);
+  hsize_t rows = 0;
+  const int rank = H5Sget_simple_extent_dims(space, &rows, nullptr);
+  H5Sclose(space);
+  H5Dclose(opened);
+  return rank == 1 ? static_cast<std::int64_t>(rows) : -1;
+}
+
+TEST(RunFileWriterThread, WritesUnderTheProcessWideHdf5LockAndFlushDoesNotWait) {
+  ScratchDirectory dir;
+  RunWriter writer = RunWriter::create(dir / "run.h5", test_header(), false, no_automatic_flush());
+  writer.start();
+  for (int step = 0; step < 50; ++step) writer.append_train(train_row(step));
+  std::future<void> flushed;  // (declared first: it waits for flush() only once the lock below is released)
+  {
+    // While this thread holds the HDF5 lock, the writer thread makes no HDF5 call (its first would extend the
+    // dataset), and flush() still returns.
+    const io_detail::H5Guard guard;
+    flushed = std::async(std::launch::async, [&] { writer.flush(); });
+    const bool returned = flushed.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    EXPECT_TRUE(returned) << "flush() waited for the writer thread";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_EQ(extent_in_this_process("/train/step"), 0) << "the writer thread called HDF5 without the lock";
+    EXPECT_EQ(writer.flushed("/train/step").rows, 0);
+    if (returned) {
+      EXPECT_EQ(writer.queued_bytes(), 50u * 6u * 8u);
+    }
+  }
+  flushed.get();
+  writer.flush_and_wait();
+  EXPECT_EQ(writer.flushed("/train/step").rows, 50);
+  EXPECT_EQ(writer.flushed("/train/step").last_int, 49);
+  EXPECT_EQ(writer.queued_bytes(), 0u);
+  writer.finish(RunStatus::completed, "");
+}
+
+TEST(RunFileWriterThread, DestroyedWithoutFinishWritesWhatWasHandedOverAndSaysFailed) {
+  ScratchDirectory dir;
+  const auto path = dir / "run.h5";
+  {
+    RunWriterOptions options;
+    options.flush_every = 1;  // every append is a hand-off
+    RunWriter writer = RunWriter::create(path, test_header(), false, options);
+    writer.start();
+    {
+      const io_detail::H5Guard guard;  // the writer thread waits: every hand-off is still queued below
+      for (int step = 0; step < 2000; ++step) writer.append_train(train_row(step));
+      EXPECT_GT(writer.queued_bytes(), 0u);
+      EXPECT_EQ(writer.flushed("/train/step").rows, 0);
+    }
+  }
+  const RunReader reader = RunReader::open(path, RunOpenMode::normal);
+  EXPECT_EQ(reader.status(), RunStatus::failed);
+  EXPECT_EQ(reader.attribute_string("status_detail"),
+            "the run's writer was destroyed before finish() (the program stopped early)");
+  const TrainCurves train = reader.read_train();
+  EXPECT_EQ(train.size(), 2000u);
+  EXPECT_TRUE(train_rows_match(train));
+}
+
+TEST(RunFileWriterThread, QueueHoldsAtMostItsBoundAndAppendsWaitForRoom) {
+  ScratchDirectory dir;
+  RunWriterOptions options;
+  options.flush_every = 1;  // every append is a hand-off of one train row: 48 bytes
+  options.queue_bytes = 16 * 1024;
+  RunWriter writer = RunWriter::create(dir / "run.h5", test_header(), false, options);
+  writer.start();
+  // Another thread holds the HDF5 lock for 300 ms: the writer thread cannot write, the queue fills up.
+  std::promise<void> holding;
+  std::thread holder([&] {
+    const io_detail::H5Guard guard;
+    holding.set_value();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  holding.get_future().wait();
+  const auto started = std::chrono::steady_clock::now();
+  std::size_t most_queued = 0;
+  for (int step = 0; step < 5000; ++step) {  // 240 000 bytes in all
+    writer.append_train(train_row(step));
+    most_queued = std::max(most_queued, writer.queued_bytes());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  holder.join();
+  EXPECT_LE(most_queued, options.queue_bytes);
+  EXPECT_GT(most_queued, options.queue_bytes - 48);  // it did fill up
+  EXPECT_GT(seconds, 0.2) << "the appends never waited for the writer thread";
+  // A hand-off larger than the bound is written alone.
+  for (int step = 5000; step < 6000; ++step) writer.append_eval({step, 0.5});
+  writer.finish(RunStatus::completed, "");
+  const RunReader reader = RunReader::open(dir / "run.h5", RunOpenMode::normal);
+  const TrainCurves train = reader.read_train();
+  EXPECT_EQ(train.size(), 5000u);
+  EXPECT_TRUE(train_rows_match(train));
+  EXPECT_EQ(reader.read_eval().size(), 1000u);
+}
+
+// The thread ids (/proc/self/task) of this process.
+std::set<std::string> thread_ids() {
+  std::set<std::string> ids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task"))
+    ids.insert(entry.path().filename().string());
+  return ids;
+}
+
+TEST(RunFileWriterThread, BlocksSigintAndSigterm) {
+  ScratchDirectory dir;
+  const std::set<std::string> before = thread_ids();
+  RunWriter writer = RunWriter::create(dir / "run.h5", test_header(), false);
+  writer.start();
+  std::vector<std::string> started;
+  for (const std::string& id : thread_ids())
+    if (!before.count(id)) started.push_back(id);
+  ASSERT_EQ(started.size(), 1u) << "start() starts one thread";
+  // (once it has written something it runs its own code, with its own mask: a thread being created blocks all)
+  writer.append_train(train_row(0));
+  writer.flush_and_wait();
+  std::ifstream status("/proc/self/task/" + started[0] + "/status");
+  std::string line;
+  std::uint64_t blocked = 0;
+  while (std::getline(status, line))
+    if (line.rfind("SigBlk:", 0) == 0) blocked = std::stoull(line.substr(7), nullptr, 16);
+  EXPECT_TRUE(blocked & (std::uint64_t{1} << (SIGINT - 1))) << std::hex << blocked;
+  EXPECT_TRUE(blocked & (std::uint64_t{1} << (SIGTERM - 1))) << std::hex << blocked;
+  writer.finish(RunStatus::completed, "");
 }
 
 }  // namespace
