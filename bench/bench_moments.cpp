@@ -134,42 +134,5 @@ int main(int argc, char** argv) {
           step_elements / median / 1e9, 100.0 * median / 0.130);
     }
   }
-
-  // The same step as the transformer hands it to the Recorder: each sublayer's tensors written, then summarised
-  // together (probe::accumulate_many, one parallel region per batch) or one accumulate() each, alternately.
-  const std::size_t group = 9;  // a layer's tensors of one direction: about one sublayer batch pair
-  for (int threads : thread_counts) {
-    set_threads(threads);
-    std::vector<double> seconds[2];
-    for (int r = 0; r <= step_repeats; ++r)
-      for (int batched = 0; batched < 2; ++batched) {
-        double total = 0.0;
-        for (std::size_t first = 0; first < step.size(); first += group) {
-          const std::size_t last = std::min(step.size(), first + group);
-          for (std::size_t i = first; i < last; ++i)
-            std::copy(sources[i].begin(), sources[i].end(), tensors[i].begin());
-          std::vector<probe::MomentSums> sums(last - first);
-          const auto start = Clock::now();
-          if (batched == 1) {
-            std::vector<probe::AccumulateRequest> requests;
-            for (std::size_t i = first; i < last; ++i)
-              requests.push_back(
-                  {tensors[i].data(), step[i].sequences, step[i].tokens, step[i].features, &sums[i - first], all});
-            probe::accumulate_many(requests);
-          } else {
-            for (std::size_t i = first; i < last; ++i)
-              probe::accumulate(tensors[i].data(), step[i].sequences, step[i].tokens, step[i].features, sums[i - first],
-                                all);
-          }
-          total += seconds_since(start);
-          for (const auto& s : sums) sink = sink + probe::finalize(s).corr;
-        }
-        if (r > 0) seconds[batched].push_back(total);
-      }
-    for (auto& v : seconds) std::sort(v.begin(), v.end());
-    std::printf(
-        "  threads %d, in batches of %zu: one call each %6.2f ms, accumulate_many %6.2f ms per step (medians)\n",
-        threads, group, seconds[0][seconds[0].size() / 2] * 1e3, seconds[1][seconds[1].size() / 2] * 1e3);
-  }
   return 0;
 }

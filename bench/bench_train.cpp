@@ -77,11 +77,6 @@ class TimedSink final : public ProbeSink {
   void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads, float scale) override {
     recorder_.attention_logits(probe, sums, qkv, heads, scale);
   }
-  void batch(std::span<const Item> items, std::int64_t sequences, bool backward) override {
-    const auto start = std::chrono::steady_clock::now();
-    recorder_.batch(items, sequences, backward);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
   double seconds = 0.0;  // inside the recorder's moment accumulation, summed over calls
 
  private:

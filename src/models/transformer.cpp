@@ -154,10 +154,12 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
                                    int site) {
   const std::int64_t d = tp_.local(config_.width);
   ProbeSink* sink = context.sink;
+  if (sink && s.probe_input >= 0) sink->forward(s.probe_input, x_in, batch_);
   const Tensor* branch_in = &x_in;
   if (config_.norm == NormPlacement::pre) {
     s.norm.forward(x_in, s.normed, s.norm_saved);
     branch_in = &s.normed;
+    if (sink) sink->forward(s.probe_norm, s.normed, batch_);
   }
   s.in_proj.forward(*branch_in, s.hidden);
   if (s.is_attention) {
@@ -167,7 +169,9 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
     ops::attention_forward(qkv, local_heads_, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
     if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, local_heads_, logit_scale_);
   } else {
+    if (sink) sink->forward(s.probe_hidden, s.hidden, batch_);
     ops::activation_forward(config_.activation, s.hidden, s.mixed);
+    if (sink) sink->forward(s.probe_mixed, s.mixed, batch_);
   }
   if (dropout_active(context)) {
     Tensor projected = d_tmp_;  // free during forward
@@ -176,28 +180,15 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   } else {
     tp_.row_linear_forward(s.out_proj, s.mixed, s.branch);
   }
+  if (sink) sink->forward(s.probe_branch, s.branch, batch_);
   if (config_.norm == NormPlacement::post) {
     s.residual.forward(x_in, s.branch, s.combined);
+    if (sink) sink->forward(s.probe_sum, s.combined, batch_);
     s.norm.forward(s.combined, x_out, s.norm_saved);
   } else {
     s.residual.forward(x_in, s.branch, x_out);
   }
-  if (sink) {
-    // Every probed tensor of the sublayer at once, in forward order: each is the sublayer's own and unchanged
-    // since it was made.
-    ProbeSink::Item items[7];
-    std::size_t n = 0;
-    if (s.probe_input >= 0) items[n++] = {s.probe_input, &x_in};
-    if (config_.norm == NormPlacement::pre) items[n++] = {s.probe_norm, &s.normed};
-    if (!s.is_attention) {
-      items[n++] = {s.probe_hidden, &s.hidden};
-      items[n++] = {s.probe_mixed, &s.mixed};
-    }
-    items[n++] = {s.probe_branch, &s.branch};
-    if (config_.norm == NormPlacement::post) items[n++] = {s.probe_sum, &s.combined};
-    items[n++] = {s.probe_result, &x_out};
-    sink->batch({items, n}, batch_, false);
-  }
+  if (sink) sink->forward(s.probe_result, x_out, batch_);
 }
 
 void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
@@ -205,17 +196,15 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   const std::int64_t r = x_in.dim(0), d = tp_.local(config_.width);
   const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * config_.width);
   ProbeSink* sink = context.sink;
+  if (sink) sink->backward(s.probe_result, d_out, batch_);
   const Tensor* d_combined = &d_out;
   if (config_.norm == NormPlacement::post) {
     s.norm.backward(s.combined, s.norm_saved, d_out, d_tmp_);
     d_combined = &d_tmp_;
-  }
-  if (sink) {
-    // d_out before the residual's backward overwrites it (d_in is d_out).
-    const ProbeSink::Item items[2] = {{s.probe_result, &d_out}, {s.probe_sum, &d_tmp_}};
-    sink->batch({items, config_.norm == NormPlacement::post ? 2u : 1u}, batch_, true);
+    if (sink) sink->backward(s.probe_sum, d_tmp_, batch_);
   }
   s.residual.backward(x_in, s.branch, *d_combined, d_in, d_branch_);
+  if (sink) sink->backward(s.probe_branch, d_branch_, batch_);
   const Tensor* d_projected = &d_branch_;
   if (dropout_active(context)) {
     ops::dropout_backward(d_branch_, config_.dropout, context.seed, dropout_stream(context, site), d_dropped_);
@@ -229,11 +218,14 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
     ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
                             local_heads_, logit_scale_, d_qkv);
   } else {
+    if (sink) sink->backward(s.probe_mixed, d_mixed, batch_);
     ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden);
+    if (sink) sink->backward(s.probe_hidden, d_hidden, batch_);
   }
   if (config_.norm == NormPlacement::pre) {
     s.in_proj.backward(s.normed, d_hidden, &d_normed_);
     tp_.all_reduce(d_normed_);  // f: the replicated input's gradient sums every rank's features
+    if (sink) sink->backward(s.probe_norm, d_normed_, batch_);
     s.norm.backward(x_in, s.norm_saved, d_normed_, d_tmp_);
     ops::axpy(1.0f, d_tmp_, d_in);
   } else {
@@ -241,19 +233,7 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
     tp_.all_reduce(d_normed_);
     ops::axpy(1.0f, d_normed_, d_in);
   }
-  if (sink) {
-    // The rest at once, in forward order: each buffer is unchanged since its gradient was made.
-    ProbeSink::Item items[5];
-    std::size_t n = 0;
-    if (s.probe_input >= 0) items[n++] = {s.probe_input, &d_in};
-    if (config_.norm == NormPlacement::pre) items[n++] = {s.probe_norm, &d_normed_};
-    if (!s.is_attention) {
-      items[n++] = {s.probe_hidden, &d_hidden};
-      items[n++] = {s.probe_mixed, &d_mixed};
-    }
-    items[n++] = {s.probe_branch, &d_branch_};
-    sink->batch({items, n}, batch_, true);
-  }
+  if (sink && s.probe_input >= 0) sink->backward(s.probe_input, d_in, batch_);
 }
 
 void Transformer::embed_forward(const Tensor& tokens, const StepContext& context) {

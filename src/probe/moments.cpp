@@ -387,10 +387,10 @@ void add_sums(ChunkSums& total, const ChunkSums& part) {
   total.max_bits = std::max(total.max_bits, part.max_bits);
 }
 
-// The problem of one pass over x as [sequences, tokens, features], its buffers in `buffers` (per-feature sums,
-// when needed, go into `into`'s arrays).
-Problem prepare_scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
-                     MomentSums& into, CallBuffers& buffers) {
+// One pass over x as [sequences, tokens, features]: the scalar sums, combined in chunk order; per-feature sums
+// (needs.features) are added into `into`'s arrays.
+ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
+               MomentSums& into) {
   Problem p{};
   p.x = x;
   p.sequences = sequences;
@@ -401,6 +401,7 @@ Problem prepare_scan(const float* x, Index sequences, Index tokens, Index featur
   p.needs = needs;
   p.plan = plan_chunks(sequences, tokens, features);
   p.keep_partials = needs.sums && (needs.features || (p.plan.split && needs.seq));
+  CallBuffers& buffers = call_buffers();
   buffers.chunk_sums.resize(static_cast<std::size_t>(p.plan.chunks));
   p.chunk_sums = buffers.chunk_sums.data();
   if (p.keep_partials) {
@@ -414,74 +415,18 @@ Problem prepare_scan(const float* x, Index sequences, Index tokens, Index featur
     p.feature_sum = into.feature_sum.data();
     p.feature_sum_sq = into.feature_sum_sq.data();
   }
-  if (p.keep_partials && p.plan.split && needs.seq) {
+  const bool block_norms = p.keep_partials && p.plan.split && needs.seq;
+  if (block_norms) {
     buffers.block_norms.resize(static_cast<std::size_t>(sequences * p.merge_blocks));
     p.block_norms = buffers.block_norms.data();
   }
-  return p;
-}
+  dispatch_chunks(p);
 
-// The pass's scalar sums, combined in chunk order (after its chunks and merge blocks ran).
-ChunkSums finish_scan(const Problem& p) {
   ChunkSums total;
   for (Index c = 0; c < p.plan.chunks; ++c) add_sums(total, p.chunk_sums[c]);
-  if (p.block_norms)
-    for (Index i = 0; i < p.sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
+  if (block_norms)
+    for (Index i = 0; i < sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
   return total;
-}
-
-// One pass over x as [sequences, tokens, features]: the scalar sums, combined in chunk order; per-feature sums
-// (needs.features) are added into `into`'s arrays.
-ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
-               MomentSums& into) {
-  const Problem p = prepare_scan(x, sequences, tokens, features, shift, needs, into, call_buffers());
-  dispatch_chunks(p);
-  return finish_scan(p);
-}
-
-// One chunk of p, under the kernel its needs select (as dispatch_chunks does for a whole pass).
-void run_chunk_of(const Problem& p, Index chunk) {
-  const Needs& n = p.needs;
-  if (n.sums) {
-    if (n.higher) {
-      n.max ? run_chunk<true, true, true>(p, chunk) : run_chunk<true, true, false>(p, chunk);
-    } else {
-      n.max ? run_chunk<true, false, true>(p, chunk) : run_chunk<true, false, false>(p, chunk);
-    }
-  } else if (n.max) {
-    run_chunk<false, false, true>(p, chunk);
-  }
-}
-
-// Every pass of `problems` in one parallel region: all their chunks, then (after the barrier) all their merge
-// blocks. Each chunk and block is computed exactly as in its own pass, so the results are bitwise those of one
-// dispatch_chunks() per problem.
-void run_problems(const std::vector<Problem>& problems) {
-  std::vector<Index> chunk_start(problems.size() + 1, 0), block_start(problems.size() + 1, 0);
-  for (std::size_t k = 0; k < problems.size(); ++k) {
-    const Problem& p = problems[k];
-    const bool scanned = p.needs.sums || p.needs.max;
-    chunk_start[k + 1] = chunk_start[k] + (scanned ? p.plan.chunks : 0);
-    block_start[k + 1] = block_start[k] + (scanned && p.keep_partials ? p.merge_blocks : 0);
-  }
-  const Index chunks = chunk_start.back(), blocks = block_start.back();
-  // The problem an item of a flattened range belongs to.
-  auto owner = [](const std::vector<Index>& start, Index item) {
-    return static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), item) - start.begin() - 1);
-  };
-#pragma omp parallel if (chunks > 1)
-  {
-#pragma omp for schedule(static)
-    for (Index c = 0; c < chunks; ++c) {
-      const std::size_t k = owner(chunk_start, c);
-      run_chunk_of(problems[k], c - chunk_start[k]);
-    }
-#pragma omp for schedule(static)
-    for (Index b = 0; b < blocks; ++b) {
-      const std::size_t k = owner(block_start, b);
-      merge_block(problems[k], b - block_start[k]);
-    }
-  }
 }
 
 // max of two max_abs values, NaN when either is NaN.
@@ -673,62 +618,6 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
   }
 
   add_totals(into, n, sequences, total, nonfinite, needs);
-}
-
-void accumulate_many(const std::vector<AccumulateRequest>& requests) {
-  // Serially, in order: each request's start (shape, selection, shift) and its passes, as accumulate() makes them.
-  struct Pending {
-    Index n = 0;
-    Needs needs;
-    std::size_t first = 0, count = 0;  // its passes in `problems`
-  };
-  thread_local std::vector<CallBuffers> pool;
-  std::vector<Problem> problems;
-  std::vector<Pending> pending(requests.size());
-  auto add_pass = [&](const float* x, Index sequences, Index tokens, Index features, const AccumulateRequest& r,
-                      const Needs& needs) {
-    if (pool.size() <= problems.size()) pool.resize(problems.size() + 1);
-    problems.push_back(
-        prepare_scan(x, sequences, tokens, features, r.into->shift, needs, *r.into, pool[problems.size()]));
-  };
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const AccumulateRequest& r = requests[i];
-    for (std::size_t j = 0; j < i; ++j)
-      PROPLAB_CHECK(requests[j].into != r.into, "accumulate_many: requests ", j, " and ", i, " share their sums");
-    Pending& q = pending[i];
-    q.needs = needs_for(r.which);
-    const bool started = start_accumulate(r.sequences, r.tokens, r.features, *r.into, r.which, q.needs);
-    q.n = r.sequences * r.tokens * r.features;
-    if (q.n == 0) continue;
-    if (started && q.needs.sums) r.into->shift = choose_shift(r.x, q.n);
-    q.first = problems.size();
-    if (q.needs.sums || q.needs.max) {
-      if (!q.needs.seq && !q.needs.features && r.features > kFlatWidth) {
-        const Index rows = q.n / kFlatWidth, tail = q.n % kFlatWidth;
-        if (rows > 0) add_pass(r.x, rows, 1, kFlatWidth, r, q.needs);
-        if (tail > 0) add_pass(r.x + rows * kFlatWidth, 1, 1, tail, r, q.needs);
-      } else {
-        add_pass(r.x, r.sequences, r.tokens, r.features, r, q.needs);
-      }
-    }
-    q.count = problems.size() - q.first;
-  }
-  run_problems(problems);
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const AccumulateRequest& r = requests[i];
-    const Pending& q = pending[i];
-    if (q.n == 0) continue;
-    // The passes' sums added to zero in order (for one pass its own sums: every sum starts at +0, so none is −0).
-    ChunkSums total;
-    for (std::size_t k = q.first; k < q.first + q.count; ++k) add_sums(total, finish_scan(problems[k]));
-    std::int64_t nonfinite = 0;
-    if (q.needs.nonfinite) {
-      const bool suspicious = (!q.needs.sums && !q.needs.max) || (q.needs.sums && !std::isfinite(total.sum)) ||
-                              (q.needs.max && is_nonfinite_bits(total.max_bits));
-      if (suspicious) nonfinite = count_nonfinite(r.x, q.n);
-    }
-    add_totals(*r.into, q.n, r.sequences, total, nonfinite, q.needs);
-  }
 }
 
 void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,

@@ -135,19 +135,6 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
 // last dimension].
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which);
 
-// One tensor of accumulate_many(): x (CPU, f32) viewed as [sequences, tokens, features], added into *into under
-// `which`, as accumulate() would.
-struct AccumulateRequest {
-  const float* x = nullptr;
-  std::int64_t sequences = 0, tokens = 0, features = 0;
-  MomentSums* into = nullptr;
-  StatSelection which;
-};
-// accumulate() of every request, in one parallel region for all of them instead of one (or more) per tensor: the
-// same chunks, each computed and combined as in its own call, so the sums are bitwise those of one accumulate()
-// per request (and do not depend on the thread count). Each request must name its own `into`.
-void accumulate_many(const std::vector<AccumulateRequest>& requests);
-
 // The statistics from the sums (all NaN for empty sums, nonfinite 0).
 Moments finalize(const MomentSums& sums);
 

@@ -3,15 +3,13 @@
 // A probe names a tensor of the forward graph (an activation) and, in backward, the gradient of the loss with
 // respect to that same tensor. Models list their probes once, in forward order (ProbeInfo::depth is the index in
 // that list), and on recorded steps hand each probed tensor to a ProbeSink right after the op that produced it,
-// while its data is still hot in cache, or several at once (ProbeSink::batch) at a point where every one of them
-// still holds what it held when it was made. On steps that are not recorded the sink is null and no work is done.
+// while its data is still hot in cache. On steps that are not recorded the sink is null and no work is done.
 //
 // Tensors given to a sink are contiguous f32 [rows, features] with rows = sequences · tokens (row index
 // b·tokens + t), or [sequences, tokens, features].
 #pragma once
 
 #include <cstdint>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -59,18 +57,6 @@ class ProbeSink {
   virtual bool image(int probe, const Tensor& x, bool backward) {
     (void)probe, (void)x, (void)backward;
     return false;
-  }
-  // The tensors of several probes (activations, or with `backward` gradients), each as forward()/backward() would
-  // have been given it: the model calls this where none of them has changed since it was made. A sink may take
-  // them together (the Recorder sums every CPU tensor of a batch in one parallel region); the default calls
-  // forward() or backward() for each, in order.
-  struct Item {
-    int probe;
-    const Tensor* x;
-  };
-  virtual void batch(std::span<const Item> items, std::int64_t sequences, bool backward) {
-    for (const Item& item : items)
-      backward ? this->backward(item.probe, *item.x, sequences) : forward(item.probe, *item.x, sequences);
   }
 };
 

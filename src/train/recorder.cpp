@@ -279,31 +279,6 @@ bool Recorder::image(int probe_index, const Tensor& x, bool backward) {
   return true;
 }
 
-void Recorder::batch(std::span<const Item> items, std::int64_t sequences, bool backward) {
-  // A probe twice in one batch: its second tensor adds to the sums its first starts, so take them in order.
-  for (std::size_t i = 0; i < items.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (items[j].probe == items[i].probe) return ProbeSink::batch(items, sequences, backward);
-  auto& sums = backward ? backward_sums_ : forward_sums_;
-  auto& seen = backward ? backward_seen_ : forward_seen_;
-  const probe::StatSelection& which = backward ? backward_stats_ : forward_stats_;
-  std::vector<probe::AccumulateRequest> requests;
-  requests.reserve(items.size());
-  for (const Item& item : items) {
-    const Tensor& x = *item.x;
-    if (x.device() != Device::cpu) {
-      accumulate_into(sums[item.probe], x, sequences, which);
-    } else {
-      const std::int64_t features = x.dim(-1), rows = x.numel() / features;
-      PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "probe tensor ", shape_string(x.shape()), " with ",
-                    sequences, " sequences");
-      requests.push_back({x.f32(), sequences, rows / sequences, features, &sums[item.probe], which});
-    }
-    seen[item.probe] = true;
-  }
-  probe::accumulate_many(requests);
-}
-
 void Recorder::attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor&, int, float) {
   // Moments over the causal entries that exist; token correlation and per-feature statistics do not apply (NaN).
   forward_sums_[probe_index].merge(probe::moment_sums(sums, forward_stats_));

@@ -1,10 +1,8 @@
 // train/recorder: turns the probes' tensors into per-record statistics rows of the run file.
 //
 // On a recorded step the trainer passes the Recorder as the models' ProbeSink: every probed activation and
-// gradient is summarised into mergeable float64 moment sums (probe/moments.h) right after the op that made it, or
-// with the other probes of its sublayer in one parallel region where the model hands them over together
-// (ProbeSink::batch: the transformer, one batch per sublayer forward and two per backward); micro-batches merge
-// into the same sums. After the update the Recorder adds the parameter statistics and appends
+// gradient is summarised into mergeable float64 moment sums (probe/moments.h) right after the op that made it;
+// micro-batches merge into the same sums. After the update the Recorder adds the parameter statistics and appends
 // one row per statistic to the run file. On other steps it is not called at all.
 //
 // Schedule: step 0 (the first forward/backward, before any update: the state at initialisation), every `every`
@@ -87,8 +85,6 @@ class Recorder final : public ProbeSink {
                         float logit_scale) override;
   // CPU images are summed in place (probe::accumulate_planes); GPU ones take the channels-last copy.
   bool image(int probe_index, const Tensor& x, bool backward) override;
-  // The batch's CPU tensors in one parallel region (probe::accumulate_many: bitwise the sums of one call each).
-  void batch(std::span<const Item> items, std::int64_t sequences, bool backward) override;
 
  private:
   void accumulate_into(probe::MomentSums& sums, const Tensor& x, std::int64_t sequences,

@@ -357,50 +357,6 @@ TEST(Moments, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
-// accumulate_many: every request's sums bitwise those of its own accumulate() call, on 1 and 2 threads, for the
-// shapes above (whole-sequence and split chunks), a row longer than the flat width (two flat passes), an empty
-// tensor, a tensor with non-finite values, and sums that already hold an earlier tensor (no new shift).
-TEST(Moments, ManyAtOnceAreBitwiseOneCallEach) {
-  std::vector<Shape3> shapes = kShapes;
-  shapes.push_back({2, 3, 3000});
-  shapes.push_back({0, 5, 3});
-  std::vector<std::vector<float>> tensors;
-  std::uint64_t seed = 90;
-  for (const Shape3& s : shapes) tensors.push_back(make_tensor(s, seed++, 0.4, 1.5, 0.3));
-  tensors[1][77] = std::numeric_limits<float>::quiet_NaN();
-  tensors[2][5] = std::numeric_limits<float>::infinity();
-  const std::vector<float> second = make_tensor(shapes[0], 200, -0.2, 0.5, 0.1);  // into the started sums
-  for (const StatSelection& which :
-       {StatSelection::all(), StatSelection::parse({"corr"}), StatSelection::parse({"max_abs", "kurtosis"}),
-        StatSelection::parse({"mean", "var"}), StatSelection::parse({"nonfinite"}),
-        StatSelection::parse({"chan_var", "max_abs"})}) {
-    for (int threads_used : {1, 2}) {
-      ScopedThreads scoped(threads_used);
-      std::vector<MomentSums> one(shapes.size()), many(shapes.size());
-      // The first tensor is already in its sums (the batched call must keep their shift).
-      accumulate(tensors[0].data(), shapes[0].sequences, shapes[0].tokens, shapes[0].features, one[0], which);
-      accumulate(tensors[0].data(), shapes[0].sequences, shapes[0].tokens, shapes[0].features, many[0], which);
-      std::vector<AccumulateRequest> requests;
-      for (std::size_t i = 0; i < shapes.size(); ++i) {
-        const std::size_t k = (i + 1) % shapes.size();  // not in index order
-        const Shape3& s = shapes[k];
-        const float* x = k == 0 ? second.data() : tensors[k].data();
-        accumulate(x, s.sequences, s.tokens, s.features, one[k], which);
-        requests.push_back({x, s.sequences, s.tokens, s.features, &many[k], which});
-      }
-      accumulate_many(requests);
-      for (std::size_t k = 0; k < shapes.size(); ++k)
-        expect_bitwise_equal(
-            one[k], many[k],
-            shapes[k].str() + " stats " + std::to_string(which.bits()) + " threads " + std::to_string(threads_used));
-    }
-  }
-  MomentSums shared;
-  const Shape3& s = shapes[0];
-  const AccumulateRequest twice{tensors[0].data(), s.sequences, s.tokens, s.features, &shared, StatSelection::all()};
-  EXPECT_THROW(accumulate_many({twice, twice}), InternalError);
-}
-
 TEST(Moments, FlatVectorWithLayoutFreeStatistics) {
   // One long row (as for packed attention logits): scanned as rows of a fixed width plus a shorter tail.
   const Shape3 s{1, 1, 300001};
