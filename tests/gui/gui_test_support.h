@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "io/hdf5_util.h"
 #include "io/io_test_support.h"
 
 namespace proplab::gui_test {
@@ -21,8 +22,10 @@ inline void write_text_file(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-// An HDF5 file with the given root attributes (format / format_version may be left out with empty / 0).
+// An HDF5 file with the given root attributes (format / format_version may be left out with empty / 0). Under the
+// process-wide HDF5 lock (io/hdf5_util.h): a RunLibrary worker thread may be reading other files meanwhile.
 inline void write_hdf5_with_attributes(const fs::path& path, const std::string& format, long long format_version) {
+  const io_detail::H5Guard guard;
   const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   ASSERT_GE(file, 0) << "H5Fcreate " << path;
   const hid_t scalar = H5Screate(H5S_SCALAR);
