@@ -1,5 +1,6 @@
 // bench_conv: the image ops of a ResNet-20 step at their own shapes (Fashion-MNIST-shaped input, batch 128):
 // conv2d forward / backward (with d_x), batchnorm + ReLU forward / backward (as two ops and fused, alternately),
+// a post-activation block's end (batchnorm, the residual sum and ReLU: two ops and fused, alternately),
 // each timed alone (median of --reps calls), and the sum over one step's calls. Shows where a ResNet step's time goes
 // without a profiler. Besides wall time it reports the process's CPU time per call (all threads, getrusage), which
 // other load on shared cores disturbs much less: compare builds by it.
@@ -234,5 +235,45 @@ int main(int argc, char** argv) {
   }
   std::printf("batchnorm+relu in one step: %.1f ms as two ops, %.1f ms fused (%.2fx)\n", norm_total, fused_total,
               norm_total / fused_total);
+
+  // A post-activation block's end: BatchNorm, then the residual sum and ReLU, as two ops and fused
+  // (ops::batchnorm_residual_relu_forward), alternately; per step: 3 blocks at each shape.
+  double end_total = 0.0, end_fused = 0.0;
+  for (const NormCase& n : std::vector<NormCase>{{16, 28, 3}, {32, 14, 3}, {64, 7, 3}}) {
+    Tensor x = random({batch, n.channels, n.size, n.size}, stream++), shortcut = random(x.shape(), stream++);
+    Tensor branch = Tensor::empty(x.shape()), out = Tensor::empty(x.shape());
+    Tensor gamma = Tensor::zeros({n.channels}), beta = Tensor::zeros({n.channels});
+    Tensor running_mean = Tensor::zeros({n.channels}), running_var = Tensor::zeros({n.channels});
+    gamma.fill(1.0f);
+    running_var.fill(1.0f);
+    Tensor mean = Tensor::empty({n.channels}), rstd = Tensor::empty({n.channels});
+    const std::function<void()> calls[2] = {
+        [&] {
+          ops::batchnorm_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, branch, mean, rstd);
+          ops::residual_relu_forward(shortcut, branch, 1.0f, 1.0f, out);
+        },
+        [&] {
+          ops::batchnorm_residual_relu_forward(x, &gamma, &beta, 1e-5f, true, 0.1f, running_mean, running_var, shortcut,
+                                               1.0f, 1.0f, out, mean, rstd);
+        }};
+    std::vector<double> wall[2];
+    for (int r = -1; r < reps; ++r)
+      for (int k = 0; k < 2; ++k) {
+        const auto start = std::chrono::steady_clock::now();
+        calls[k]();
+        if (r >= 0)
+          wall[k].push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+    for (auto& w : wall) std::sort(w.begin(), w.end());
+    const double two = wall[0][wall[0].size() / 2], fused = wall[1][wall[1].size() / 2];
+    std::printf("batchnorm+residual+relu %2lld channels, %2lld px: fwd %.2f ms (fused %.2f, %.2fx), x %d per step\n",
+                static_cast<long long>(n.channels), static_cast<long long>(n.size), two, fused, two / fused,
+                n.per_step);
+    end_total += n.per_step * two;
+    end_fused += n.per_step * fused;
+  }
+  std::printf("block ends in one step: %.1f ms as two ops, %.1f ms fused (%.2fx)\n", end_total, end_fused,
+              end_total / end_fused);
   return 0;
 }

@@ -391,6 +391,12 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
   const bool preact = config_.preact;
   const Activation act = config_.activation;
   const int m = static_cast<int>(k.convs.size());
+  // Post-activation BatchNorm + ReLU blocks off the recorded steps: the branch's BatchNorm, the sum and the ReLU in
+  // one pass (ops::batchnorm_residual_relu_forward), k.normed[m − 1] unwritten. The backward reads the branch only
+  // for a learnable λ or β, so those keep the separate ops, as a recorded step does for the branch's probe; the
+  // results are bitwise the same either way.
+  const bool fused_end = !preact && act == Activation::relu && sink == nullptr && fuses_norm_act(k.norms[m - 1]) &&
+                         k.residual.lambda_param == nullptr && k.residual.beta_param == nullptr;
   record(sink, k.probe_in, x, false);
   if (k.input_scale != 1.0f) {
     k.scaled.copy_from(x);
@@ -414,7 +420,7 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
     } else if (j < m - 1) {
       norm_act_forward(k.norms[j], k.conv_out[j], k.normed[j], k.activated[j], training);
       cur = k.activated[j];
-    } else {
+    } else if (!fused_end) {
       norm_forward(k.norms[j], k.conv_out[j], k.normed[j], training);  // the branch: no activation
     }
   }
@@ -425,7 +431,13 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
     norm_forward(k.shortcut_norm, k.shortcut_out, k.shortcut_normed, training);
   }
   const Tensor& shortcut = k.projection ? k.shortcut_normed : x;
-  if (preact) {
+  if (fused_end) {
+    Norm& norm = k.norms[m - 1];
+    ops::batchnorm_residual_relu_forward(k.conv_out[m - 1], &norm.gamma->value, &norm.beta->value, config_.norm_eps,
+                                         training, config_.bn_momentum, norm.running_mean, norm.running_var, shortcut,
+                                         k.residual.current_lambda(), k.residual.current_beta(), k.out, norm.mean,
+                                         norm.rstd);
+  } else if (preact) {
     k.residual.forward(shortcut, branch, k.out);
   } else if (act == Activation::relu) {
     k.residual.forward_relu(shortcut, branch, k.out);  // one pass; k.sum stays unwritten

@@ -1,5 +1,6 @@
 // ops/batchnorm: BatchNorm over (N, H, W) per channel of NCHW images (or [N, C] features), train and eval, alone
-// or fused with the ReLU after it (one pass less over memory each way).
+// or fused with the ReLU after it (one pass less over memory each way), or in the forward with a post-activation
+// residual block's sum and ReLU (the branch tensor never written).
 //
 // One task per channel; each channel's sums run over samples in order, each sample's plane summed in double
 // by 8 interleaved partial sums combined in a fixed order (so the loops vectorise), so every statistic and
@@ -50,11 +51,20 @@ double lane_sum(std::int64_t n, F f) {
   return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-// The CPU forward; kRelu: y = relu(batchnorm(x)) (the same arithmetic, then activation_forward's relu).
-template <bool kRelu>
+// What the CPU forward's last pass writes: batchnorm(x); relu(batchnorm(x)) (activation_forward's relu);
+// relu(λ·shortcut + β·batchnorm(x)) (residual_relu_forward's arithmetic).
+enum class Epilogue { none, relu, residual_relu };
+// The residual epilogue's operands.
+struct ResidualArgs {
+  const float* shortcut = nullptr;
+  float lambda = 1.0f, beta = 1.0f;
+};
+
+// The CPU forward, its last pass per Epilogue (the same arithmetic as the separate ops, so bitwise the same).
+template <Epilogue kEpilogue>
 void batchnorm_forward_cpu(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
                            float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y, Tensor& mean,
-                           Tensor& rstd, const ChannelShape& s) {
+                           Tensor& rstd, const ChannelShape& s, const ResidualArgs& residual = {}) {
   const std::int64_t count = s.n * s.spatial;
   const float* x_data = x.f32();
   float* y_data = y.f32();
@@ -98,11 +108,20 @@ void batchnorm_forward_cpu(const Tensor& x, const Tensor* gamma, const Tensor* b
     for (std::int64_t b = 0; b < s.n; ++b) {
       const float* plane = x_data + (b * s.c + c) * s.spatial;
       float* out = y_data + (b * s.c + c) * s.spatial;
-      if constexpr (kRelu) {
+      if constexpr (kEpilogue == Epilogue::relu) {
 #pragma omp simd
         for (std::int64_t p = 0; p < s.spatial; ++p) {
           const float v = (plane[p] - m) * a + shift;
           out[p] = v < 0.0f ? 0.0f : v;  // activation_forward's relu (relu(NaN) = NaN)
+        }
+      } else if constexpr (kEpilogue == Epilogue::residual_relu) {
+        const float* shortcut = residual.shortcut + (b * s.c + c) * s.spatial;
+        const float lambda = residual.lambda, scale = residual.beta;
+#pragma omp simd
+        for (std::int64_t p = 0; p < s.spatial; ++p) {
+          const float f = (plane[p] - m) * a + shift;
+          const float v = lambda * shortcut[p] + scale * f;  // residual_relu_forward's sum and relu
+          out[p] = v < 0.0f ? 0.0f : v;
         }
       } else {
 #pragma omp simd
@@ -220,7 +239,8 @@ void batchnorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
     missing_device_impl(op, device);
 #endif
   }
-  batchnorm_forward_cpu<false>(x, gamma, beta, eps, training, momentum, running_mean, running_var, y, mean, rstd, s);
+  batchnorm_forward_cpu<Epilogue::none>(x, gamma, beta, eps, training, momentum, running_mean, running_var, y, mean,
+                                        rstd, s);
 }
 
 void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
@@ -251,7 +271,29 @@ void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* 
     activation_forward(Activation::relu, z, z);
     return;
   }
-  batchnorm_forward_cpu<true>(x, gamma, beta, eps, training, momentum, running_mean, running_var, z, mean, rstd, s);
+  batchnorm_forward_cpu<Epilogue::relu>(x, gamma, beta, eps, training, momentum, running_mean, running_var, z, mean,
+                                        rstd, s);
+}
+
+void batchnorm_residual_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                                     float momentum, Tensor& running_mean, Tensor& running_var, const Tensor& shortcut,
+                                     float lambda, float branch_scale, Tensor& out, Tensor& mean, Tensor& rstd) {
+  constexpr const char* op = "batchnorm_residual_relu_forward";
+  const auto [s, device] =
+      check_forward(op, x, gamma, beta, training, running_mean, running_var, "out", out, mean, rstd);
+  expect_shape(op, "shortcut", shortcut, x.shape());
+  PROPLAB_CHECK(common_device(op, {&x, &shortcut, &out}) == device, "op '", op, "': shortcut on another device");
+  PROPLAB_CHECK(out.raw() != shortcut.raw() && out.raw() != x.raw(), "op '", op,
+                "': out may alias neither x nor shortcut");
+  if (device != Device::cpu) {
+    // The two ops (their kernels), the normalised values held in out until the sum.
+    batchnorm_forward(x, gamma, beta, eps, training, momentum, running_mean, running_var, out, mean, rstd);
+    residual_relu_forward(shortcut, out, lambda, branch_scale, out);
+    return;
+  }
+  batchnorm_forward_cpu<Epilogue::residual_relu>(x, gamma, beta, eps, training, momentum, running_mean, running_var,
+                                                 out, mean, rstd, s,
+                                                 ResidualArgs{shortcut.f32(), lambda, branch_scale});
 }
 
 void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,

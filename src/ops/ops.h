@@ -151,6 +151,13 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
 void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
                             float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
                             Tensor& rstd);
+// A post-activation residual block's end in one last pass: out = relu(λ·shortcut + β·batchnorm(x)), the branch
+// batchnorm(x) never stored; mean, rstd and the running statistics as batchnorm_forward. Bitwise what
+// batchnorm_forward then residual_relu_forward give (on a GPU it is those two calls). out aliases neither x nor
+// shortcut. The backward is the two ops' own: residual_relu_backward reads the branch only for a learnable λ or β.
+void batchnorm_residual_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
+                                     float momentum, Tensor& running_mean, Tensor& running_var, const Tensor& shortcut,
+                                     float lambda, float branch_scale, Tensor& out, Tensor& mean, Tensor& rstd);
 // Its backward from z and d_z: d_x (overwrite; may alias d_z, not z), d_gamma/d_beta (+=). The ReLU's gradient,
 // masked by z > 0 (which holds exactly where the normalised value is > 0), is written into d_x plane by plane and
 // summed from there: bitwise activation_backward(relu) then batchnorm_backward.

@@ -187,6 +187,42 @@ TEST(BatchnormCuda, BackwardMatchesCpu) {
   }
 }
 
+// A post-activation block's end, relu(λ·shortcut + β·batchnorm(x)) (on a GPU the two kernels in turn), against the
+// CPU's fused op: out to the forward's tolerance of the terms it combines.
+TEST(BatchnormCuda, ResidualReluFusedMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::uint64_t seed = 8000;
+  const float lambda = 0.8f, branch_scale = 1.2f;
+  for (const Shape& shape : kShapes) {
+    for (const bool training : {true, false}) {
+      if (training && shape[0] * spatial_of(shape) <= 1) continue;
+      SCOPED_TRACE("shape " + shape_string(shape) + (training ? " training" : " eval"));
+      const std::int64_t c = shape[1];
+      const Tensor x = random_tensor(shape, seed += 10, 2.0, 0.7), shortcut = random_tensor(shape, seed + 1);
+      const BnParams p = make_params(c, seed + 2);
+      Tensor rm_cpu = p.running_mean.clone(), rv_cpu = p.running_var.clone();
+      Tensor out_cpu = Tensor::empty(shape), mean_cpu = Tensor::empty({c}), rstd_cpu = Tensor::empty({c});
+      ops::batchnorm_residual_relu_forward(x, &p.gamma, &p.beta, 1e-5f, training, 0.1f, rm_cpu, rv_cpu, shortcut,
+                                           lambda, branch_scale, out_cpu, mean_cpu, rstd_cpu);
+      const Tensor gamma = to_cuda(p.gamma), beta = to_cuda(p.beta);
+      Tensor rm = to_cuda(p.running_mean), rv = to_cuda(p.running_var);
+      Tensor out = Tensor::empty(shape, DType::f32, Device::cuda);
+      Tensor mean = Tensor::empty({c}, DType::f32, Device::cuda), rstd = Tensor::empty({c}, DType::f32, Device::cuda);
+      ops::batchnorm_residual_relu_forward(to_cuda(x), &gamma, &beta, 1e-5f, training, 0.1f, rm, rv, to_cuda(shortcut),
+                                           lambda, branch_scale, out, mean, rstd);
+      expect_close_rel(rstd.to_vector(), rstd_cpu.to_vector(), kValueTol, "rstd");
+      expect_close_rel(rm.to_vector(), rm_cpu.to_vector(), kValueTol, "running_mean");
+      const std::vector<float> r = rstd_cpu.to_vector(), g = p.gamma.to_vector(), s = shortcut.to_vector();
+      std::vector<float> a(r.size());
+      for (std::size_t i = 0; i < r.size(); ++i) a[i] = r[i] * g[i];
+      std::vector<double> scale = affine_scale(x.to_vector(), shape, mean_cpu.to_vector(), a, p.beta.to_vector());
+      for (std::size_t i = 0; i < scale.size(); ++i)
+        scale[i] = std::abs(double(lambda) * s[i]) + std::abs(double(branch_scale)) * scale[i];
+      expect_close(out.to_vector(), out_cpu.to_vector(), scale, kValueTol, "out");
+    }
+  }
+}
+
 // The fused BatchNorm + ReLU (on a GPU the two kernels in turn) against the CPU's fused op: z to the forward's
 // tolerance (the ReLU only clips), and the backward, given the same z, statistics and d_z on both sides, to the
 // backward's (its mask is then the same on both).

@@ -360,6 +360,40 @@ TEST(Resnet, GradientsIndependentOfThreadCount) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
+// A post-activation BatchNorm block ends in one fused op on unrecorded steps (ops::batchnorm_residual_relu_forward)
+// and in the separate ops on recorded ones (the branch is probed): the two give bitwise the same loss, gradients
+// and running statistics, over two steps, with and without projection shortcuts (every stage opens with one).
+TEST(Resnet, FusedBlockEndIsBitwiseTheRecordedSteps) {
+  class IgnoringSink final : public ProbeSink {
+   public:
+    void forward(int, const Tensor&, std::int64_t) override {}
+    void backward(int, const Tensor&, std::int64_t) override {}
+    void attention_logits(int, const probe::LogitSums&, const Tensor&, int, float) override {}
+  };
+  ResnetConfig config = small_config(false, ResnetNorm::batchnorm, ResnetBlock::basic);
+  config.depth = 14;  // two blocks per stage
+  config.image_size = 8;
+  IgnoringSink ignoring;
+  std::vector<std::vector<float>> state[2];
+  double losses[2][2];
+  for (int run = 0; run < 2; ++run) {
+    Resnet model(config, ScalingConfig{}, 6);
+    for (int step = 0; step < 2; ++step) {
+      model.params().zero_grads();
+      StepContext context;
+      context.sink = run == 0 ? nullptr : &ignoring;
+      losses[run][step] = model.forward_backward(image_batch(6, 2, 8, 3, 11 + step), 1.0f, context);
+      for (auto& p : model.params().all()) p->value.f32()[0] -= 0.01f * p->grad.f32()[0];
+    }
+    for (auto& p : model.params().all()) state[run].push_back(p->grad.to_vector());
+    for (auto& p : model.params().all()) state[run].push_back(p->value.to_vector());
+    state[run].push_back({static_cast<float>(model.evaluate(image_batch(6, 2, 8, 3, 20)))});
+  }
+  EXPECT_EQ(losses[0][0], losses[1][0]);
+  EXPECT_EQ(losses[0][1], losses[1][1]);
+  EXPECT_EQ(state[0], state[1]);
+}
+
 TEST(Resnet, ConfigAndRuleChecks) {
   ResnetConfig config = small_config(false, ResnetNorm::batchnorm, ResnetBlock::basic);
   config.depth = 21;

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/ops.h"
 #include "ops_testing.h"
 #include "support/gradcheck.h"
@@ -171,6 +174,55 @@ TEST(BatchNorm, ReluFusedIsBitwiseBatchNormThenRelu) {
       }
     }
   }
+}
+
+// The post-activation block's end, relu(λ·shortcut + β·batchnorm(x)), in one pass: bitwise batchnorm_forward then
+// residual_relu_forward, with its mean, rstd and running statistics, on 1 and 2 threads.
+TEST(BatchNorm, ResidualReluFusedIsBitwiseTheTwoOps) {
+  std::uint64_t seed = 140;
+  for (const Shape& shape : {Shape{4, 3, 5, 6}, Shape{7, 5}, Shape{16, 8, 7, 7}}) {
+    for (const bool training : {true, false}) {
+      for (const bool affine : {true, false}) {
+        for (const auto& [lambda, scale] : {std::pair{1.0f, 1.0f}, std::pair{0.7f, 1.3f}, std::pair{1.0f, 0.0f}}) {
+          for (const int threads_used : {1, 2}) {
+            SCOPED_TRACE(shape_string(shape) + (training ? " training" : " eval") + (affine ? " affine" : " plain") +
+                         " lambda " + std::to_string(lambda) + " beta " + std::to_string(scale) + " threads " +
+                         std::to_string(threads_used));
+            testing::ScopedThreads scoped(threads_used);
+            const std::int64_t c = shape[1];
+            const Tensor x = random_tensor(shape, ++seed, 1.5, 0.3), shortcut = random_tensor(shape, ++seed, 1.0);
+            const Tensor gamma = random_tensor({c}, ++seed, 0.5, 0.8), beta = random_tensor({c}, ++seed, 0.5);
+            const Tensor* g = affine ? &gamma : nullptr;
+            const Tensor* b = affine ? &beta : nullptr;
+
+            BatchNormBuffers two(x);
+            ops::batchnorm_forward(x, g, b, kEps, training, 0.1f, two.running_mean, two.running_var, two.y, two.mean,
+                                   two.rstd);
+            Tensor out_two = Tensor::empty(shape);
+            ops::residual_relu_forward(shortcut, two.y, lambda, scale, out_two);
+            BatchNormBuffers fused(x);
+            ops::batchnorm_residual_relu_forward(x, g, b, kEps, training, 0.1f, fused.running_mean, fused.running_var,
+                                                 shortcut, lambda, scale, fused.y, fused.mean, fused.rstd);
+            EXPECT_TRUE(testing::bitwise_equal(fused.y, out_two)) << "out";
+            EXPECT_TRUE(testing::bitwise_equal(fused.mean, two.mean)) << "mean";
+            EXPECT_TRUE(testing::bitwise_equal(fused.rstd, two.rstd)) << "rstd";
+            EXPECT_TRUE(testing::bitwise_equal(fused.running_mean, two.running_mean)) << "running_mean";
+            EXPECT_TRUE(testing::bitwise_equal(fused.running_var, two.running_var)) << "running_var";
+            std::int64_t zeros = 0;
+            for (float v : out_two.to_vector()) zeros += v == 0.0f;
+            EXPECT_GT(zeros, 0) << "the ReLU's mask is exercised";
+          }
+        }
+      }
+    }
+  }
+  const Tensor x = random_tensor({2, 3, 4, 4}, 1), shortcut = random_tensor({2, 3, 4, 4}, 2);
+  BatchNormBuffers buffers(x);
+  Tensor aliased = x.clone();
+  EXPECT_THROW(ops::batchnorm_residual_relu_forward(aliased, nullptr, nullptr, kEps, true, 0.1f, buffers.running_mean,
+                                                    buffers.running_var, shortcut, 1.0f, 1.0f, aliased, buffers.mean,
+                                                    buffers.rstd),
+               InternalError);
 }
 
 TEST(BatchNorm, ReluFusedGradients) {
