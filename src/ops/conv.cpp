@@ -208,14 +208,21 @@ std::atomic<ConvKernel>& kernel_setting() {
 
 // Fills the direct kernel's shape for g and returns true when that kernel runs g (one group, the setting, the
 // CPU, and not a strided convolution of few channels).
+// The AVX-512 kernels' shape of g (one group).
+detail::DirectConvShape kernel_shape(const ConvGeometry& g) {
+  detail::DirectConvShape s;
+  s.n = g.n, s.c_in = g.c_in, s.h = g.h, s.w = g.w;
+  s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw, s.h_out = g.h_out, s.w_out = g.w_out;
+  s.stride = g.stride, s.padding = g.padding;
+  return s;
+}
+
 bool direct_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
   if (g.groups != 1 || kernel_setting().load(std::memory_order_relaxed) == ConvKernel::im2col) return false;
   // Strided convolutions with few input channels run faster through im2col (bench_conv --kernels, ResNet-20:
   // 16 → 32 channels at stride 2, 0.70× and 0.74×; 32 → 64, 1.18× and 1.86×).
   if (g.stride != 1 && g.c_in < 32) return false;
-  s.n = g.n, s.c_in = g.c_in, s.h = g.h, s.w = g.w;
-  s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw, s.h_out = g.h_out, s.w_out = g.w_out;
-  s.stride = g.stride, s.padding = g.padding;
+  s = kernel_shape(g);
   return detail::direct_conv_fits(s);
 }
 
@@ -224,9 +231,7 @@ bool direct_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
 bool winograd_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
   if (g.groups != 1 || g.stride != 1 || g.kh != 3 || g.kw != 3) return false;
   if (kernel_setting().load(std::memory_order_relaxed) != ConvKernel::winograd) return false;
-  s.n = g.n, s.c_in = g.c_in, s.h = g.h, s.w = g.w;
-  s.c_out = g.c_out, s.kh = g.kh, s.kw = g.kw, s.h_out = g.h_out, s.w_out = g.w_out;
-  s.stride = g.stride, s.padding = g.padding;
+  s = kernel_shape(g);
   return detail::winograd_conv_fits(s);
 }
 

@@ -374,8 +374,7 @@ __attribute__((target("avx512f"))) void multiply_lines(const float* x_block, con
 // `taps` taps.
 float* thread_panel(Index floats) {
   thread_local std::vector<float> buffer;
-  if (static_cast<Index>(buffer.size()) < floats + 16) buffer.resize(static_cast<std::size_t>(floats + 16));
-  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) / 64 * 64);
+  return aligned_buffer(buffer, floats);
 }
 
 BlockTable thread_table(Index taps) {
@@ -584,6 +583,11 @@ void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, 
     for (Index group = 0; group < groups; ++group) sum += partials[group * weight_numel + i];
     d_weight[i] = sum;
   }
+}
+
+float* aligned_buffer(std::vector<float>& buffer, std::int64_t floats) {
+  if (static_cast<std::int64_t>(buffer.size()) < floats + 16) buffer.resize(static_cast<std::size_t>(floats + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) / 64 * 64);
 }
 
 }  // namespace proplab::ops::detail

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace proplab::ops::detail {
 
@@ -35,5 +36,8 @@ void direct_conv_forward(const float* x, const float* weight, const float* bias,
 // value. Chunks are summed in a fixed order into at most 16 partials, added in order: bitwise independent of the
 // threads.
 void direct_conv_weight_grad(const float* x, const float* d_y, float* d_weight, const DirectConvShape& s);
+
+// A 64-byte aligned pointer into `buffer` (a caller's buffer, reused across calls), grown to hold `floats` floats.
+float* aligned_buffer(std::vector<float>& buffer, std::int64_t floats);
 
 }  // namespace proplab::ops::detail

@@ -32,12 +32,6 @@ bool cpu_has_kernel_features() {
 #endif
 }
 
-// Per thread, reused across calls: a 64-byte aligned buffer of at least `floats` floats.
-float* thread_buffer(std::vector<float>& buffer, Index floats) {
-  if (static_cast<Index>(buffer.size()) < floats + 16) buffer.resize(static_cast<std::size_t>(floats + 16));
-  return reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) / 64 * 64);
-}
-
 // One run of a block's tiles on one tile row: lanes [first, first + count) hold tiles (tile_row, tile_column +
 // 0 .. count − 1) of `sample`, with what loading their inputs and storing their outputs needs.
 struct Segment {
@@ -256,8 +250,7 @@ __attribute__((target("avx512f"))) void store_outputs(const float* m, Index co0,
 }  // namespace
 
 bool winograd_conv_fits(const DirectConvShape& s) {
-  return cpu_has_kernel_features() && s.kh == 3 && s.kw == 3 && s.stride == 1 && s.h_out == s.h + 2 * s.padding - 2 &&
-         s.w_out == s.w + 2 * s.padding - 2;
+  return cpu_has_kernel_features() && s.kh == 3 && s.kw == 3 && s.stride == 1;
 }
 
 void winograd_conv_forward(const float* x, const float* weight, const float* bias, float* y, const DirectConvShape& s) {
@@ -269,13 +262,13 @@ void winograd_conv_forward(const float* x, const float* weight, const float* bia
   const Index co_tiles = (s.c_out + kRows - 1) / kRows;
   if (blocks == 0 || s.c_out == 0) return;
   thread_local std::vector<float> packed_buffer;
-  float* packed = thread_buffer(packed_buffer, co_tiles * kPoints * s.c_in * kRows);
+  float* packed = aligned_buffer(packed_buffer, co_tiles * kPoints * s.c_in * kRows);
   pack_weights(weight, s.c_out, s.c_in, packed);
 #pragma omp parallel if (blocks > 1)
   {
     thread_local std::vector<float> v_buffer, m_buffer;
-    float* v = thread_buffer(v_buffer, kPoints * s.c_in * kLanes);
-    float* m = thread_buffer(m_buffer, kPoints * kRows * kLanes);
+    float* v = aligned_buffer(v_buffer, kPoints * s.c_in * kLanes);
+    float* m = aligned_buffer(m_buffer, kPoints * kRows * kLanes);
     Segment segments[kLanes];
 #pragma omp for schedule(static)
     for (Index block = 0; block < blocks; ++block) {
