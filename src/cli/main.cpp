@@ -12,13 +12,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <atomic>
-#include <csignal>
 #include <iostream>
 #include <optional>
 
 #include "cli/inspect.h"
 #include "core/error.h"
+#include "core/stop_signals.h"
 #include "core/device.h"
 #include "cli/report.h"
 #include "dist/communicator.h"
@@ -30,10 +29,6 @@
 #include "train/trainer.h"
 
 namespace {
-
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
 
 constexpr const char* kVersion = "0.1.0";
 
@@ -49,6 +44,9 @@ constexpr const char* kDescription =
 
 int run_command(const std::string& study_path, const std::vector<std::string>& overrides, const std::string& out,
                 bool resume, bool force, std::int64_t stop_after) {
+  // Before any thread starts (MPI's, OpenMP's, the run file's writer), so that none of them takes the signals
+  // (core/stop_signals.h says why).
+  const proplab::StopSignals stop_signals;
   proplab::Study study = proplab::load_study(study_path, overrides);
   if (study.has_sweep)
     throw proplab::UserError(study_path + ": this study has a [sweep] table; run it with `proplab sweep " + study_path +
@@ -60,7 +58,7 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
   options.stop_after = stop_after;
   options.log = &std::cout;
   options.terminal = isatty(STDOUT_FILENO) != 0;
-  options.interrupt = &g_interrupted;
+  options.interrupt = &stop_signals.requested();
   options.proplab_version = kVersion;
   options.command = "proplab run " + proplab::shell_word(study_path);
   for (const std::string& entry : overrides) options.command += " --set " + proplab::shell_word(entry);
@@ -73,8 +71,6 @@ int run_command(const std::string& study_path, const std::vector<std::string>& o
     if (groups->world->rank() != 0) options.log = nullptr;
     options.command = "mpirun -np " + std::to_string(groups->world->size()) + " " + options.command;
   }
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
   proplab::RunSummary summary = proplab::run_training(proplab::to_run_spec(study), options);
   if (summary.collective_timeout) {
     std::cerr << "proplab: " << study.name << ": " << summary.detail << "\n";
