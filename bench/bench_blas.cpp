@@ -5,7 +5,10 @@
 // product on one thread of the OpenMP pool: the kernel's single-thread rate is what a faster library would buy.
 // For each shape the libraries take turns sample by sample (noise hits all alike); medians; every result is
 // spot-checked against a double-precision dot product (exit 1 on a mismatch: the numbers would be for the wrong
-// product). The step rate weights each shape by its FLOPs per step.
+// product). The step rate weights each shape by its FLOPs per step. On AVX-512 CPUs it also times our own packed
+// kernel (own_sgemm.h, register tiles of 12 and 14 rows × 32 columns) beside them, and, at fc.forward's shape, a
+// Linear forward with bias and ReLU: the fastest library's sgemm then one pass over y, against our kernel with the
+// bias and ReLU fused into the tile's store.
 //
 //   bench_blas [--repeats N] [--no-attention]
 #include <dlfcn.h>
@@ -23,6 +26,7 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "own_sgemm.h"
 #include "sgemm_rate.h"
 
 namespace {
@@ -87,6 +91,18 @@ int main(int argc, char** argv) {
     std::printf("oneDNN: not found (libdnnl.so.2; apt-get install libdnnl2)\n");
   }
 
+  if (__builtin_cpu_supports("avx512f")) {
+    // Our own packed kernel (own_sgemm.h) with register tiles of 12 and 14 rows × 32 columns.
+    auto own = [](auto kernel) {
+      return [kernel](const SgemmShape& s, const float* a, const float* b, float* c) {
+        kernel(bench::OwnSgemmShape{s.m, s.n, s.k, s.trans_a, s.trans_b, s.beta}, a, b, c);
+      };
+    };
+    libraries.emplace_back("own 12x32", own([](const bench::OwnSgemmShape& s, const float* a, const float* b,
+                                               float* c) { bench::own_sgemm<12>(s, a, b, c); }));
+    libraries.emplace_back("own 14x32", own([](const bench::OwnSgemmShape& s, const float* a, const float* b,
+                                               float* c) { bench::own_sgemm<14>(s, a, b, c); }));
+  }
   const std::vector<SgemmShape> shapes = bench::step_sgemm_shapes(bench::SgemmModelDims{}, !no_attention);
   std::printf("bench_blas: 1 thread, %zu shapes of one reference-transformer step, median of %d samples\n",
               shapes.size(), repeats);
@@ -149,5 +165,68 @@ int main(int argc, char** argv) {
     std::printf(" %10.2f", seconds / openblas_seconds);
   }
   std::printf("\n");
+
+  // The epilogue: a Linear forward with bias and ReLU (fc.forward's shape), as a library sgemm followed by one
+  // vectorised pass over y, against our kernel with the bias and ReLU applied to the register tile before it is
+  // stored. Samples alternate; medians.
+  if (__builtin_cpu_supports("avx512f")) {
+    const SgemmShape* fc = nullptr;
+    for (const SgemmShape& s : shapes)
+      if (s.name == "fc.forward") fc = &s;
+    if (fc) {
+      const SgemmShape& s = *fc;
+      std::vector<float> a(static_cast<std::size_t>(s.m) * s.k), b(static_cast<std::size_t>(s.k) * s.n),
+          bias(static_cast<std::size_t>(s.n)), c(static_cast<std::size_t>(s.m) * s.n), d(c.size());
+      const CounterRng rng(1, 0);
+      for (std::size_t j = 0; j < a.size(); ++j) a[j] = rng.normal(j);
+      for (std::size_t j = 0; j < b.size(); ++j) b[j] = rng.normal(a.size() + j);
+      for (std::size_t j = 0; j < bias.size(); ++j) bias[j] = rng.normal(a.size() + b.size() + j);
+      // The fastest library over the step (our own kernels left out).
+      const Library* best = &libraries.front();
+      double best_seconds = 1e300;
+      for (const Library& l : libraries) {
+        double seconds = 0.0;
+        for (double v : l.seconds) seconds += v;
+        if (l.name.rfind("own", 0) != 0 && seconds < best_seconds) {
+          best = &l;
+          best_seconds = seconds;
+        }
+      }
+      auto library_then_pass = [&] {
+        best->sgemm(s, a.data(), b.data(), c.data());
+        for (int i = 0; i < s.m; ++i) {
+          float* row = c.data() + static_cast<std::size_t>(i) * s.n;
+#pragma omp simd
+          for (int j = 0; j < s.n; ++j) row[j] = std::max(row[j] + bias[static_cast<std::size_t>(j)], 0.0f);
+        }
+      };
+      auto fused = [&] {
+        bench::own_sgemm<12>(bench::OwnSgemmShape{s.m, s.n, s.k, s.trans_a, s.trans_b, 0.0f}, a.data(), b.data(),
+                             d.data(), bias.data(), true);
+      };
+      library_then_pass();
+      fused();
+      double worst = 0.0;
+      for (std::size_t j = 0; j < c.size(); ++j) worst = std::max(worst, std::fabs(double(c[j]) - double(d[j])));
+      if (worst > 1e-3) {
+        std::printf("fused epilogue: differs from %s + pass by %.2e: wrong\n", best->name.c_str(), worst);
+        status = 1;
+      }
+      std::vector<double> t_library, t_fused;
+      for (int r = 0; r < 3 * repeats; ++r) {
+        auto start = std::chrono::steady_clock::now();
+        library_then_pass();
+        t_library.push_back(bench::detail::seconds_since(start));
+        start = std::chrono::steady_clock::now();
+        fused();
+        t_fused.push_back(bench::detail::seconds_since(start));
+      }
+      std::sort(t_library.begin(), t_library.end());
+      std::sort(t_fused.begin(), t_fused.end());
+      const double tl = t_library[t_library.size() / 2], tf = t_fused[t_fused.size() / 2];
+      std::printf("fc.forward + bias + ReLU: %s then a pass %.3f ms, own 12x32 fused %.3f ms (%.2fx)\n",
+                  best->name.c_str(), tl * 1e3, tf * 1e3, tl / tf);
+    }
+  }
   return status;
 }
