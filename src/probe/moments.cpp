@@ -21,6 +21,10 @@ namespace {
 // Elements per chunk (rows of a chunk = this / F, at least one): large enough that the per-chunk merge is a
 // small fraction of the work, small enough that a [8,128,256] tensor still splits over two threads.
 constexpr std::int64_t kChunkElements = std::int64_t{1} << 16;
+// Up to this many chunks a tensor's moments run on the calling thread: waking the pool (tens of microseconds under
+// OMP_WAIT_POLICY=passive) costs more than the second thread saves. The chunks and their order are the same either
+// way, so the result is too.
+constexpr std::int64_t kSerialChunks = 4;
 // Rows handled together by the kernel, so each per-feature array is loaded and stored once per block of rows.
 constexpr std::int64_t kRowBlock = 4;
 // Row width used for tensors with very long rows when only layout-free statistics are wanted.
@@ -327,7 +331,7 @@ void merge_block(const Problem& p, Index block) {
 template <bool kSums, bool kHigher, bool kMax>
 void run_chunks(const Problem& p) {
   const Index merge_blocks = p.keep_partials ? p.merge_blocks : 0;
-#pragma omp parallel if (p.plan.chunks > 1)
+#pragma omp parallel if (p.plan.chunks > kSerialChunks)
   {
 #pragma omp for schedule(static)
     for (Index c = 0; c < p.plan.chunks; ++c) run_chunk<kSums, kHigher, kMax>(p, c);

@@ -158,8 +158,9 @@ Moments one_shot(const std::vector<float>& x, const Shape3& s, const StatSelecti
 }
 
 // Whole-sequence chunks, several chunks, split sequences (T·F above a chunk), odd sizes and F = 1.
+// The last is more chunks than run on the calling thread alone (kSerialChunks in probe/moments.cpp): the pool's path.
 const std::vector<Shape3> kShapes = {{3, 17, 33},   {40, 16, 256}, {2, 100, 1024}, {4, 50, 1},
-                                     {2, 70001, 1}, {5, 7, 3},     {1, 300, 700}};
+                                     {2, 70001, 1}, {5, 7, 3},     {1, 300, 700},  {6, 128, 512}};
 
 TEST(Moments, HandComputedExample) {
   // Tokens (1, 2) and (3, 4): μ = 2.5, centred tokens (-1.5, -0.5) and (0.5, 1.5).
