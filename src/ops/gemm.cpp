@@ -143,8 +143,12 @@ std::string gemm_backend_name() {
 #endif
 }
 
-void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+namespace {
+
+// sgemm, and with `bias` (alpha = beta = 1) sgemm_bias: every piece of C seeded with it before its product.
+void sgemm_pieces(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                  std::int64_t ldc, const float* bias) {
   if (m <= 0 || n <= 0) return;
   const GemmPieces pieces = gemm_pieces(m, n, k);
   const DnnlSgemm onednn = gemm_backend() == GemmBackend::onednn ? dnnl().sgemm : nullptr;
@@ -172,12 +176,28 @@ void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int6
     const std::int64_t length = std::min(pieces.size, (pieces.split_rows ? m : n) - start);
     if (pieces.split_rows) {
       // Rows [start, start + length) of C and of op(A): A's rows, or A's columns when it is stored transposed.
+      if (bias)
+        for (std::int64_t r = start; r < start + length; ++r) std::copy(bias, bias + n, c + r * ldc);
       product(length, n, a + (trans_a ? start : start * lda), b, c + start * ldc);
     } else {
       // Columns [start, start + length) of C and of op(B): B's columns, or B's rows when it is stored transposed.
+      if (bias)
+        for (std::int64_t r = 0; r < m; ++r) std::copy(bias + start, bias + start + length, c + r * ldc + start);
       product(m, length, a, b + (trans_b ? start * ldb : start), c + start);
     }
   }
+}
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  sgemm_pieces(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr);
+}
+
+void sgemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c, std::int64_t ldc) {
+  sgemm_pieces(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, ldc, bias);
 }
 
 }  // namespace proplab::ops

@@ -34,6 +34,12 @@ std::string gemm_backend_name();
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
+// C[m, n] = op(A) · op(B) + bias (bias[n], added to every row): each piece of C is seeded with the bias just before
+// its product accumulates onto it (beta = 1), while it is in cache and on the same thread. Bitwise the same as
+// seeding all of C first and calling sgemm with alpha = beta = 1.
+void sgemm_bias(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, const float* bias, float* c, std::int64_t ldc);
+
 // The pieces sgemm splits an m × n × k product into, along rows (split_rows) or columns of C: `count` pieces of
 // `size` (the last one shorter). Exposed for the tests; a function of the shape alone.
 struct GemmPieces {

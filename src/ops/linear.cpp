@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "ops/dispatch.h"
 #include "ops/gemm.h"
@@ -103,21 +102,20 @@ void linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, T
   }
   if (rows == 0 || out_features == 0) return;
   float* y_data = y.f32();
-  float beta = 0.0f;
-  if (bias) {
-    // Seed y with the bias and let sgemm accumulate onto it (beta = 1): no second pass over y.
-    const float* b = bias->f32();
-#pragma omp parallel for schedule(static) if (rows * out_features > (1 << 15))
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::memcpy(y_data + r * out_features, b, sizeof(float) * static_cast<std::size_t>(out_features));
-    beta = 1.0f;
-  }
   if (in_features == 0) {
-    if (!bias) std::fill(y_data, y_data + rows * out_features, 0.0f);
+    if (bias)
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::copy(bias->f32(), bias->f32() + out_features, y_data + r * out_features);
+    else
+      std::fill(y_data, y_data + rows * out_features, 0.0f);
     return;
   }
-  sgemm(false, true, rows, out_features, in_features, 1.0f, x.f32(), in_features, weight.f32(), in_features, beta,
-        y_data, out_features);
+  if (bias)  // each piece of y seeded with the bias, then accumulated onto (no separate pass over y)
+    sgemm_bias(false, true, rows, out_features, in_features, x.f32(), in_features, weight.f32(), in_features,
+               bias->f32(), y_data, out_features);
+  else
+    sgemm(false, true, rows, out_features, in_features, 1.0f, x.f32(), in_features, weight.f32(), in_features, 0.0f,
+          y_data, out_features);
 }
 
 void linear_backward(const Tensor& x, const Tensor& weight, const Tensor& d_y, Tensor* d_x, Tensor& d_weight,

@@ -162,5 +162,35 @@ void bitwise_for_any_thread_count() {
   }
 }
 
+// sgemm_bias seeds each piece of C with the bias before its product: bitwise the same as seeding all of C and
+// calling sgemm with beta 1, for pieces along rows and along columns, with padded strides, on 1 and 2 threads; the
+// padding columns past n are left as they were.
+TEST(Gemm, BiasSeededPieceByPieceIsBitwiseSeedThenSgemm) {
+  EveryBackend().run([] {
+    for (const Product p : {Product{1024, 768, 256, false, true, 1.0f}, Product{32, 16384, 144, false, false, 1.0f},
+                            Product{40, 24, 8, true, true, 1.0f}}) {
+      // The first two are split in pieces (along rows, along columns), the last is one piece.
+      ASSERT_EQ(ops::gemm_pieces(p.m, p.n, p.k).count > 1, p.m != 40) << "the shapes' pieces changed";
+      const auto a = normal_values(static_cast<std::size_t>((p.m + 3) * (p.k + 3)), 8);
+      const auto b = normal_values(static_cast<std::size_t>((p.k + 3) * (p.n + 3)), 9);
+      const auto bias = normal_values(static_cast<std::size_t>(p.n), 10);
+      const auto garbage = normal_values(static_cast<std::size_t>(p.m * (p.n + 3)), 11);
+      const std::int64_t lda = (p.trans_a ? p.m : p.k) + 3, ldb = (p.trans_b ? p.k : p.n) + 3, ldc = p.n + 3;
+      std::vector<float> seeded = garbage;
+      for (std::int64_t r = 0; r < p.m; ++r)
+        for (std::int64_t j = 0; j < p.n; ++j)
+          seeded[static_cast<std::size_t>(r * ldc + j)] = bias[static_cast<std::size_t>(j)];
+      const std::vector<float> expected = run(p, a, b, seeded);
+      for (int threads = 1; threads <= 2; ++threads) {
+        testing::ScopedThreads scoped(threads);
+        std::vector<float> c = garbage;
+        ops::sgemm_bias(p.trans_a, p.trans_b, p.m, p.n, p.k, a.data(), lda, b.data(), ldb, bias.data(), c.data(), ldc);
+        EXPECT_EQ(std::memcmp(c.data(), expected.data(), c.size() * sizeof(float)), 0)
+            << p.m << "x" << p.n << "x" << p.k << " on " << threads << " threads";
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace proplab
