@@ -217,6 +217,28 @@ struct SgdHyper {
 void sgd_update(Tensor& param, const Tensor& grad, Tensor& momentum_buffer, const SgdHyper& hyper,
                 UpdateNorms* norms = nullptr);
 
+// One tensor's step for the _each forms (the same arguments as adamw_update / sgd_update).
+struct AdamWStep {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* m;
+  Tensor* v;
+  AdamWHyper hyper;
+  UpdateNorms* norms = nullptr;
+};
+struct SgdStep {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* momentum_buffer;
+  SgdHyper hyper;
+  UpdateNorms* norms = nullptr;
+};
+// The update of every tensor of a step, bitwise the same as one call each: CPU tensors' blocks share one parallel
+// region (under passive waiting a region each cost more than the small tensors' updates), CUDA tensors' kernels
+// are enqueued in order.
+void adamw_update_each(const std::vector<AdamWStep>& steps);
+void sgd_update_each(const std::vector<SgdStep>& steps);
+
 // ---- global gradient-norm clipping
 // ------------------------------------------------------------------------------------- Returns the global L2 norm over
 // all grads (double, deterministic order); when max_norm > 0 and the norm exceeds it, scales every grad by max_norm /

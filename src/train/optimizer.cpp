@@ -59,13 +59,21 @@ void Optimizer::step(double lr, std::vector<ops::UpdateNorms>* norms) {
   ++steps_taken_;
   auto& all = params_.all();
   if (norms) PROPLAB_CHECK(norms->size() == all.size(), "one UpdateNorms per parameter");
+  // Every tensor's update in one call (one parallel region on the CPU); the pieces are views that must live
+  // until it returns.
+  std::vector<Tensor> values, grads;
+  values.reserve(all.size());
+  grads.reserve(all.size());
+  std::vector<ops::AdamWStep> adamw;
+  std::vector<ops::SgdStep> sgd;
   for (std::size_t i = 0; i < all.size(); ++i) {
     Parameter& p = *all[i];
     if (pieces_[i].length == 0) continue;
-    Tensor value = piece_of(p.value, pieces_[i]);
-    const Tensor grad = piece_of(p.grad, pieces_[i]);
+    values.push_back(piece_of(p.value, pieces_[i]));
+    grads.push_back(piece_of(p.grad, pieces_[i]));
     const double param_lr = lr * p.lr_multiplier;
     const float decay = p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+    ops::UpdateNorms* measured = norms ? &(*norms)[i] : nullptr;
     if (config_.optimizer == OptimizerKind::adamw) {
       ops::AdamWHyper h;
       h.lr = static_cast<float>(param_lr);
@@ -74,16 +82,18 @@ void Optimizer::step(double lr, std::vector<ops::UpdateNorms>* norms) {
       h.eps = static_cast<float>(config_.eps);
       h.weight_decay = decay;
       h.step = steps_taken_;
-      ops::adamw_update(value, grad, first_[i], second_[i], h, norms ? &(*norms)[i] : nullptr);
+      adamw.push_back({&values.back(), &grads.back(), &first_[i], &second_[i], h, measured});
     } else {
       ops::SgdHyper h;
       h.lr = static_cast<float>(param_lr);
       h.momentum = static_cast<float>(config_.momentum);
       h.weight_decay = decay;
       h.nesterov = config_.nesterov;
-      ops::sgd_update(value, grad, first_[i], h, norms ? &(*norms)[i] : nullptr);
+      sgd.push_back({&values.back(), &grads.back(), &first_[i], h, measured});
     }
   }
+  if (!adamw.empty()) ops::adamw_update_each(adamw);
+  if (!sgd.empty()) ops::sgd_update_each(sgd);
 }
 
 std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {

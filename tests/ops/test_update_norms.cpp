@@ -63,4 +63,66 @@ TEST(UpdateNorms, BitwiseIndependentOfThreads) {
   EXPECT_EQ(std::memcmp(&one, &two, sizeof(one)), 0);
 }
 
+// The _each forms against one call per tensor: tensors of one block, of a ragged tail and of many blocks (together
+// past the parallel threshold, alone partly below it), some measured and some not, AdamW and SGD (with momentum,
+// Nesterov, and without momentum and buffer): parameters, optimizer state and norms bitwise the same, on 1 and 2
+// threads.
+TEST(UpdateNorms, EachFormIsBitwiseOneCallPerTensor) {
+  const std::vector<Shape> shapes{{64}, {4097}, {70001}, {16, 16, 3, 3}, {5}};
+  for (int kind = 0; kind < 3; ++kind) {
+    for (int threads : {1, 2}) {
+      set_threads(threads);
+      std::vector<Tensor> each_p, each_g, each_m, each_v, one_p, one_m, one_v;
+      std::vector<ops::UpdateNorms> each_n(shapes.size()), one_n(shapes.size());
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        each_p.push_back(testing::random_tensor(shapes[i], 10 + i));
+        each_g.push_back(testing::random_tensor(shapes[i], 20 + i));
+        each_m.push_back(testing::random_tensor(shapes[i], 30 + i));
+        each_v.push_back(Tensor::zeros(shapes[i]));
+        one_p.push_back(each_p.back().clone());
+        one_m.push_back(each_m.back().clone());
+        one_v.push_back(each_v.back().clone());
+      }
+      if (kind == 0) {
+        std::vector<ops::AdamWStep> steps;
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+          ops::AdamWHyper h;
+          h.lr = 1e-3f * static_cast<float>(i + 1);
+          h.weight_decay = i % 2 ? 0.1f : 0.0f;
+          h.step = 3;
+          ops::UpdateNorms* norms = i % 2 ? nullptr : &one_n[i];
+          ops::adamw_update(one_p[i], each_g[i], one_m[i], one_v[i], h, norms);
+          steps.push_back({&each_p[i], &each_g[i], &each_m[i], &each_v[i], h, i % 2 ? nullptr : &each_n[i]});
+        }
+        ops::adamw_update_each(steps);
+      } else {
+        std::vector<ops::SgdStep> steps;
+        std::vector<Tensor> no_buffer(shapes.size());
+        for (std::size_t i = 0; i < shapes.size(); ++i) {
+          ops::SgdHyper h;
+          h.lr = 1e-2f * static_cast<float>(i + 1);
+          h.momentum = kind == 1 ? 0.9f : 0.0f;
+          h.nesterov = kind == 1 && i % 2 == 0;
+          h.weight_decay = 5e-4f;
+          ops::UpdateNorms* norms = i % 2 ? nullptr : &one_n[i];
+          ops::sgd_update(one_p[i], each_g[i], kind == 1 ? one_m[i] : no_buffer[i], h, norms);
+          steps.push_back(
+              {&each_p[i], &each_g[i], kind == 1 ? &each_m[i] : &no_buffer[i], h, i % 2 ? nullptr : &each_n[i]});
+        }
+        ops::sgd_update_each(steps);
+      }
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const std::string what = "kind " + std::to_string(kind) + ", tensor " + std::to_string(i) + ", " +
+                                 std::to_string(threads) + " threads";
+        EXPECT_EQ(each_p[i].to_vector(), one_p[i].to_vector()) << what;
+        EXPECT_EQ(each_m[i].to_vector(), one_m[i].to_vector()) << what;
+        EXPECT_EQ(each_v[i].to_vector(), one_v[i].to_vector()) << what;
+        EXPECT_EQ(std::memcmp(&each_n[i], &one_n[i], sizeof(ops::UpdateNorms)), 0) << what;
+        if (i % 2 == 0) EXPECT_GT(each_n[i].update_sq, 0.0) << what;
+      }
+    }
+  }
+  set_threads(0);
+}
+
 }  // namespace proplab
