@@ -42,6 +42,11 @@ struct Library {
   std::string name;
   Sgemm sgemm;
   std::vector<double> seconds;  // per shape
+  double step_seconds() const {  // one step's products
+    double total = 0.0;
+    for (double v : seconds) total += v;
+    return total;
+  }
 };
 
 // BLIS's Fortran interface is column-major: row-major C = op(A) op(B) is column-major Cᵀ = op(B)ᵀ op(A)ᵀ.
@@ -153,17 +158,11 @@ int main(int argc, char** argv) {
   std::printf("%-43s", "one step, FLOP-weighted");
   double openblas_seconds = 0.0;
   for (const Library& l : libraries) {
-    double seconds = 0.0;
-    for (double v : l.seconds) seconds += v;
-    if (l.name == "OpenBLAS") openblas_seconds = seconds;
-    std::printf(" %10.1f", step_flops / seconds / 1e9);
+    if (l.name == "OpenBLAS") openblas_seconds = l.step_seconds();
+    std::printf(" %10.1f", step_flops / l.step_seconds() / 1e9);
   }
   std::printf("\n%-43s", "time relative to OpenBLAS");
-  for (const Library& l : libraries) {
-    double seconds = 0.0;
-    for (double v : l.seconds) seconds += v;
-    std::printf(" %10.2f", seconds / openblas_seconds);
-  }
+  for (const Library& l : libraries) std::printf(" %10.2f", l.step_seconds() / openblas_seconds);
   std::printf("\n");
 
   // The epilogue: a Linear forward with bias and ReLU (fc.forward's shape), as a library sgemm followed by one
@@ -183,15 +182,8 @@ int main(int argc, char** argv) {
       for (std::size_t j = 0; j < bias.size(); ++j) bias[j] = rng.normal(a.size() + b.size() + j);
       // The fastest library over the step (our own kernels left out).
       const Library* best = &libraries.front();
-      double best_seconds = 1e300;
-      for (const Library& l : libraries) {
-        double seconds = 0.0;
-        for (double v : l.seconds) seconds += v;
-        if (l.name.rfind("own", 0) != 0 && seconds < best_seconds) {
-          best = &l;
-          best_seconds = seconds;
-        }
-      }
+      for (const Library& l : libraries)
+        if (l.name.rfind("own", 0) != 0 && l.step_seconds() < best->step_seconds()) best = &l;
       auto library_then_pass = [&] {
         best->sgemm(s, a.data(), b.data(), c.data());
         for (int i = 0; i < s.m; ++i) {

@@ -206,8 +206,6 @@ std::atomic<ConvKernel>& kernel_setting() {
   return setting;
 }
 
-// Fills the direct kernel's shape for g and returns true when that kernel runs g (one group, the setting, the
-// CPU, and not a strided convolution of few channels).
 // The AVX-512 kernels' shape of g (one group).
 detail::DirectConvShape kernel_shape(const ConvGeometry& g) {
   detail::DirectConvShape s;
@@ -217,6 +215,8 @@ detail::DirectConvShape kernel_shape(const ConvGeometry& g) {
   return s;
 }
 
+// Fills the direct kernel's shape for g and returns true when that kernel runs g (one group, the setting, the
+// CPU, and not a strided convolution of few channels).
 bool direct_shape(const ConvGeometry& g, detail::DirectConvShape& s) {
   if (g.groups != 1 || kernel_setting().load(std::memory_order_relaxed) == ConvKernel::im2col) return false;
   // Strided convolutions with few input channels run faster through im2col (bench_conv --kernels, ResNet-20:

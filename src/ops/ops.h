@@ -151,6 +151,12 @@ void batchnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
 void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
                             float momentum, Tensor& running_mean, Tensor& running_var, Tensor& z, Tensor& mean,
                             Tensor& rstd);
+// Its backward from z and d_z: d_x (overwrite; may alias d_z, not z), d_gamma/d_beta (+=). The ReLU's gradient,
+// masked by z > 0 (which holds exactly where the normalised value is > 0), is written into d_x plane by plane and
+// summed from there: bitwise activation_backward(relu) then batchnorm_backward.
+void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& z, const Tensor& d_z, bool training, Tensor& d_x, Tensor* d_gamma,
+                             Tensor* d_beta);
 // A post-activation residual block's end in one last pass: out = relu(λ·shortcut + β·batchnorm(x)), the branch
 // batchnorm(x) never stored; mean, rstd and the running statistics as batchnorm_forward. Bitwise what
 // batchnorm_forward then residual_relu_forward give (on a GPU it is those two calls). out aliases neither x nor
@@ -158,12 +164,6 @@ void batchnorm_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* 
 void batchnorm_residual_relu_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, bool training,
                                      float momentum, Tensor& running_mean, Tensor& running_var, const Tensor& shortcut,
                                      float lambda, float branch_scale, Tensor& out, Tensor& mean, Tensor& rstd);
-// Its backward from z and d_z: d_x (overwrite; may alias d_z, not z), d_gamma/d_beta (+=). The ReLU's gradient,
-// masked by z > 0 (which holds exactly where the normalised value is > 0), is written into d_x plane by plane and
-// summed from there: bitwise activation_backward(relu) then batchnorm_backward.
-void batchnorm_relu_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& z, const Tensor& d_z, bool training, Tensor& d_x, Tensor* d_gamma,
-                             Tensor* d_beta);
 
 // Scaled weight standardisation (NF-Nets) of weight [C_out, ...] per output row o over its fan_in elements:
 // w_hat[o, j] = gain[o] · scale · (w[o, j] − mean_o) · rstd_o, rstd_o = 1/sqrt(fan_in · var_o + eps)

@@ -118,7 +118,9 @@ TEST(UpdateNorms, EachFormIsBitwiseOneCallPerTensor) {
         EXPECT_EQ(each_m[i].to_vector(), one_m[i].to_vector()) << what;
         EXPECT_EQ(each_v[i].to_vector(), one_v[i].to_vector()) << what;
         EXPECT_EQ(std::memcmp(&each_n[i], &one_n[i], sizeof(ops::UpdateNorms)), 0) << what;
-        if (i % 2 == 0) EXPECT_GT(each_n[i].update_sq, 0.0) << what;
+        if (i % 2 == 0) {
+          EXPECT_GT(each_n[i].update_sq, 0.0) << what;
+        }
       }
     }
   }
