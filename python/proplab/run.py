@@ -269,8 +269,16 @@ class Run:
 
     # ---- statistics -----------------------------------------------------------------------------------------------
 
+    def _rows(self, dataset_path):
+        """The length of the dataset at `dataset_path` (refreshed first in SWMR mode), without reading it."""
+        dataset = self._handle()[dataset_path]
+        if self.swmr:
+            dataset.refresh()
+        return dataset.shape[0]
+
     def _series(self, group, names, width, label):
-        """{name: [rows, width] array} for the datasets `group/name`, with the records, all cut to the shortest."""
+        """{name: [rows, width] array} for the datasets `group/name`, with the records, all cut to the shortest
+        series of the group (asked for or not): whole records only, whichever statistics are read."""
         steps = self.steps
         arrays = {}
         for name in names:
@@ -279,7 +287,9 @@ class Run:
                 raise RunFileError("run file '%s' is malformed: %s/%s has shape %s for %d %s"
                                    % (self.path, group, name, values.shape, width, label))
             arrays[name] = values
-        records = min([len(steps)] + [len(v) for v in arrays.values()])
+        others = [self._rows("%s/%s" % (group, name)) for name in self.stat_names(group.lstrip("/"))
+                  if name not in arrays]
+        records = min([len(steps)] + [len(v) for v in arrays.values()] + others)
         return steps[:records], {name: values[:records] for name, values in arrays.items()}
 
     @staticmethod

@@ -302,6 +302,23 @@ class FinishedTransformer(unittest.TestCase):
     def test_against_inspect(self):
         check_against_inspect(self, self.reader, self.path)
 
+    def test_a_partial_record_is_left_out_of_every_frame(self):
+        # A writer killed mid-record: one statistic of /forward holds a row more than the others (and /steps).
+        # stats() and stat_table() of any statistic, the longer one included, keep the whole records only.
+        partial = os.path.join(WORKDIR, "tiny", "partial.h5")
+        shutil.copyfile(self.path, partial)
+        with h5py.File(partial, "r+") as f:
+            longer = sorted(f["forward"])[0]
+            f["steps"].resize((len(f["steps"]) + 1,))
+            f["steps"][-1] = 6
+            dataset = f["forward"][longer]
+            dataset.resize((dataset.shape[0] + 1, dataset.shape[1]))
+            dataset[-1] = 1.0
+        with proplab.open_run(partial) as run:
+            for stat in run.stat_names("forward"):
+                self.assertEqual(len(run.stat_table(stat, "forward")), 6, stat)
+            self.assertEqual(len(run.stats(direction="forward", stat=longer)), 6 * len(run.probes()))
+
     def test_selection(self):
         run = self.reader
         probes = len(run.probes())
