@@ -383,7 +383,9 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
               "logits, exact; log-normal shared-key products for query pairs); dropout_forward; residual_forward; tied "
               "head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
-              "(near-uniform, plus the tied self logit by quadrature); linear/activation/norm/dropout/residual "
+              "(near-uniform, plus the tied self logit by quadrature), its token covariance from "
+           << (inputs.batch_inputs.empty() ? "uniform tokens" : "the batch's shared targets and input tokens")
+           << " and the logits' row correlation; linear/activation/norm/dropout/residual "
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
               "(per position, the softmax Jacobian's exact trace)";
   return formulae.str();
@@ -421,6 +423,145 @@ HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_sig
         ((classes - 1.0) * others_var + self_var + self_mean * self_mean) / classes - logits.mean * logits.mean;
   }
   return HeadLogits{logits, other_spread, self_logit, self_mean, self_var};
+}
+
+// How often two different rows of one sequence coincide, averaged over the batch's sequences and over the token
+// pairs of every bucket pair (TokenCov::at for two buckets, `within` for two tokens of one bucket): the same input
+// token, the same target, and one's target being the other's input (summed over the two orders, so 0..2). Plus
+// how often a row's target is its own input token. Without the batch's tokens every coincidence has the rate of
+// independent uniform tokens, 1/vocab.
+struct TokenCoincidences {
+  TokenCov same_input, same_target, target_is_input;
+  double self_target = 0.0;
+};
+
+TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& layout, const TheoryInputs& inputs,
+                                     std::int64_t vocab) {
+  const double uniform = 1.0 / static_cast<double>(vocab);
+  TokenCoincidences t{TokenCov::filled(layout, 0.0, uniform), TokenCov::filled(layout, 0.0, uniform),
+                      TokenCov::filled(layout, 0.0, 2.0 * uniform), uniform};
+  if (inputs.batch_inputs.empty()) return t;
+  const std::int64_t length = layout->length, buckets = layout->buckets();
+  const std::size_t row = static_cast<std::size_t>(length);
+  PROPLAB_CHECK(inputs.batch_targets.size() == inputs.batch_inputs.size() && inputs.batch_inputs.size() % row == 0,
+                "predict_transformer: batch_inputs and batch_targets need the same whole number of ", length,
+                "-token sequences (", inputs.batch_inputs.size(), " and ", inputs.batch_targets.size(), " ids)");
+  // O(sequences·L²): at long lengths only the first sequences (about 2^26 pairs in all).
+  const std::int64_t sequences = std::clamp<std::int64_t>((std::int64_t{1} << 26) / (length * length), 1,
+                                                          static_cast<std::int64_t>(inputs.batch_inputs.size() / row));
+  std::vector<std::int64_t> bucket(row);
+  for (std::int64_t a = 0; a < buckets; ++a)
+    for (std::int64_t i = 0; i < layout->size[static_cast<std::size_t>(a)]; ++i)
+      bucket[static_cast<std::size_t>(layout->start[static_cast<std::size_t>(a)] + i)] = a;
+  std::vector<double> pair_in(static_cast<std::size_t>(buckets * buckets)), pair_target(pair_in.size()),
+      pair_cross(pair_in.size()), one_in(static_cast<std::size_t>(buckets)), one_target(one_in.size()),
+      one_cross(one_in.size());
+  double self_target = 0.0;
+  for (std::int64_t s = 0; s < sequences; ++s) {
+    const std::int32_t* x = inputs.batch_inputs.data() + static_cast<std::size_t>(s) * row;
+    const std::int32_t* y = inputs.batch_targets.data() + static_cast<std::size_t>(s) * row;
+    for (std::size_t i = 0; i < row; ++i) {
+      self_target += x[i] == y[i] ? 1.0 : 0.0;
+      const std::int64_t a = bucket[i];
+      for (std::size_t j = 0; j < row; ++j) {
+        if (j == i) continue;
+        const std::int64_t b = bucket[j];
+        const double in = x[i] == x[j] ? 1.0 : 0.0, target = y[i] == y[j] ? 1.0 : 0.0,
+                     cross = (y[j] == x[i] ? 1.0 : 0.0) + (y[i] == x[j] ? 1.0 : 0.0);
+        if (a == b) {
+          one_in[static_cast<std::size_t>(a)] += in;
+          one_target[static_cast<std::size_t>(a)] += target;
+          one_cross[static_cast<std::size_t>(a)] += cross;
+        } else {
+          const std::size_t k = static_cast<std::size_t>(a * buckets + b);
+          pair_in[k] += in;
+          pair_target[k] += target;
+          pair_cross[k] += cross;
+        }
+      }
+    }
+  }
+  const double n = static_cast<double>(sequences);
+  for (std::int64_t a = 0; a < buckets; ++a) {
+    const double size_a = static_cast<double>(layout->size[static_cast<std::size_t>(a)]);
+    if (size_a > 1.0) {
+      const double pairs = n * size_a * (size_a - 1.0);
+      t.same_input.within[static_cast<std::size_t>(a)] = one_in[static_cast<std::size_t>(a)] / pairs;
+      t.same_target.within[static_cast<std::size_t>(a)] = one_target[static_cast<std::size_t>(a)] / pairs;
+      t.target_is_input.within[static_cast<std::size_t>(a)] = one_cross[static_cast<std::size_t>(a)] / pairs;
+    }
+    for (std::int64_t b = 0; b < buckets; ++b) {
+      if (b == a) continue;
+      const double pairs = n * size_a * static_cast<double>(layout->size[static_cast<std::size_t>(b)]);
+      const std::size_t k = static_cast<std::size_t>(a * buckets + b);
+      t.same_input.at(a, b) = pair_in[k] / pairs;
+      t.same_target.at(a, b) = pair_target[k] / pairs;
+      t.target_is_input.at(a, b) = pair_cross[k] / pairs;
+    }
+  }
+  t.self_target = self_target / (n * static_cast<double>(length));
+  return t;
+}
+
+// The loss gradient at the head's input, g_i = Wᵀ(p_i − y_i)·scale for row i (docs/theory.md, "Loss gradient").
+// With the head's rows independent of the p's, E[g_i·g_j] ∝ E[(p_i − y_i)·(p_j − y_j)]
+//   = E[p_i·p_j] − E[p_i,y_j] − E[p_j,y_i] + [y_i = y_j]:
+// its diagonal sets the variance (E[Σp²] − 2E[p_y] + 1) and two rows of one sequence covary through the targets
+// they share, their input tokens (a tied head's self logits) and the logits' own correlation across rows (the
+// head input's token correlation r: E[p_iv·p_jv] − 1/C² ≈ (E[p_v²] − 1/C²)·(e^{rD} − 1)/(e^D − 1) at logit
+// spread D, exact at r = 0 and r = 1). `untied_var` is the variance the near-uniform formulas give (E[p_y] = 1/C):
+// the result is rescaled from it.
+TokenGrad loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
+                        const HeadLogits& head, double classes, double untied_var, const TokenCoincidences& t) {
+  // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
+  // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
+  double sum_p_sq = 0.0, self_p = 1.0 / classes, excess = 0.0, spread = head.other_spread;
+  if (head.self_logit) {
+    const SelfLogitMoments m = self_logit_moments(head.other_spread, head.self_mean, head.self_var, classes);
+    const double growth = std::exp(std::min(head.other_spread, 700.0));
+    const double others_sq = growth / (growth + classes - 2.0);
+    sum_p_sq = m.sum_p_sq;
+    self_p = m.self_p;
+    excess = (1.0 - 2.0 * m.self_p + m.self_p_sq) * std::max(0.0, others_sq - 1.0 / (classes - 1.0));
+  } else {
+    spread = head.logits.var;
+    sum_p_sq = softmax_sum_p_sq(spread, static_cast<std::int64_t>(classes));
+    excess = std::max(0.0, sum_p_sq - 1.0 / classes);
+  }
+  const double other_p = (1.0 - self_p) / (classes - 1.0);
+  const double near_uniform = sum_p_sq - 2.0 / classes + 1.0;
+  const double diagonal = sum_p_sq - 2.0 * (t.self_target * self_p + (1.0 - t.self_target) * other_p) + 1.0;
+  const double var = untied_var * diagonal / near_uniform;
+  // The share of `excess` two rows of head-input correlation r have in common.
+  const double spread_growth = std::expm1(std::min(spread, 700.0));
+  auto shared = [&](double r) {
+    r = std::clamp(r, -1.0, 1.0);
+    return spread_growth > 1e-300 ? std::expm1(std::min(r * spread, 700.0)) / spread_growth : r;
+  };
+  auto cov = [&](double r, double same_input, double same_target, double target_is_input) {
+    const double products = same_input * (self_p * self_p + (classes - 1.0) * other_p * other_p) +
+                            (1.0 - same_input) * (2.0 * self_p * other_p + (classes - 2.0) * other_p * other_p);
+    const double target_p = target_is_input * self_p + (2.0 - target_is_input) * other_p;
+    return var / diagonal * (excess * shared(r) + products - target_p + same_target);
+  };
+  const double mean_sq = head_in.mean * head_in.mean;
+  auto second = [&](double c) { return c + mean_sq; };
+  TokenGrad g = TokenGrad::white(layout, var);
+  const std::int64_t buckets = layout->buckets();
+  for (std::int64_t a = 0; a < buckets; ++a) {
+    const double va = second(head_in.diag(a));
+    const std::size_t ia = static_cast<std::size_t>(a);
+    if (va > 0.0)
+      g.within[ia] = cov(second(head_in.within[ia]) / va, t.same_input.within[ia], t.same_target.within[ia],
+                         t.target_is_input.within[ia]);
+    for (std::int64_t b = 0; b < buckets; ++b) {
+      if (b == a) continue;
+      const double vb = second(head_in.diag(b));
+      const double r = va > 0.0 && vb > 0.0 ? second(head_in.at(a, b)) / std::sqrt(va * vb) : 0.0;
+      g.at(a, b) = cov(r, t.same_input.at(a, b), t.same_target.at(a, b), t.target_is_input.at(a, b));
+    }
+  }
+  return g;
 }
 
 }  // namespace
@@ -822,12 +963,15 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     for (ProbeTheory& t : b.prediction.probes) t.var_log_sd = kNaN;
 
   // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
-  // logits and of each other (uncorrelated across tokens).
+  // logits. Two rows of one sequence covary through the batch's coinciding tokens and the logits' row correlation
+  // (loss_gradient); the head's backward is a linear map, so its input gradient has the same token covariance.
   const std::int64_t rows = inputs.sequences * tokens;
-  const double logit_grad_var =
+  const double near_uniform_var =
       self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
                  : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
-  b.set_backward(probe_logits, GradSignal{logit_grad_var, 0.0});
+  const TokenGrad loss =
+      loss_gradient(layout, head_in, head, classes, near_uniform_var, token_coincidences(layout, inputs, c.vocab));
+  b.set_backward(probe_logits, loss.signal());
   // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
   // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
   // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
@@ -838,8 +982,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
     first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
   }
-  TokenGrad g =
-      TokenGrad::white(layout, logit_grad_var * multiplier_sq * static_cast<double>(c.vocab) * head_std * head_std);
+  TokenGrad g = scaled(loss, multiplier_sq * classes * head_std * head_std);
   if (pre) {
     b.set_backward(probe_final, g.signal());
     g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep), c.norm_eps);

@@ -74,6 +74,11 @@ struct TheoryInputs {
   // Transformer: the token correlation r_0 of the embedding output (measured on the first batch, or a study's
   // [theory] input_corr). Absent: the estimate for independent uniform tokens, σ_tok²/(V·(σ_tok² + σ_pos²)).
   std::optional<double> input_corr;
+  // Transformer: the token ids of the batch the prediction describes ([sequences, tokens] row-major; inputs and
+  // next-token targets). Two rows of one sequence have correlated loss gradients when they share a target, an
+  // input token, or one's target is the other's input (docs/theory.md, "Loss gradient"); these are counted here.
+  // Empty: independent uniform tokens (each coincidence at the rate 1/vocab).
+  std::vector<std::int32_t> batch_inputs, batch_targets;
   // MLP: the mean and variance of the input vectors' elements.
   double input_mean = 0.0;
   double input_var = 1.0;

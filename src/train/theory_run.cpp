@@ -15,15 +15,25 @@ namespace proplab {
 
 namespace {
 
-// The token correlation of the embedding output (before dropout) on the first training batch: the same tables
-// the model initialises (counter-based RNG keyed by the parameter names) and the same `corr` as the recorder.
-double measured_input_corr(const RunSpec& spec, const ScalingRule& rule) {
+// The first training micro-batch: what the step-0 record measures.
+struct FirstBatch {
+  Tensor inputs, targets;
+};
+
+FirstBatch first_batch(const RunSpec& spec) {
   const TransformerConfig& m = spec.model.transformer();
   const std::int64_t micro = spec.train.batch / spec.train.grad_accum;
   auto data = make_token_dataset(spec.data, m.vocab, m.seq_len, spec.seed);
-  Tensor inputs = Tensor::empty({micro, m.seq_len}, DType::i32),
-         targets = Tensor::empty({micro, m.seq_len}, DType::i32);
-  data->batch(Split::train, 0, inputs, targets);
+  FirstBatch batch{Tensor::empty({micro, m.seq_len}, DType::i32), Tensor::empty({micro, m.seq_len}, DType::i32)};
+  data->batch(Split::train, 0, batch.inputs, batch.targets);
+  return batch;
+}
+
+// The token correlation of the embedding output (before dropout) on the first training batch: the same tables
+// the model initialises (counter-based RNG keyed by the parameter names) and the same `corr` as the recorder.
+double measured_input_corr(const RunSpec& spec, const ScalingRule& rule, const Tensor& inputs) {
+  const TransformerConfig& m = spec.model.transformer();
+  const std::int64_t micro = inputs.shape()[0];
   Tensor token = Tensor::empty({m.vocab, m.width}), position = Tensor::empty({m.seq_len, m.width});
   init_tensor(token, rule.init(ParamInfo{ParamRole::token_embedding, m.vocab, m.width, -1, "embed.token.weight"}),
               spec.seed, "embed.token.weight");
@@ -94,7 +104,12 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& 
   if (spec.model.kind() == ModelKind::transformer) {
     const TransformerConfig& m = spec.model.transformer();
     inputs.tokens = m.seq_len;
-    inputs.input_corr = spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, rule);
+    const FirstBatch batch = first_batch(spec);
+    inputs.input_corr =
+        spec.theory.input_corr ? *spec.theory.input_corr : measured_input_corr(spec, rule, batch.inputs);
+    const auto ids = [](const Tensor& t) { return std::vector<std::int32_t>(t.i32(), t.i32() + t.numel()); };
+    inputs.batch_inputs = ids(batch.inputs);
+    inputs.batch_targets = ids(batch.targets);
     return theory::predict_transformer(transformer_numbers(rule, m), inputs);
   }
   // Gaussian data: x ~ N(0, I); regression targets y = W x (+ noise) with W entries N(0, 1/input_dim).
