@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "data/dataset.h"
 #include "models/model.h"
 #include "scaling/theory_numbers.h"
 #include "train/theory_run.h"
@@ -43,6 +44,12 @@ TEST(TheoryRunAdmin, PredictionsUseTheModelsProfiledOmega) {
   inputs.input_corr = 0.02;
   inputs.sequences = 4;
   inputs.tokens = 16;
+  // A run's prediction also reads its first batch's tokens (the loss gradient's row covariance).
+  auto data = make_token_dataset(spec.data, 64, 16, spec.seed);
+  Tensor tokens = Tensor::empty({4, 16}, DType::i32), targets = Tensor::empty({4, 16}, DType::i32);
+  data->batch(Split::train, 0, tokens, targets);
+  inputs.batch_inputs.assign(tokens.i32(), tokens.i32() + tokens.numel());
+  inputs.batch_targets.assign(targets.i32(), targets.i32() + targets.numel());
   const theory::ProbePrediction expected = theory::predict_transformer(numbers, inputs);
   const theory::ProbePrediction with_unit_omega = theory::predict_transformer(unit, inputs);
 
