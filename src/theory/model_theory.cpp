@@ -293,9 +293,11 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
   return s;
 }
 
-// The backward pass of one sublayer: g arrives at its output; returns the gradient at its input.
+// The backward pass of one sublayer: g arrives at its output; returns the gradient at its input. `norm_reads`
+// (Post-LN's last sublayer below a tied head): what its norm's backward reads in place of g_out (loss_gradient).
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
-                            double first_norm_keep, ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
+                            const TokenGrad* norm_reads, ActivationPairMaps& rule, Builder& b,
+                            const SublayerProbes& p) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
   const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
@@ -304,7 +306,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   b.set_backward(p.result, g_out.signal());
   TokenGrad d_combined = g_out;
   if (post) {
-    d_combined = norm_backward(c.norm_kind, s.sum, scaled(g_out, first_norm_keep), c.norm_eps);
+    d_combined = norm_backward(c.norm_kind, s.sum, norm_reads ? *norm_reads : g_out, c.norm_eps);
     b.set_backward(p.sum, d_combined.signal());
   }
   const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
@@ -511,8 +513,23 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
 // head input's token correlation r: E[p_iv·p_jv] − 1/C² ≈ (E[p_v²] − 1/C²)·(e^{rD} − 1)/(e^D − 1) at logit
 // spread D, exact at r = 0 and r = 1). `untied_var` is the variance the near-uniform formulas give (E[p_y] = 1/C):
 // the result is rescaled from it.
-TokenGrad loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
-                        const HeadLogits& head, double classes, double untied_var, const TokenCoincidences& t) {
+//
+// `aligned_share` κ (a tied head above a norm): the share of the head input's variance along its row's own token
+// embedding. The norm's backward removes each row's component along its output ĥ_i, c_i·ĥ_i with
+// c_i = g_i·ĥ_i ≈ √κ·|e|·(p_s,i − [y_i = s_i]) (the self logit's coefficient; what the other classes put along ĥ_i
+// is O(1/width)); `norm_reads` is the gradient after that removal: every row keeps `keep` of its variance, and a
+// pair of rows changes by −E[c_j·(g_i·ĥ_j)] − E[c_i·(g_j·ĥ_i)] + E[c_i·c_j]·(ĥ_i·ĥ_j), with
+// g_i·ĥ_j ≈ √κ·|e|·(p_i,s_j − [y_i = s_j]): κ·((p̂_s − t)²·r_ij − (p̂_s − t)·(2·P_ij − x_ij)) in the units of the
+// coefficient products (t the rate of rows whose target is their input, P_ij the mean probability row i gives row
+// j's input token, x_ij the target-is-input count of the pair). The removed parts all point along +ĥ (p_s > 0) and
+// the ĥ_i correlate across rows, so the removal adds a positive covariance.
+struct LossGradient {
+  TokenGrad at_head, norm_reads;
+};
+
+LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
+                           const HeadLogits& head, double classes, double untied_var, const TokenCoincidences& t,
+                           double aligned_share, double keep) {
   // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
   // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
   double sum_p_sq = 0.0, self_p = 1.0 / classes, excess = 0.0, spread = head.other_spread;
@@ -544,21 +561,32 @@ TokenGrad loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const 
     const double target_p = target_is_input * self_p + (2.0 - target_is_input) * other_p;
     return var / diagonal * (excess * shared(r) + products - target_p + same_target);
   };
+  const double self_coefficient = self_p - t.self_target;
+  auto removed = [&](double r, double same_input, double target_is_input) {
+    const double input_p = same_input * self_p + (1.0 - same_input) * other_p;
+    return var / diagonal * aligned_share *
+           (self_coefficient * self_coefficient * std::clamp(r, -1.0, 1.0) -
+            self_coefficient * (2.0 * input_p - target_is_input));
+  };
   const double mean_sq = head_in.mean * head_in.mean;
   auto second = [&](double c) { return c + mean_sq; };
-  TokenGrad g = TokenGrad::white(layout, var);
+  LossGradient g{TokenGrad::white(layout, var), TokenGrad::white(layout, var * keep)};
   const std::int64_t buckets = layout->buckets();
   for (std::int64_t a = 0; a < buckets; ++a) {
     const double va = second(head_in.diag(a));
     const std::size_t ia = static_cast<std::size_t>(a);
-    if (va > 0.0)
-      g.within[ia] = cov(second(head_in.within[ia]) / va, t.same_input.within[ia], t.same_target.within[ia],
-                         t.target_is_input.within[ia]);
+    if (va > 0.0) {
+      const double r = second(head_in.within[ia]) / va;
+      g.at_head.within[ia] = cov(r, t.same_input.within[ia], t.same_target.within[ia], t.target_is_input.within[ia]);
+      g.norm_reads.within[ia] =
+          g.at_head.within[ia] + removed(r, t.same_input.within[ia], t.target_is_input.within[ia]);
+    }
     for (std::int64_t b = 0; b < buckets; ++b) {
       if (b == a) continue;
       const double vb = second(head_in.diag(b));
       const double r = va > 0.0 && vb > 0.0 ? second(head_in.at(a, b)) / std::sqrt(va * vb) : 0.0;
-      g.at(a, b) = cov(r, t.same_input.at(a, b), t.same_target.at(a, b), t.target_is_input.at(a, b));
+      g.at_head.at(a, b) = cov(r, t.same_input.at(a, b), t.same_target.at(a, b), t.target_is_input.at(a, b));
+      g.norm_reads.at(a, b) = g.at_head.at(a, b) + removed(r, t.same_input.at(a, b), t.target_is_input.at(a, b));
     }
   }
   return g;
@@ -969,23 +997,27 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double near_uniform_var =
       self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
                  : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
-  const TokenGrad loss =
-      loss_gradient(layout, head_in, head, classes, near_uniform_var, token_coincidences(layout, inputs, c.vocab));
-  b.set_backward(probe_logits, loss.signal());
   // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
-  // α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
-  // that part: the fraction α²/var_h · E[g_self²]/E[Σ_v g_v²] of the variance.
-  double first_norm_keep = 1.0;
-  if (self_logit) {
+  // κ = α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
+  // that part: the fraction κ·E[g_self²]/E[Σ_v g_v²] of the variance, and a positive covariance between rows
+  // (loss_gradient). Without norms nothing removes it.
+  double first_norm_keep = 1.0, aligned_share = 0.0;
+  if (self_logit && c.norm != NormPlacement::none) {
     const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
     const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
     const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
-    first_norm_keep = 1.0 - std::min(1.0, token_aligned_var / head_signal.var) * self_g_sq / all_g_sq;
+    aligned_share = std::min(1.0, token_aligned_var / head_signal.var);
+    first_norm_keep = 1.0 - aligned_share * self_g_sq / all_g_sq;
   }
-  TokenGrad g = scaled(loss, multiplier_sq * classes * head_std * head_std);
+  const LossGradient loss = loss_gradient(layout, head_in, head, classes, near_uniform_var,
+                                          token_coincidences(layout, inputs, c.vocab), aligned_share, first_norm_keep);
+  b.set_backward(probe_logits, loss.at_head.signal());
+  const double head_gain = multiplier_sq * classes * head_std * head_std;
+  TokenGrad g = scaled(loss.at_head, head_gain);
+  const TokenGrad first_norm_reads = scaled(loss.norm_reads, head_gain);
   if (pre) {
     b.set_backward(probe_final, g.signal());
-    g = norm_backward(c.norm_kind, x, scaled(g, first_norm_keep), c.norm_eps);
+    g = norm_backward(c.norm_kind, x, first_norm_reads, c.norm_eps);
   }
   for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
     const int end = std::min(start + segment, sublayers);
@@ -997,8 +1029,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       stream = states.back().out;
     }
     for (int i = end - 1; i >= start; --i) {
-      const double keep = i == sublayers - 1 && c.norm == NormPlacement::post ? first_norm_keep : 1.0;
-      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, keep, rule, b,
+      const TokenGrad* norm_reads = i == sublayers - 1 && c.norm == NormPlacement::post ? &first_norm_reads : nullptr;
+      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads, rule, b,
                             probes[static_cast<std::size_t>(i)]);
       states.pop_back();
     }
