@@ -37,8 +37,11 @@ class Builder {
     p.corr = s.corr;
   }
   void set_backward(int probe, const GradSignal& g) {
-    if (probe >= 0) prediction.probes[probe].backward_var = g.var;
+    if (probe < 0) return;
+    prediction.probes[probe].backward_var = g.var;
+    if (token_correlations) prediction.probes[probe].backward_corr = g.corr;
   }
+  bool token_correlations = false;  // transformers: the backward maps carry the gradient's token correlation
   ProbePrediction prediction;
 };
 
@@ -442,13 +445,14 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
   const double uniform = 1.0 / static_cast<double>(vocab);
   TokenCoincidences t{TokenCov::filled(layout, 0.0, uniform), TokenCov::filled(layout, 0.0, uniform),
                       TokenCov::filled(layout, 0.0, 2.0 * uniform), uniform};
-  if (inputs.batch_inputs.empty()) return t;
   const std::int64_t length = layout->length, buckets = layout->buckets();
   const std::size_t row = static_cast<std::size_t>(length);
-  PROPLAB_CHECK(inputs.batch_targets.size() == inputs.batch_inputs.size() && inputs.batch_inputs.size() % row == 0,
+  PROPLAB_CHECK(inputs.batch_targets.size() == inputs.batch_inputs.size() &&
+                    (inputs.batch_inputs.empty() || (row > 0 && inputs.batch_inputs.size() % row == 0)),
                 "predict_transformer: batch_inputs and batch_targets need the same whole number of ", length,
                 "-token sequences (", inputs.batch_inputs.size(), " and ", inputs.batch_targets.size(), " ids)");
-  // O(sequences·L²): at long lengths only the first sequences (about 2^26 pairs in all).
+  if (inputs.batch_inputs.empty()) return t;
+  // O(sequences·L²): at long lengths only the first sequences (about 2^26 pairs in all, at least one sequence).
   const std::int64_t sequences = std::clamp<std::int64_t>((std::int64_t{1} << 26) / (length * length), 1,
                                                           static_cast<std::int64_t>(inputs.batch_inputs.size() / row));
   std::vector<std::int64_t> bucket(row);
@@ -517,7 +521,7 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
 // `aligned_share` κ (a tied head above a norm): the share of the head input's variance along its row's own token
 // embedding. The norm's backward removes each row's component along its output ĥ_i, c_i·ĥ_i with
 // c_i = g_i·ĥ_i ≈ √κ·|e|·(p_s,i − [y_i = s_i]) (the self logit's coefficient; what the other classes put along ĥ_i
-// is O(1/width)); `norm_reads` is the gradient after that removal: every row keeps `keep` of its variance, and a
+// is O(1/width)); `norm_reads` is the gradient after that removal: every row loses κ·E[(p_s − [y = s])²], and a
 // pair of rows changes by −E[c_j·(g_i·ĥ_j)] − E[c_i·(g_j·ĥ_i)] + E[c_i·c_j]·(ĥ_i·ĥ_j), with
 // g_i·ĥ_j ≈ √κ·|e|·(p_i,s_j − [y_i = s_j]): κ·((p̂_s − t)²·r_ij − (p̂_s − t)·(2·P_ij − x_ij)) in the units of the
 // coefficient products (t the rate of rows whose target is their input, P_ij the mean probability row i gives row
@@ -529,16 +533,18 @@ struct LossGradient {
 
 LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
                            const HeadLogits& head, double classes, double untied_var, const TokenCoincidences& t,
-                           double aligned_share, double keep) {
+                           double aligned_share) {
   // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
   // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
-  double sum_p_sq = 0.0, self_p = 1.0 / classes, excess = 0.0, spread = head.other_spread;
+  double sum_p_sq = 0.0, self_p = 1.0 / classes, self_p_sq = 1.0 / (classes * classes), excess = 0.0,
+         spread = head.other_spread;
   if (head.self_logit) {
     const SelfLogitMoments m = self_logit_moments(head.other_spread, head.self_mean, head.self_var, classes);
     const double growth = std::exp(std::min(head.other_spread, 700.0));
     const double others_sq = growth / (growth + classes - 2.0);
     sum_p_sq = m.sum_p_sq;
     self_p = m.self_p;
+    self_p_sq = m.self_p_sq;
     excess = (1.0 - 2.0 * m.self_p + m.self_p_sq) * std::max(0.0, others_sq - 1.0 / (classes - 1.0));
   } else {
     spread = head.logits.var;
@@ -548,29 +554,35 @@ LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, con
   const double other_p = (1.0 - self_p) / (classes - 1.0);
   const double near_uniform = sum_p_sq - 2.0 / classes + 1.0;
   const double diagonal = sum_p_sq - 2.0 * (t.self_target * self_p + (1.0 - t.self_target) * other_p) + 1.0;
-  const double var = untied_var * diagonal / near_uniform;
-  // The share of `excess` two rows of head-input correlation r have in common.
-  const double spread_growth = std::expm1(std::min(spread, 700.0));
+  const double unit = untied_var / near_uniform;  // the variance of one unit of the coefficient products
+  const double var = unit * diagonal;
+  // The share of `excess` two rows of head-input correlation r have in common, (e^{rD} − 1)/(e^D − 1), in a form
+  // that neither overflows nor cancels at any D > 0.
   auto shared = [&](double r) {
     r = std::clamp(r, -1.0, 1.0);
-    return spread_growth > 1e-300 ? std::expm1(std::min(r * spread, 700.0)) / spread_growth : r;
+    if (!(spread > 1e-12)) return r;
+    const double whole = -std::expm1(-spread);  // (e^D − 1)·e^{−D}
+    return r > 0.0 ? std::exp((r - 1.0) * spread) * -std::expm1(-r * spread) / whole
+                   : std::expm1(r * spread) * std::exp(-spread) / whole;
   };
   auto cov = [&](double r, double same_input, double same_target, double target_is_input) {
     const double products = same_input * (self_p * self_p + (classes - 1.0) * other_p * other_p) +
                             (1.0 - same_input) * (2.0 * self_p * other_p + (classes - 2.0) * other_p * other_p);
     const double target_p = target_is_input * self_p + (2.0 - target_is_input) * other_p;
-    return var / diagonal * (excess * shared(r) + products - target_p + same_target);
+    return unit * (excess * shared(r) + products - target_p + same_target);
   };
   const double self_coefficient = self_p - t.self_target;
   auto removed = [&](double r, double same_input, double target_is_input) {
     const double input_p = same_input * self_p + (1.0 - same_input) * other_p;
-    return var / diagonal * aligned_share *
+    return unit * aligned_share *
            (self_coefficient * self_coefficient * std::clamp(r, -1.0, 1.0) -
             self_coefficient * (2.0 * input_p - target_is_input));
   };
   const double mean_sq = head_in.mean * head_in.mean;
   auto second = [&](double c) { return c + mean_sq; };
-  LossGradient g{TokenGrad::white(layout, var), TokenGrad::white(layout, var * keep)};
+  const double self_sq = self_p_sq - 2.0 * t.self_target * self_p + t.self_target;  // E[(p_s − [y = s])²]
+  LossGradient g{TokenGrad::white(layout, var),
+                 TokenGrad::white(layout, std::max(0.0, var - unit * aligned_share * self_sq))};
   const std::int64_t buckets = layout->buckets();
   for (std::int64_t a = 0; a < buckets; ++a) {
     const double va = second(head_in.diag(a));
@@ -918,6 +930,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const GaussHermite quadrature(64);
   ActivationPairMaps rule(quadrature);
   Builder b;
+  b.token_correlations = true;
 
   // Forward.
   const double tok_var = numbers.token_embed_std * numbers.token_embed_std;
@@ -1001,16 +1014,10 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   // κ = α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
   // that part: the fraction κ·E[g_self²]/E[Σ_v g_v²] of the variance, and a positive covariance between rows
   // (loss_gradient). Without norms nothing removes it.
-  double first_norm_keep = 1.0, aligned_share = 0.0;
-  if (self_logit && c.norm != NormPlacement::none) {
-    const SelfLogitMoments m = self_logit_moments(other_spread, self_mean, self_var, classes);
-    const double self_g_sq = m.self_p_sq - 2.0 * m.self_p / classes + 1.0 / classes;
-    const double all_g_sq = m.sum_p_sq - 2.0 / classes + 1.0;
-    aligned_share = std::min(1.0, token_aligned_var / head_signal.var);
-    first_norm_keep = 1.0 - aligned_share * self_g_sq / all_g_sq;
-  }
+  const double aligned_share =
+      self_logit && c.norm != NormPlacement::none ? std::min(1.0, token_aligned_var / head_signal.var) : 0.0;
   const LossGradient loss = loss_gradient(layout, head_in, head, classes, near_uniform_var,
-                                          token_coincidences(layout, inputs, c.vocab), aligned_share, first_norm_keep);
+                                          token_coincidences(layout, inputs, c.vocab), aligned_share);
   b.set_backward(probe_logits, loss.at_head.signal());
   const double head_gain = multiplier_sq * classes * head_std * head_std;
   TokenGrad g = scaled(loss.at_head, head_gain);

@@ -76,8 +76,8 @@ struct TheoryInputs {
   std::optional<double> input_corr;
   // Transformer: the token ids of the batch the prediction describes ([sequences, tokens] row-major; inputs and
   // next-token targets). Two rows of one sequence have correlated loss gradients when they share a target, an
-  // input token, or one's target is the other's input (docs/theory.md, "Loss gradient"); these are counted here.
-  // Empty: independent uniform tokens (each coincidence at the rate 1/vocab).
+  // input token, or one's target is the other's input (docs/theory.md, "Rows of one sequence"); the theory counts
+  // those coincidences here. Empty: independent uniform tokens (each coincidence at the rate 1/vocab).
   std::vector<std::int32_t> batch_inputs, batch_targets;
   // MLP: the mean and variance of the input vectors' elements.
   double input_mean = 0.0;
@@ -104,6 +104,9 @@ struct ProbeTheory {
   int block = -1;
   double mean = 0.0, var = 0.0, corr = 0.0;  // forward; NaN where not predicted
   double backward_var = 0.0;                 // NaN where not predicted
+  // Transformers: the gradient's token correlation (as probe/moments records `corr`; docs/theory.md, "Rows of one
+  // sequence"). NaN for the other models. Not written to run files.
+  double backward_corr = std::numeric_limits<double>::quiet_NaN();
   std::string no_forward;                    // why a forward statistic is NaN ("" when all are predicted)
   std::string no_backward;                   // why backward_var is NaN
   // The finite-width band: the standard deviation of log(var) over initialisations of a network of this width
