@@ -7,6 +7,7 @@
 #include <limits>
 #include <numbers>
 #include <sstream>
+#include <string>
 
 #include "core/error.h"
 #include "theory/token_field.h"
@@ -377,7 +378,9 @@ void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& in
 namespace {
 
 // How predict_transformer computes, for the run file's /theory formulae attribute.
-std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs) {
+// `token_pairs`: where the loss gradient's token covariance takes its coincidence rates from.
+std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs,
+                                 const std::string& token_pairs) {
   std::ostringstream formulae;
   formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
               "r_0 "
@@ -389,7 +392,7 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
               "head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
               "(near-uniform, plus the tied self logit by quadrature), its token covariance from "
-           << (inputs.batch_inputs.empty() ? "uniform tokens" : "the batch's shared targets and input tokens")
+           << token_pairs
            << " and the logits' row correlation; linear/activation/norm/dropout/residual "
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
               "(per position, the softmax Jacobian's exact trace)";
@@ -438,6 +441,20 @@ HeadLogits head_logits(const TransformerNumbers& numbers, const Signal& head_sig
 struct TokenCoincidences {
   TokenCov same_input, same_target, target_is_input;
   double self_target = 0.0;
+  // Over all pairs of different rows of the counted sequences (target_is_input: per order); sequences = 0 when
+  // nothing was counted.
+  double all_same_input = 0.0, all_same_target = 0.0, all_target_is_input = 0.0;
+  std::int64_t sequences = 0;
+  std::string describe() const {
+    if (sequences == 0) return "uniform tokens";
+    std::ostringstream text;
+    text.precision(3);
+    text << "the first batch's tokens (" << sequences << " sequences; of the pairs of different rows of one "
+         << "sequence " << 100.0 * all_same_target << "% share a target, " << 100.0 * all_same_input
+         << "% an input token, " << 100.0 * all_target_is_input << "% have one's target as the other's input; "
+         << 100.0 * self_target << "% of rows have their input as target)";
+    return text.str();
+  }
 };
 
 TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& layout, const TheoryInputs& inputs,
@@ -488,6 +505,18 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
     }
   }
   const double n = static_cast<double>(sequences);
+  double total_in = 0.0, total_target = 0.0, total_cross = 0.0;
+  for (std::size_t k = 0; k < pair_in.size(); ++k)
+    total_in += pair_in[k], total_target += pair_target[k], total_cross += pair_cross[k];
+  for (std::size_t a = 0; a < one_in.size(); ++a)
+    total_in += one_in[a], total_target += one_target[a], total_cross += one_cross[a];
+  const double all_pairs = n * static_cast<double>(length) * static_cast<double>(length - 1);
+  if (all_pairs > 0.0) {
+    t.all_same_input = total_in / all_pairs;
+    t.all_same_target = total_target / all_pairs;
+    t.all_target_is_input = 0.5 * total_cross / all_pairs;
+  }
+  t.sequences = sequences;
   for (std::int64_t a = 0; a < buckets; ++a) {
     const double size_a = static_cast<double>(layout->size[static_cast<std::size_t>(a)]);
     if (size_a > 1.0) {
@@ -1016,8 +1045,9 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   // (loss_gradient). Without norms nothing removes it.
   const double aligned_share =
       self_logit && c.norm != NormPlacement::none ? std::min(1.0, token_aligned_var / head_signal.var) : 0.0;
-  const LossGradient loss = loss_gradient(layout, head_in, head, classes, near_uniform_var,
-                                          token_coincidences(layout, inputs, c.vocab), aligned_share);
+  const TokenCoincidences coincidences = token_coincidences(layout, inputs, c.vocab);
+  const LossGradient loss =
+      loss_gradient(layout, head_in, head, classes, near_uniform_var, coincidences, aligned_share);
   b.set_backward(probe_logits, loss.at_head.signal());
   const double head_gain = multiplier_sq * classes * head_std * head_std;
   TokenGrad g = scaled(loss.at_head, head_gain);
@@ -1044,7 +1074,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   }
   b.set_backward(probe_embed, g.signal());
 
-  b.prediction.formulae = transformer_formulae(c, inputs);
+  b.prediction.formulae = transformer_formulae(c, inputs, coincidences.describe());
   return b.prediction;
 }
 
