@@ -298,7 +298,8 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
 }
 
 // The backward pass of one sublayer: g arrives at its output; returns the gradient at its input. `norm_reads`
-// (Post-LN's last sublayer below a tied head): what its norm's backward reads in place of g_out (loss_gradient).
+// (Post-LN's last sublayer): what its norm's backward reads in place of g_out (loss_gradient: g_out less a tied
+// head's removed self direction; g_out itself otherwise).
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
                             const TokenGrad* norm_reads, ActivationPairMaps& rule, Builder& b,
                             const SublayerProbes& p) {
@@ -451,8 +452,8 @@ struct TokenCoincidences {
     text.precision(3);
     text << "the first batch's tokens (" << sequences << " sequences; of the pairs of different rows of one "
          << "sequence " << 100.0 * all_same_target << "% share a target, " << 100.0 * all_same_input
-         << "% an input token, " << 100.0 * all_target_is_input << "% have one's target as the other's input; "
-         << 100.0 * self_target << "% of rows have their input as target)";
+         << "% an input token; of the ordered pairs (i, j) " << 100.0 * all_target_is_input
+         << "% have i's target as j's input; " << 100.0 * self_target << "% of rows have their input as target)";
     return text.str();
   }
 };
@@ -544,8 +545,8 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
 // its diagonal sets the variance (E[Σp²] − 2E[p_y] + 1) and two rows of one sequence covary through the targets
 // they share, their input tokens (a tied head's self logits) and the logits' own correlation across rows (the
 // head input's token correlation r: E[p_iv·p_jv] − 1/C² ≈ (E[p_v²] − 1/C²)·(e^{rD} − 1)/(e^D − 1) at logit
-// spread D, exact at r = 0 and r = 1). `untied_var` is the variance the near-uniform formulas give (E[p_y] = 1/C):
-// the result is rescaled from it.
+// spread D, exact at r = 0 and r = 1). `formula_var` is the variance cross_entropy_grad_var(_with_self) gives
+// (every row's E[p_y] = 1/C): the result is rescaled from it.
 //
 // `aligned_share` κ (a tied head above a norm): the share of the head input's variance along its row's own token
 // embedding. The norm's backward removes each row's component along its output ĥ_i, c_i·ĥ_i with
@@ -561,7 +562,7 @@ struct LossGradient {
 };
 
 LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
-                           const HeadLogits& head, double classes, double untied_var, const TokenCoincidences& t,
+                           const HeadLogits& head, double classes, double formula_var, const TokenCoincidences& t,
                            double aligned_share) {
   // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
   // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
@@ -583,7 +584,7 @@ LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, con
   const double other_p = (1.0 - self_p) / (classes - 1.0);
   const double near_uniform = sum_p_sq - 2.0 / classes + 1.0;
   const double diagonal = sum_p_sq - 2.0 * (t.self_target * self_p + (1.0 - t.self_target) * other_p) + 1.0;
-  const double unit = untied_var / near_uniform;  // the variance of one unit of the coefficient products
+  const double unit = formula_var / near_uniform;  // the variance of one unit of the coefficient products
   const double var = unit * diagonal;
   // The share of `excess` two rows of head-input correlation r have in common, (e^{rD} − 1)/(e^D − 1), in a form
   // that neither overflows nor cancels at any D > 0.

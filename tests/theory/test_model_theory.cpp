@@ -336,8 +336,8 @@ TEST(ModelTheory, SharedTargetsCorrelateTheLossGradient) {
 
 // With a tied head and next-token targets, row i's target is row i + 1's input token, whose self logit is large:
 // the loss gradients of neighbouring rows are anti-correlated at the head, and the final norm's removal of each
-// row's own direction (along which the self logit's part points) turns that into a positive covariance below it
-// (docs/theory.md, "Tied head").
+// row's own direction (along which the self logit's part points) adds a positive covariance that brings the rows'
+// correlation below it back to about zero (docs/theory.md, "Tied head").
 TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
   Case run;
   run.config = small_config(12, 256, NormPlacement::pre);
@@ -353,7 +353,8 @@ TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
   // tokens assumed uniform) and +0.0012 below the final norm (predicted −0.0015; +0.0099 uniform). Backward var
   // median / worst 12.7% / 45.9%; without the removal's covariance 16.6% / 95.6%. What remains grows down the
   // stack (measured corr 0.026 at blocks.6.in, predicted 0.014): the tied head's token-aligned gradient, faster
-  // than the gradient independence assumption allows (docs/theory.md, "Tied embeddings").
+  // than the gradient independence assumption allows (docs/theory.md, "Tied embeddings, what remains of the
+  // DeepScaleLM misses").
   for (const auto& [name, tolerance] : {std::pair{"final_norm.out", 0.003}, std::pair{"blocks.11.out", 0.004}}) {
     EXPECT_NEAR(p.find(name)->backward_corr, m.find(m.backward_corr, name), tolerance) << name;
     EXPECT_GT(std::abs(uniform.find(name)->backward_corr - m.find(m.backward_corr, name)), 2.0 * tolerance) << name;
