@@ -545,8 +545,8 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
 // its diagonal sets the variance (E[Σp²] − 2E[p_y] + 1) and two rows of one sequence covary through the targets
 // they share, their input tokens (a tied head's self logits) and the logits' own correlation across rows (the
 // head input's token correlation r: E[p_iv·p_jv] − 1/C² ≈ (E[p_v²] − 1/C²)·(e^{rD} − 1)/(e^D − 1) at logit
-// spread D, exact at r = 0 and r = 1). `formula_var` is the variance cross_entropy_grad_var(_with_self) gives
-// (every row's E[p_y] = 1/C): the result is rescaled from it.
+// spread D, exact at r = 0 and r = 1). `unit`: the variance of one unit of those coefficient products per element,
+// scale²/(C·R²) (with E[p_y] = 1/C the diagonal is cross_entropy_grad_var(_with_self)'s S − 2/C + 1 units).
 //
 // `aligned_share` κ (a tied head above a norm): the share of the head input's variance along its row's own token
 // embedding. The norm's backward removes each row's component along its output ĥ_i, c_i·ĥ_i with
@@ -562,7 +562,7 @@ struct LossGradient {
 };
 
 LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
-                           const HeadLogits& head, double classes, double formula_var, const TokenCoincidences& t,
+                           const HeadLogits& head, double classes, double unit, const TokenCoincidences& t,
                            double aligned_share) {
   // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
   // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
@@ -582,9 +582,7 @@ LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, con
     excess = std::max(0.0, sum_p_sq - 1.0 / classes);
   }
   const double other_p = (1.0 - self_p) / (classes - 1.0);
-  const double near_uniform = sum_p_sq - 2.0 / classes + 1.0;
   const double diagonal = sum_p_sq - 2.0 * (t.self_target * self_p + (1.0 - t.self_target) * other_p) + 1.0;
-  const double unit = formula_var / near_uniform;  // the variance of one unit of the coefficient products
   const double var = unit * diagonal;
   // The share of `excess` two rows of head-input correlation r have in common, (e^{rD} − 1)/(e^D − 1), in a form
   // that neither overflows nor cancels at any D > 0.
@@ -1019,7 +1017,6 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
   const HeadLogits head = head_logits(numbers, head_signal, token_aligned_var, tok_var);
   const Signal& logits = head.logits;
-  const double other_spread = head.other_spread, self_mean = head.self_mean, self_var = head.self_var;
   const bool self_logit = head.self_logit;
   const double classes = static_cast<double>(c.vocab);
   const int probe_logits = b.add("head.logits", "logits", -1);
@@ -1036,10 +1033,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   // Backward: d(mean CE)/d(logits), with the tied head's self logit when there is one; targets independent of the
   // logits. Two rows of one sequence covary through the batch's coinciding tokens and the logits' row correlation
   // (loss_gradient); the head's backward is a linear map, so its input gradient has the same token covariance.
-  const std::int64_t rows = inputs.sequences * tokens;
-  const double near_uniform_var =
-      self_logit ? cross_entropy_grad_var_with_self(other_spread, self_mean, self_var, c.vocab, rows, inputs.grad_scale)
-                 : cross_entropy_grad_var(logits, c.vocab, rows, inputs.grad_scale);
+  const double rows = static_cast<double>(inputs.sequences * tokens);
+  const double unit = inputs.grad_scale * inputs.grad_scale / (classes * rows * rows);
   // The head's input gradient Σ_v g_v·E_v has the part g_self·E_tok along the input token's row, a share
   // κ = α²/var_h of which lies along h itself; the first norm below (which removes its output's own direction) drops
   // that part: the fraction κ·E[g_self²]/E[Σ_v g_v²] of the variance, and a positive covariance between rows
@@ -1047,8 +1042,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double aligned_share =
       self_logit && c.norm != NormPlacement::none ? std::min(1.0, token_aligned_var / head_signal.var) : 0.0;
   const TokenCoincidences coincidences = token_coincidences(layout, inputs, c.vocab);
-  const LossGradient loss =
-      loss_gradient(layout, head_in, head, classes, near_uniform_var, coincidences, aligned_share);
+  const LossGradient loss = loss_gradient(layout, head_in, head, classes, unit, coincidences, aligned_share);
   b.set_backward(probe_logits, loss.at_head.signal());
   const double head_gain = multiplier_sq * classes * head_std * head_std;
   TokenGrad g = scaled(loss.at_head, head_gain);
