@@ -272,34 +272,50 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
         y.link[offset_index(dx, dy)] = s > 0 ? static_cast<double>(w.out) * plane_var * sum / (n * s) : 0.0;
       }
   }
-  // The channel-specific mean at p is Σ_{taps inside} w·(input channel means), so two positions share the taps both
-  // read (input channel means taken as the same at every position): E[δ(p)·δ(p')] = C_in·E[w²]·channel_mean_sq·
-  // |T(p) ∩ T(p')|, T the taps inside. Averaged over p' it factorises by axis: A(p_x)·A(p_y), A(o) = Σ_k
-  // [tap k of o inside]·(fraction of outputs whose tap k is inside). Interior only: k² (every tap everywhere).
+  // A channel's mean at p is Σ_{taps inside} w·(input channel means), so two positions share the taps both read:
+  // E[δ(p)·δ(p')] = C_in·E[w²]·Σ_{t ∈ T(p) ∩ T(p')} E[μ(p + t)·μ(p' + t)], T the taps inside and μ an input channel's
+  // mean. That mean is the plane's shared mean m(q), which follows the position (an activation's mean is lower where
+  // its input's variance is, near a border), plus the channel's own part, of second moment d = channel_mean_sq −
+  // (avg m)², taken as the same at every position: E[μ(q)·μ(q')] = m(q)·m(q') + d. Averaged over p' it is, per tap t,
+  // m(p + t)·(avg over outputs whose tap t is inside of m) + d·(fraction of outputs whose tap t is inside), summed
+  // over the taps inside at p. Interior only: k²·channel_mean_sq.
   if (w.standardised || !borders) {
     std::fill(y.mean_share.begin(), y.mean_share.end(), y.channel_mean_sq);
   } else {
     const int pad = w.kernel / 2;
-    std::vector<double> inside_share(static_cast<std::size_t>(w.kernel), 0.0), axis(static_cast<std::size_t>(out));
-    auto inside = [&](int o, int k) {
-      const int i = o * w.stride + k - pad;
-      return i >= 0 && i < x.size;
+    const std::size_t taps_count = static_cast<std::size_t>(w.kernel * w.kernel);
+    std::vector<double> inside_share(taps_count, 0.0), tap_mean(taps_count, 0.0);
+    auto input_at = [&](int o_y, int o_x, int ky, int kx) -> std::ptrdiff_t {
+      const int iy = o_y * w.stride + ky - pad, ix = o_x * w.stride + kx - pad;
+      if (iy < 0 || iy >= x.size || ix < 0 || ix >= x.size) return -1;
+      return static_cast<std::ptrdiff_t>(iy) * x.size + ix;
     };
-    for (int k = 0; k < w.kernel; ++k) {
-      for (int o = 0; o < out; ++o) inside_share[static_cast<std::size_t>(k)] += inside(o, k) ? 1.0 : 0.0;
-      inside_share[static_cast<std::size_t>(k)] /= static_cast<double>(out);
-    }
-    for (int o = 0; o < out; ++o) {
-      double a = 0.0;
-      for (int k = 0; k < w.kernel; ++k)
-        if (inside(o, k)) a += inside_share[static_cast<std::size_t>(k)];
-      axis[static_cast<std::size_t>(o)] = a;
-    }
-    const double scale = w.weight_var * static_cast<double>(w.in) * x.channel_mean_sq;
+    const double outputs = static_cast<double>(out) * out;
+    for (int ky = 0; ky < w.kernel; ++ky)
+      for (int kx = 0; kx < w.kernel; ++kx) {
+        const std::size_t t = static_cast<std::size_t>(ky * w.kernel + kx);
+        for (int oy = 0; oy < out; ++oy)
+          for (int ox = 0; ox < out; ++ox) {
+            const std::ptrdiff_t q = input_at(oy, ox, ky, kx);
+            if (q < 0) continue;
+            inside_share[t] += 1.0 / outputs;
+            tap_mean[t] += x.mean[static_cast<std::size_t>(q)] / outputs;
+          }
+      }
+    const double shared = x.avg_mean(), own = std::max(0.0, x.channel_mean_sq - shared * shared);
+    const double scale = w.weight_var * static_cast<double>(w.in);
     for (int oy = 0; oy < out; ++oy)
-      for (int ox = 0; ox < out; ++ox)
-        y.mean_share[static_cast<std::size_t>(oy) * out + ox] =
-            scale * axis[static_cast<std::size_t>(oy)] * axis[static_cast<std::size_t>(ox)];
+      for (int ox = 0; ox < out; ++ox) {
+        double sum = 0.0;
+        for (int ky = 0; ky < w.kernel; ++ky)
+          for (int kx = 0; kx < w.kernel; ++kx) {
+            const std::ptrdiff_t q = input_at(oy, ox, ky, kx);
+            if (q < 0) continue;
+            const std::size_t t = static_cast<std::size_t>(ky * w.kernel + kx);
+            sum += x.mean[static_cast<std::size_t>(q)] * tap_mean[t] + own * inside_share[t];
+          }
+        y.mean_share[static_cast<std::size_t>(oy) * out + ox] = scale * sum;
+      }
   }
   return y;
 }
