@@ -343,6 +343,109 @@ GradPlane conv_backward(const GradPlane& dy, int in_size, const ConvWeights& w, 
   return dx;
 }
 
+double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
+
+// The distribution over channels and images of one position's value (a post-activation block's sum before its ReLU),
+// as masses on a grid of spacing h: mass[j] at (first + j)·h.
+struct Density {
+  double h = 0.0;
+  std::int64_t first = 0;
+  std::vector<double> mass;
+};
+
+// The masses of N(mean, var) on the grid's cells [(k − ½)h, (k + ½)h], from a normal of variance var − h²/12, so that
+// the masses (each at its cell's centre) keep var: a cell spreads its mass over a width h, variance h²/12.
+Density gaussian_density(double mean, double var, double h) {
+  const double sd = std::sqrt(std::max(var - h * h / 12.0, 0.25 * var));
+  Density d;
+  d.h = h;
+  if (!(sd > 0)) {
+    d.first = std::llround(mean / h);
+    d.mass = {1.0};
+    return d;
+  }
+  constexpr double kReachSd = 9.0;
+  d.first = static_cast<std::int64_t>(std::floor((mean - kReachSd * sd) / h));
+  const std::int64_t last = static_cast<std::int64_t>(std::ceil((mean + kReachSd * sd) / h));
+  d.mass.resize(static_cast<std::size_t>(last - d.first + 1));
+  double below = normal_cdf(((static_cast<double>(d.first) - 0.5) * h - mean) / sd);
+  for (std::size_t j = 0; j < d.mass.size(); ++j) {
+    const double above =
+        normal_cdf(((static_cast<double>(d.first + static_cast<std::int64_t>(j)) + 0.5) * h - mean) / sd);
+    d.mass[j] = above - below;
+    below = above;
+  }
+  return d;
+}
+
+// s = λ·ReLU(u) + y, y ~ N(m, v) independent of u (the branch's normalised output at one position; u the previous
+// sum, whose ReLU is the stream): E[ReLU(s)], E[ReLU(s)²] and P(s > 0) summed exactly over λ·ReLU(u)'s masses (the
+// Gaussian ReLU moments in closed form per mass), and s's own masses on a grid of spacing h for the next block.
+struct RectifiedSum {
+  StreamMoments moments;  // {E[ReLU(s)], E[ReLU(s)²]}
+  double positive = 0.0;  // P(s > 0): ReLU's slope
+  Density sum;
+};
+RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, double h) {
+  // λ·ReLU(u) on the new grid: masses at or below 0 gather at 0; a value between two points splits linearly between
+  // them (mass and mean kept).
+  std::int64_t lo = 0, hi = 0;
+  for (std::size_t j = 0; j < u.mass.size(); ++j)
+    hi = std::max<std::int64_t>(
+        hi, static_cast<std::int64_t>(std::ceil(
+                lambda * std::max(0.0, static_cast<double>(u.first + static_cast<std::int64_t>(j)) * u.h) / h)) +
+                1);
+  std::vector<double> x(static_cast<std::size_t>(hi - lo + 1), 0.0);
+  const bool aligned = lambda == 1.0 && u.h == h;
+  for (std::size_t j = 0; j < u.mass.size(); ++j) {
+    const std::int64_t index = u.first + static_cast<std::int64_t>(j);
+    if (index <= 0 || lambda <= 0) {
+      x[0] += u.mass[j];
+    } else if (aligned) {
+      x[static_cast<std::size_t>(index)] += u.mass[j];
+    } else {
+      const double t = lambda * static_cast<double>(index) * u.h / h;
+      const auto k = static_cast<std::size_t>(std::floor(t));
+      const double f = t - static_cast<double>(k);
+      x[k] += u.mass[j] * (1.0 - f);
+      x[k + 1] += u.mass[j] * f;
+    }
+  }
+  RectifiedSum out;
+  const double sd = std::sqrt(std::max(v, 0.0));
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    if (x[k] == 0.0) continue;
+    const double mu = static_cast<double>(k) * h + m;
+    if (sd > 0) {
+      const double z = mu / sd, cdf = normal_cdf(z), pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+      out.moments.mean += x[k] * (mu * cdf + sd * pdf);
+      out.moments.var += x[k] * ((mu * mu + v) * cdf + mu * sd * pdf);
+      out.positive += x[k] * cdf;
+    } else if (mu > 0) {
+      out.moments.mean += x[k] * mu;
+      out.moments.var += x[k] * mu * mu;
+      out.positive += x[k];
+    }
+  }
+  // s's masses: x convolved with y's cell masses (offsets d: N(m, v) on [(d − ½)h, (d + ½)h]).
+  const Density kernel = gaussian_density(m, v, h);
+  out.sum.h = h;
+  out.sum.first = kernel.first;
+  out.sum.mass.assign(x.size() + kernel.mass.size() - 1, 0.0);
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    if (x[k] == 0.0) continue;
+    for (std::size_t d = 0; d < kernel.mass.size(); ++d) out.sum.mass[k + d] += x[k] * kernel.mass[d];
+  }
+  // Trim the tails that carry nothing.
+  std::size_t begin = 0, end = out.sum.mass.size();
+  while (begin < end && out.sum.mass[begin] < 1e-15) ++begin;
+  while (end > begin && out.sum.mass[end - 1] < 1e-15) --end;
+  out.sum.mass = std::vector<double>(out.sum.mass.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     out.sum.mass.begin() + static_cast<std::ptrdiff_t>(end));
+  out.sum.first += static_cast<std::int64_t>(begin);
+  return out;
+}
+
 }  // namespace
 
 StreamMoments activation_moments(Activation kind, double mean, double var) {
@@ -472,6 +575,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     Plane stream_in, sum;  // sum: the post-activation pre-rectification sum
     bool passes = false;   // post-activation zero-branch block: ReLU of the rectified stream, which it leaves as is
     Plane rectifier_input;  // post-activation: the input of the ReLU that last rectified the stream entering
+    // Post-activation ReLU blocks whose sum's distribution is carried: P(sum > 0) per position (ReLU's slope).
+    std::vector<double> sum_positive;
     std::vector<ConvStep> steps;
     bool projection = false;
     ConvWeights shortcut;
@@ -496,6 +601,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   images.var_spread = images.channel_spread;
   Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
   Plane rectifier_input;
+  // Post-activation: rectifier_input's distribution per position once it is not Gaussian (empty: Gaussian).
+  std::vector<Density> sum_density;
   if (!preact) {
     rectifier_input = norm(x);
     x = activate(rectifier_input);
@@ -616,6 +723,39 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     st.sum = sum;
     st.passes = rectified_identity;  // its entries that are 0 stay 0
     x = preact || rectified_identity ? sum : activate(sum);
+    // A post-activation ReLU block whose shortcut is the rectified stream: the sum λ·ReLU(u) + β·branch is not
+    // Gaussian (λ·ReLU(u) has mass at 0), and the Gaussian closure of its ReLU falls short (docs/theory.md,
+    // "ResNets"). Its per-position distribution is carried from block to block instead (u the previous sum: Gaussian
+    // after the stem's norm or a projection block), and the stream's moments and ReLU's slope are taken from it.
+    if (!preact && act == Activation::relu && !rectified_identity) {
+      const bool carries =
+          options.rectified_sums && !st.projection && st.lambda >= 0.0 && st.beta * st.beta * cur.avg_second() > 0.0;
+      if (carries) {
+        // The grid resolves the narrowest branch distribution by 6 points per standard deviation.
+        double min_var = std::numeric_limits<double>::infinity(), avg_var = 0.0;
+        for (std::size_t p = 0; p < cur.count(); ++p) {
+          const double v = st.beta * st.beta * cur.var_at(p);
+          avg_var += v / static_cast<double>(cur.count());
+          if (v > 0) min_var = std::min(min_var, v);
+        }
+        const double h = std::sqrt(std::max(std::min(min_var, avg_var), 0.05 * avg_var)) / 6.0;
+        std::vector<Density> next(sum.count());
+        st.sum_positive.assign(sum.count(), 0.0);
+        for (std::size_t p = 0; p < sum.count(); ++p) {
+          const Density u = sum_density.empty()
+                                ? gaussian_density(rectifier_input.mean[p], rectifier_input.var_at(p), h)
+                                : std::move(sum_density[p]);
+          RectifiedSum r = rectified_sum(u, st.lambda, st.beta * cur.mean[p], st.beta * st.beta * cur.var_at(p), h);
+          x.mean[p] = r.moments.mean;
+          x.second[p] = r.moments.var;
+          st.sum_positive[p] = r.positive;
+          next[p] = std::move(r.sum);
+        }
+        sum_density = std::move(next);
+      } else {
+        sum_density.clear();  // a Gaussian sum (a projection's normalised shortcut plus the branch)
+      }
+    }
     if (!rectified_identity) rectifier_input = sum;
     out.stream_out.push_back(x.population());
     stream_log_var = x.log_var(stream_log_var);
@@ -704,7 +844,17 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     GradPlane d_sum = g;
     if (!preact && !st.passes) {
       // The ReLU of this sum made the stream a zero-branch block above masked with: it does not mask twice.
-      if (!masked) d_sum = act_backward(g, st.sum);
+      if (!masked && !st.sum_positive.empty()) {
+        // P(sum > 0) from the carried distribution.
+        double slope_mean = 0.0;
+        for (std::size_t p = 0; p < d_sum.second.size(); ++p) {
+          d_sum.second[p] *= st.sum_positive[p];
+          slope_mean += st.sum_positive[p] / static_cast<double>(d_sum.second.size());
+        }
+        d_sum.image_mean_sq *= slope_mean * slope_mean;
+      } else if (!masked) {
+        d_sum = act_backward(g, st.sum);
+      }
       masked = false;
     } else if (!preact) {
       // A ReLU of the rectified stream: its gradient is 0 where the stream is 0 (ReLU'(0) = 0), the same entries
