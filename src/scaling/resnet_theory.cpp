@@ -160,12 +160,14 @@ struct Plane {
   double var_at(std::size_t p) const { return std::max(0.0, second[p] - mean[p] * mean[p]); }
 };
 
-// Gradient second moments per position, and E[(mean over an image's positions)²] (the part BatchNorm's batch mean
-// removes). Gradients have mean zero.
+// Gradient second moments per position, and E[(mean over an image's positions)²]. BatchNorm's batch mean removes
+// E[(mean over the batch's images of that)²] = image_mean_sq/N + images_shared: `images_shared` is what the images'
+// means share beyond independent images (their covariance, from the loss: the logits' part the images share and
+// the targets they share; it can be negative). Gradients have mean zero.
 struct GradPlane {
   int size = 0;
   std::vector<double> second;
-  double image_mean_sq = 0.0;
+  double image_mean_sq = 0.0, images_shared = 0.0;
   double avg() const { return average(second); }
 };
 
@@ -276,9 +278,9 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
   // E[δ(p)·δ(p')] = C_in·E[w²]·Σ_{t ∈ T(p) ∩ T(p')} E[μ(p + t)·μ(p' + t)], T the taps inside and μ an input channel's
   // mean. That mean is the plane's shared mean m(q), which follows the position (an activation's mean is lower where
   // its input's variance is, near a border), plus the channel's own part, of second moment d = channel_mean_sq −
-  // (avg m)², taken as the same at every position: E[μ(q)·μ(q')] = m(q)·m(q') + d. Averaged over p' it is, per tap t,
-  // m(p + t)·(avg over outputs whose tap t is inside of m) + d·(fraction of outputs whose tap t is inside), summed
-  // over the taps inside at p. Interior only: k²·channel_mean_sq.
+  // (avg m)², taken as the same at every position: E[μ(q)·μ(q')] = m(q)·m(q') + d. Averaged over the N_out outputs
+  // p' it is Σ_{t inside at p} (m(p + t)·m̄_t + d·f_t), with m̄_t = (1/N_out)·Σ_{p': t inside} m(p' + t) and f_t the
+  // fraction of outputs whose tap t is inside. Interior only: k²·channel_mean_sq.
   if (w.standardised || !borders) {
     std::fill(y.mean_share.begin(), y.mean_share.end(), y.channel_mean_sq);
   } else {
@@ -340,10 +342,14 @@ GradPlane conv_backward(const GradPlane& dy, int in_size, const ConvWeights& w, 
   }
   const double area = static_cast<double>(dy.size * dy.size) / static_cast<double>(in_size * in_size);
   dx.image_mean_sq = v * taps * area * area * dy.image_mean_sq;
+  dx.images_shared = v * taps * area * area * dy.images_shared;
   return dx;
 }
 
 double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
+
+// The part of grid cell `index` (values in [(index − ½)h, (index + ½)h]) above 0.
+double positive_share(std::int64_t index) { return index > 0 ? 1.0 : index == 0 ? 0.5 : 0.0; }
 
 // The distribution over channels and images of one position's value (a post-activation block's sum before its ReLU),
 // as masses on a grid of spacing h: mass[j] at (first + j)·h.
@@ -389,17 +395,15 @@ struct RectifiedSum {
 RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, double h) {
   // λ·ReLU(u) on the new grid: masses at or below 0 gather at 0; a value between two points splits linearly between
   // them (mass and mean kept).
-  std::int64_t lo = 0, hi = 0;
-  for (std::size_t j = 0; j < u.mass.size(); ++j)
-    hi = std::max<std::int64_t>(
-        hi, static_cast<std::int64_t>(std::ceil(
-                lambda * std::max(0.0, static_cast<double>(u.first + static_cast<std::int64_t>(j)) * u.h) / h)) +
-                1);
-  std::vector<double> x(static_cast<std::size_t>(hi - lo + 1), 0.0);
+  PROPLAB_CHECK(!u.mass.empty() && lambda >= 0.0 && h > 0.0, "rectified_sum: needs masses, λ ≥ 0 and h > 0");
+  // λ·ReLU is monotone: the last mass maps to the largest value (+1: room for its split).
+  const double top =
+      lambda * std::max(0.0, static_cast<double>(u.first + static_cast<std::int64_t>(u.mass.size()) - 1) * u.h);
+  std::vector<double> x(static_cast<std::size_t>(std::ceil(top / h)) + 2, 0.0);
   const bool aligned = lambda == 1.0 && u.h == h;
   for (std::size_t j = 0; j < u.mass.size(); ++j) {
     const std::int64_t index = u.first + static_cast<std::int64_t>(j);
-    if (index <= 0 || lambda <= 0) {
+    if (index <= 0 || lambda == 0.0) {
       x[0] += u.mass[j];
     } else if (aligned) {
       x[static_cast<std::size_t>(index)] += u.mass[j];
@@ -575,8 +579,13 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     Plane stream_in, sum;  // sum: the post-activation pre-rectification sum
     bool passes = false;   // post-activation zero-branch block: ReLU of the rectified stream, which it leaves as is
     Plane rectifier_input;  // post-activation: the input of the ReLU that last rectified the stream entering
-    // Post-activation ReLU blocks whose sum's distribution is carried: P(sum > 0) per position (ReLU's slope).
-    std::vector<double> sum_positive;
+    // Post-activation ReLU blocks whose sum's distribution is carried: per position, the sum's masses, P(sum > 0)
+    // (ReLU's slope), the branch's mean and variance (β included) on the grid of spacing grid_h; density_input: the
+    // block whose sum_density is this block's u (−1: Gaussian, from rectifier_input).
+    std::vector<Density> sum_density;
+    std::vector<double> sum_positive, branch_mean, branch_var;
+    double grid_h = 0.0;
+    int density_input = -1;
     std::vector<ConvStep> steps;
     bool projection = false;
     ConvWeights shortcut;
@@ -589,7 +598,9 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                  (borders ? "zero-padded borders" : "interior only") +
                  "): plain conv E[y²] = C_in·std²·Σ_taps E[a²]; standardised conv Var = (gain·scale)²·(avg E[a²] − "
                  "avg(mean)²); BatchNorm on the batch statistics; out = λ·shortcut + β·branch (independent); "
-                 "backward: transposed conv sums, φ'² per position, BatchNorm γ²·E[1/σ_c²] less the batch mean";
+                 "post-activation ReLU sums with a rectified shortcut carried as distributions per position; "
+                 "backward: transposed conv sums, φ'² per position (carried sums: E[g²|s] weighs the mask), "
+                 "BatchNorm γ²·E[1/σ_c²] less the batch mean (the images' loss gradients covary)";
   const int image = config.image_size;
   // The images' own sampling: a mean of squares of in_channels × image² × batch N(0, input_var) pixels, and per
   // channel of image² × batch of them.
@@ -601,8 +612,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   images.var_spread = images.channel_spread;
   Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
   Plane rectifier_input;
-  // Post-activation: rectifier_input's distribution per position once it is not Gaussian (empty: Gaussian).
-  std::vector<Density> sum_density;
+  int density_block = -1;  // post-activation: the block whose sum_density is rectifier_input's (−1: Gaussian)
   if (!preact) {
     rectifier_input = norm(x);
     x = activate(rectifier_input);
@@ -726,35 +736,55 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     // A post-activation ReLU block whose shortcut is the rectified stream: the sum λ·ReLU(u) + β·branch is not
     // Gaussian (λ·ReLU(u) has mass at 0), and the Gaussian closure of its ReLU falls short (docs/theory.md,
     // "ResNets"). Its per-position distribution is carried from block to block instead (u the previous sum: Gaussian
-    // after the stem's norm or a projection block), and the stream's moments and ReLU's slope are taken from it.
-    if (!preact && act == Activation::relu && !rectified_identity) {
-      const bool carries =
-          options.rectified_sums && !st.projection && st.lambda >= 0.0 && st.beta * st.beta * cur.avg_second() > 0.0;
-      if (carries) {
-        // The grid resolves the narrowest branch distribution by 6 points per standard deviation.
-        double min_var = std::numeric_limits<double>::infinity(), avg_var = 0.0;
-        for (std::size_t p = 0; p < cur.count(); ++p) {
-          const double v = st.beta * st.beta * cur.var_at(p);
-          avg_var += v / static_cast<double>(cur.count());
-          if (v > 0) min_var = std::min(min_var, v);
+    // after the stem's norm or a projection block), and the stream's moments and ReLU's slope are taken from it. A
+    // projection block's sum is Gaussian; its distribution is kept too, for the backward: the masks of consecutive
+    // blocks are correlated through it.
+    double min_var = std::numeric_limits<double>::infinity(), avg_var = 0.0;  // the branch's, over positions
+    for (std::size_t p = 0; p < cur.count(); ++p) {
+      const double v = st.beta * st.beta * cur.var_at(p);
+      avg_var += v / static_cast<double>(cur.count());
+      if (v > 0) min_var = std::min(min_var, v);
+    }
+    if (!preact && act == Activation::relu && !rectified_identity && options.rectified_sums && avg_var > 0.0 &&
+        (st.projection || st.lambda >= 0.0)) {
+      // The grid resolves the narrowest branch distribution by 6 points per standard deviation, but no finer than
+      // √0.05 of the average's: a nearly constant position does not make every position's grid huge. (Masses that
+      // fall between grid points split linearly: mass and mean kept, the variance raised by f(1 − f)·h², at most
+      // h²/4 = Var/144 per block at the narrowest position, and under 0.2% of the stream's in all.)
+      st.grid_h = std::sqrt(std::max(std::min(min_var, avg_var), 0.05 * avg_var)) / 6.0;
+      st.branch_mean.resize(sum.count());
+      st.branch_var.resize(sum.count());
+      st.sum_density.resize(sum.count());
+      st.sum_positive.assign(sum.count(), 0.0);
+      st.density_input = st.projection ? -1 : density_block;
+      for (std::size_t p = 0; p < sum.count(); ++p) {
+        st.branch_mean[p] = st.beta * cur.mean[p];
+        st.branch_var[p] = st.beta * st.beta * cur.var_at(p);
+        if (st.projection) {
+          st.sum_density[p] = gaussian_density(sum.mean[p], sum.var_at(p), st.grid_h);
+          st.sum_positive[p] = integrals.slope(sum.mean[p], sum.var_at(p)).mean;
+          continue;
         }
-        const double h = std::sqrt(std::max(std::min(min_var, avg_var), 0.05 * avg_var)) / 6.0;
-        std::vector<Density> next(sum.count());
-        st.sum_positive.assign(sum.count(), 0.0);
-        for (std::size_t p = 0; p < sum.count(); ++p) {
-          const Density u = sum_density.empty()
-                                ? gaussian_density(rectifier_input.mean[p], rectifier_input.var_at(p), h)
-                                : std::move(sum_density[p]);
-          RectifiedSum r = rectified_sum(u, st.lambda, st.beta * cur.mean[p], st.beta * st.beta * cur.var_at(p), h);
-          x.mean[p] = r.moments.mean;
-          x.second[p] = r.moments.var;
-          st.sum_positive[p] = r.positive;
-          next[p] = std::move(r.sum);
-        }
-        sum_density = std::move(next);
-      } else {
-        sum_density.clear();  // a Gaussian sum (a projection's normalised shortcut plus the branch)
+        const Density u = density_block >= 0
+                              ? states[static_cast<std::size_t>(density_block)].sum_density[p]
+                              : gaussian_density(rectifier_input.mean[p], rectifier_input.var_at(p), st.grid_h);
+        RectifiedSum r = rectified_sum(u, st.lambda, st.branch_mean[p], st.branch_var[p], st.grid_h);
+        x.mean[p] = r.moments.mean;
+        x.second[p] = r.moments.var;
+        st.sum_positive[p] = r.positive;
+        st.sum_density[p] = std::move(r.sum);
       }
+      if (!st.projection) {
+        // The channels' means follow the carried moments too (activate() had them from the Gaussian closure): the
+        // shared mean², plus the channels' own spread through the mean slope P(s > 0), as activate() does.
+        const double slope = average(st.sum_positive), in_mean = sum.avg_mean(), out_mean = x.avg_mean();
+        x.channel_mean_sq =
+            out_mean * out_mean + slope * slope * std::max(0.0, sum.channel_mean_sq - in_mean * in_mean);
+        for (std::size_t p = 0; p < sum.count(); ++p) x.mean_share[p] = st.sum_positive[p] * slope * sum.mean_share[p];
+      }
+      density_block = b;
+    } else if (!rectified_identity) {
+      density_block = -1;  // the stream's rectifier input is Gaussian again (or not followed)
     }
     if (!rectified_identity) rectifier_input = sum;
     out.stream_out.push_back(x.population());
@@ -795,6 +825,26 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   g.size = final_in.size;
   g.second.assign(final_in.count(), d_pooled / (area * area));
   g.image_mean_sq = d_pooled / (area * area);
+  // The images' loss gradients covary (docs/theory.md, "ResNets"): with the classifier's rows independent of the
+  // p's, E[g_i·g_j] ∝ E[(p_i − y_i)·(p_j − y_j)] = (S − 1/C)·s(r) − 1/C + [y_i = y_j] for two images whose logits
+  // correlate by r (s(r) = softmax_shared_excess; S = E[Σp²]), against S − 2/C + 1 on the diagonal. Their batch
+  // mean's square is (diagonal + (N − 1)·(pair term) + pairs/N)/(N·diagonal) of the variance, `pairs` = Σ_v n_v(n_v −
+  // 1) over the batch's target counts (random targets: N(N − 1)/C).
+  {
+    const double c = static_cast<double>(classes);
+    const double sum_p_sq = theory::softmax_sum_p_sq(logits.var, classes);
+    const double diagonal = sum_p_sq - 2.0 / c + 1.0;
+    double pairs = batch * (batch - 1.0) / c;
+    if (!options.batch_targets.empty()) {
+      std::map<std::int32_t, double> counts;
+      for (std::int32_t y : options.batch_targets) counts[y] += 1.0;
+      pairs = 0.0;
+      for (const auto& [y, n] : counts) pairs += n * (n - 1.0);
+    }
+    const double pair_term = (sum_p_sq - 1.0 / c) * theory::softmax_shared_excess(logits.corr, logits.var) - 1.0 / c;
+    const double share = (diagonal + (batch - 1.0) * pair_term + pairs / batch) / (batch * diagonal);
+    g.images_shared = g.image_mean_sq * (std::clamp(share, 0.0, 1.0) - 1.0 / batch);
+  }
 
   auto act_backward = [&](const GradPlane& dy, const Plane& pre) {
     GradPlane dx = dy;
@@ -806,38 +856,83 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     }
     slope_mean /= static_cast<double>(dy.second.size());
     dx.image_mean_sq = dy.image_mean_sq * slope_mean * slope_mean;
+    dx.images_shared = dy.images_shared * slope_mean * slope_mean;
     return dx;
   };
   // BatchNorm's backward: γ/σ̄·(g − mean_batch(g) − x̂·mean(g·x̂)); the last term is O(1/(N·HW)) and dropped.
-  auto norm_backward = [&](const GradPlane& dy, const Plane& pre) {
+  // `own_fan_in` (0: none): the norm's input is the output of a conv of that fan-in, and that conv's transpose comes
+  // next, so what reaches its input is Σ_c w_c,i²/σ_c² with σ_c² = w_cᵀG_c·w_c grown by the same weights. Over the
+  // inputs i, E[|w|²/(wᵀGw)] = (n/Λ)·(1 + 2Σλ²/Λ² − 2/n) to second order (λ the Gram's eigenvalues, Λ = Σλ; exact
+  // for an isotropic Gram, E[z_i²/Σ_k z_k²] = 1/n): the weights' spread less 2/n.
+  // `projected`: what its projection on x̂ removes besides (see norm_act_backward), before the 1/σ² factor.
+  auto norm_backward = [&](const GradPlane& dy, const Plane& pre, double own_fan_in, double projected = 0.0) {
     if (!normed) return dy;
     const NormStats s = norm_stats(pre);
     // E[1/σ_c²] over the channels: (1 + spread)/σ̄² to second order in the relative variance of their batch
-    // variances: the weights' var_spread, plus the batch's own sampling of a variance over batch × HW elements,
-    // 2/(batch·HW) (positions taken as independent; their correlation would add to it).
+    // variances: the weights' var_spread (less 2/n for the own conv's inputs), plus the batch's own sampling of a
+    // variance over batch × HW elements, 2/(batch·HW) (positions taken as independent; their correlation would add).
     const double sampling = 2.0 / (static_cast<double>(batch) * static_cast<double>(pre.count()));
-    const double k = gamma * gamma * (1.0 + pre.var_spread + sampling) / (s.sd * s.sd);
+    const double own = own_fan_in > 0 ? 2.0 / own_fan_in : 0.0;
+    const double k = gamma * gamma * std::max(0.0, 1.0 + pre.var_spread - own + sampling) / (s.sd * s.sd);
+    const double batch_mean_sq = std::max(0.0, dy.image_mean_sq / batch + dy.images_shared) + projected;
     GradPlane dx = dy;
-    for (double& v : dx.second) v = k * std::max(0.0, v - dy.image_mean_sq / batch);
-    dx.image_mean_sq = k * dy.image_mean_sq * (1.0 - 1.0 / batch);
+    for (double& v : dx.second) v = k * std::max(0.0, v - batch_mean_sq);
+    dx.image_mean_sq = k * std::max(0.0, dy.image_mean_sq - batch_mean_sq);
+    dx.images_shared = 0.0;  // the batch mean is gone
     return dx;
+  };
+  // An activation right after the norm, backward through both. The part of the gradient shared by the whole batch
+  // (per channel: image_mean_sq/N + images_shared before the mask, ḡ²) reaches the norm as ḡ·φ'(x̂), and the
+  // norm's backward removes its projections on 1 (the batch mean, above) and on x̂: the latter is
+  // ḡ²·E[x̂·φ'(x̂)]² (ReLU: E[x̂·1(x̂ > 0)] = 0.40 for a centred unit x̂), the "O(1/(N·HW))" term only while the
+  // gradient has no shared part.
+  auto norm_act_backward = [&](const GradPlane& dy, const Plane& act_in, const Plane& pre, double own_fan_in) {
+    const double shared = std::max(0.0, dy.image_mean_sq / batch + dy.images_shared);
+    double along = 0.0;  // E[x̂·φ'(x̂)] averaged over the positions, x̂ = (act_in − β)/γ
+    if (normed && shared > 0.0 && gamma != 0.0) {
+      for (std::size_t p = 0; p < act_in.count(); ++p) {
+        const double mean = (act_in.mean[p] - shift) / gamma, sd = std::sqrt(act_in.var_at(p)) / std::abs(gamma);
+        double e = 0.0;
+        if (act == Activation::relu) {
+          e = sd > 0 ? mean * normal_cdf(mean / sd) +
+                           sd * std::exp(-0.5 * (mean / sd) * (mean / sd)) / std::sqrt(2 * std::numbers::pi)
+                     : std::max(mean, 0.0);
+        } else {
+          static const theory::GaussHermite rule(64);
+          constexpr double kStep = 1e-5;
+          e = rule.expect([&](double z) {
+            const double x = mean + sd * z, y = shift + gamma * x;
+            return x * (resnet_util::activation_value(act, y + kStep) - resnet_util::activation_value(act, y - kStep)) /
+                   (2 * kStep);
+          });
+        }
+        along += e / static_cast<double>(act_in.count());
+      }
+    }
+    return norm_backward(act_backward(dy, act_in), pre, own_fan_in, shared * along * along);
   };
   auto add_into = [](GradPlane& into, const GradPlane& other, double weight) {
     for (std::size_t p = 0; p < into.second.size(); ++p) into.second[p] += weight * other.second[p];
     into.image_mean_sq += weight * other.image_mean_sq;
+    into.images_shared += weight * other.images_shared;
   };
   auto times = [](GradPlane gp, double weight) {
     for (double& v : gp.second) v *= weight;
     gp.image_mean_sq *= weight;
+    gp.images_shared *= weight;
     return gp;
   };
 
-  if (preact) g = norm_backward(act_backward(g, final_pre_act), x);
+  if (preact) g = norm_act_backward(g, final_pre_act, x, 0.0);
   const int blocks = layout.blocks();
   out.grad_in.assign(static_cast<std::size_t>(blocks), 0.0);
   out.grad_branch.assign(static_cast<std::size_t>(blocks), 0.0);
   out.grad_out.assign(static_cast<std::size_t>(blocks), 0.0);
   bool masked = false;  // g is already zero where the rectified stream is (a zero-branch block above passed it)
+  // Post-activation carried sums: E[g² | this block's sum = s]/E[g²] per position on its sum_density grid, from the
+  // block above (empty: g independent of the sum), and the mask's weight E[1(s > 0)·profile] per position.
+  std::vector<std::vector<double>> profile;
+  std::vector<double> kept;
   for (int b = blocks - 1; b >= 0; --b) {
     const BlockState& st = states[static_cast<std::size_t>(b)];
     out.grad_out[static_cast<std::size_t>(b)] = g.avg();
@@ -845,13 +940,24 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     if (!preact && !st.passes) {
       // The ReLU of this sum made the stream a zero-branch block above masked with: it does not mask twice.
       if (!masked && !st.sum_positive.empty()) {
-        // P(sum > 0) from the carried distribution.
+        // P(sum > 0) from the carried distribution; where the gradient arriving here depends on this sum (`profile`,
+        // from the block above), the mask weighs it: E[g²·1(s > 0)] = Σ_s D(s)·1(s > 0)·E[g² | s].
         double slope_mean = 0.0;
+        kept.assign(d_sum.second.size(), 0.0);
         for (std::size_t p = 0; p < d_sum.second.size(); ++p) {
-          d_sum.second[p] *= st.sum_positive[p];
+          double w = st.sum_positive[p];
+          if (!profile.empty()) {
+            const Density& d = st.sum_density[p];
+            w = 0.0;
+            for (std::size_t j = 0; j < d.mass.size(); ++j)
+              w += d.mass[j] * positive_share(d.first + static_cast<std::int64_t>(j)) * profile[p][j];
+          }
+          kept[p] = w;
+          d_sum.second[p] *= w;
           slope_mean += st.sum_positive[p] / static_cast<double>(d_sum.second.size());
         }
         d_sum.image_mean_sq *= slope_mean * slope_mean;
+        d_sum.images_shared *= slope_mean * slope_mean;
       } else if (!masked) {
         d_sum = act_backward(g, st.sum);
       }
@@ -871,8 +977,9 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     for (int j = m - 1; j >= 0; --j) {
       const ConvStep& step = st.steps[static_cast<std::size_t>(j)];
       if (!preact) {
-        if (j < m - 1) cur = act_backward(cur, step.pre_act);
-        cur = norm_backward(cur, step.pre_norm);
+        const double fan_in = static_cast<double>(step.w.in * step.w.kernel * step.w.kernel);
+        cur = j < m - 1 ? norm_act_backward(cur, step.pre_act, step.pre_norm, fan_in)
+                        : norm_backward(cur, step.pre_norm, fan_in);
       }
       cur = conv_backward(cur, step.input.size, step.w, borders);
       if (preact) {
@@ -882,18 +989,65 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
           GradPlane d_short = times(d_sum, st.lambda * st.lambda);
           add_into(cur, conv_backward(d_short, step.input.size, st.shortcut, borders), 1.0);
         }
-        cur = norm_backward(act_backward(cur, step.pre_act), step.pre_norm);
+        // Norm j normalises conv j − 1's output (j > 0), whose transpose comes next.
+        const ConvWeights* below = j > 0 ? &st.steps[static_cast<std::size_t>(j - 1)].w : nullptr;
+        cur = norm_act_backward(cur, step.pre_act, step.pre_norm,
+                                below ? static_cast<double>(below->in * below->kernel * below->kernel) : 0.0);
       }
     }
     GradPlane d_x = times(cur, st.input_scale * st.input_scale);
     if (!st.projection) {
       add_into(d_x, d_sum, st.lambda * st.lambda);
     } else if (!preact) {
-      GradPlane d_short = norm_backward(times(d_sum, st.lambda * st.lambda), st.shortcut_out);
+      GradPlane d_short = norm_backward(times(d_sum, st.lambda * st.lambda), st.shortcut_out,
+                                        static_cast<double>(st.shortcut.in * st.shortcut.kernel * st.shortcut.kernel));
       add_into(d_x, times(conv_backward(d_short, st.shortcut_input.size, st.shortcut, borders),
                           st.input_scale * st.input_scale),
                1.0);
     }
+    // The masks of consecutive blocks are correlated: this block's sum is λ·ReLU(u) + y with u the sum below, so
+    // given u the skip part of the gradient entering the block below is λ²·E[g²]·T(u), T(u) = E_y[profile(s)·
+    // 1(s > 0)] at s = λ·ReLU(u) + y, while the branch part does not depend on u. Their ratio to their average is
+    // the profile the block below weighs its own mask with (docs/theory.md, "ResNets").
+    std::vector<std::vector<double>> below;
+    if (!preact && !masked && !st.passes && !st.sum_density.empty() && !st.projection && st.density_input == b - 1 &&
+        b >= 1) {
+      const BlockState& under = states[static_cast<std::size_t>(b - 1)];
+      below.resize(d_x.second.size());
+      for (std::size_t p = 0; p < d_x.second.size(); ++p) {
+        const Density& here = st.sum_density[p];
+        const Density& u = under.sum_density[p];
+        const Density kernel = gaussian_density(st.branch_mean[p], st.branch_var[p], st.grid_h);
+        // 1(s > 0)·profile(s) at grid index `index` of this block's sum (the profile's edge values beyond its grid).
+        auto weight_at = [&](std::int64_t index) {
+          const std::int64_t j =
+              std::clamp<std::int64_t>(index - here.first, 0, static_cast<std::int64_t>(here.mass.size()) - 1);
+          return positive_share(index) * (profile.empty() ? 1.0 : profile[p][static_cast<std::size_t>(j)]);
+        };
+        std::map<std::int64_t, double> t_of;  // T at λ·ReLU(u) = k·grid_h
+        auto t_at = [&](std::int64_t k) {
+          auto [it, fresh] = t_of.try_emplace(k, 0.0);
+          if (fresh)
+            for (std::size_t d = 0; d < kernel.mass.size(); ++d)
+              it->second += kernel.mass[d] * weight_at(k + kernel.first + static_cast<std::int64_t>(d));
+          return it->second;
+        };
+        const double lambda_sq = st.lambda * st.lambda;
+        const double skip = lambda_sq * g.second[p], branch = d_x.second[p] - lambda_sq * d_sum.second[p];
+        const double total = skip * kept[p] + branch;
+        below[p].resize(u.mass.size());
+        for (std::size_t j = 0; j < u.mass.size(); ++j) {
+          const double value =
+              st.lambda * std::max(0.0, static_cast<double>(u.first + static_cast<std::int64_t>(j)) * u.h);
+          const double t = value / st.grid_h;
+          const auto k0 = static_cast<std::int64_t>(std::floor(t));
+          const double f = t - static_cast<double>(k0);
+          const double tu = f > 0 ? (1.0 - f) * t_at(k0) + f * t_at(k0 + 1) : t_at(k0);
+          below[p][j] = total > 0 ? (skip * tu + branch) / total : 1.0;
+        }
+      }
+    }
+    profile = std::move(below);
     g = d_x;
     out.grad_in[static_cast<std::size_t>(b)] = g.avg();
   }

@@ -12,15 +12,14 @@
 //   weight-standardised conv (zero-mean rows of squared norm (gain·scale)²) maps to (gain·scale)²·(avg_taps E[a²]
 //   − (avg_taps mean)²); BatchNorm uses the batch statistics over images and positions; an activation's moments
 //   are Gaussian integrals; the shortcut and the branch are independent.
-// - A post-activation stream is rectified: its mean is tracked. Where a ReLU block's shortcut is the rectified
-//   stream itself, the sum λ·ReLU(u) + β·f (u the previous sum) is not Gaussian, and its distribution per position
-//   is carried from block to block (masses on a grid: λ·ReLU(u) convolved with the branch's Gaussian); the stream's
-//   moments and ReLU's slope come from it. Elsewhere (projection blocks, other activations) the sum is closed as a
-//   Gaussian.
-// - Backward: the mean softmax cross-entropy gradient of near-uniform predictions, the classifier, average
-//   pooling (the gradient is shared by an image's positions), transposed convs over the same taps, φ'(x)² per
-//   position, BatchNorm's γ²/σ² less the part of the gradient its batch mean removes (the image-mean part, tracked
-//   as E[(mean over positions)²], divided by the batch size).
+// - A post-activation stream is rectified: its mean is tracked and the sum λ·x + β·f is closed as a Gaussian.
+// - Backward: the mean softmax cross-entropy gradient, the classifier, average pooling (the gradient is shared by
+//   an image's positions), transposed convs over the same taps, φ'(x)² per position (a carried post-activation sum:
+//   the mask weighed by E[g² | sum], since consecutive blocks' masks are correlated through it), BatchNorm's
+//   γ²·E[1/σ_c²] (less 2/fan-in where its own conv's transpose follows) less the part of the gradient its batch
+//   statistics remove: the batch mean (the image-mean part, tracked as E[(mean over positions)²], over the batch
+//   size, plus what the images' loss gradients share, from the logits' shared part and the batch's classes) and,
+//   where its activation follows, that shared part's projection on x̂.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +55,8 @@ struct ResnetTheoryOptions {
   bool borders = true;         // zero padding at the image borders (false: every position is interior)
   std::int64_t batch = 1;      // images per micro-batch (the loss is their mean; BatchNorm's batch)
   double grad_scale = 1.0;     // on the loss (1/grad_accum)
+  // The first micro-batch's targets (how many images share a class); empty: targets drawn uniformly at random.
+  std::vector<std::int32_t> batch_targets;
   // Post-activation ReLU blocks with a rectified shortcut: carry the sum's distribution per position from block to
   // block (false: the Gaussian closure of each sum, which under-predicts the stream's growth).
   bool rectified_sums = true;

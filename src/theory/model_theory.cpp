@@ -131,6 +131,15 @@ double softmax_sum_p_sq(double spread, std::int64_t classes) {
   return std::clamp(c * total, 1.0 / c, 1.0);
 }
 
+double softmax_shared_excess(double r, double spread) {
+  r = std::clamp(r, -1.0, 1.0);
+  if (!(spread > 1e-12)) return r;
+  // (e^{rD} − 1)/(e^D − 1) in a form that neither overflows nor cancels at any D > 0.
+  const double whole = -std::expm1(-spread);  // (e^D − 1)·e^{−D}
+  return r > 0.0 ? std::exp((r - 1.0) * spread) * -std::expm1(-r * spread) / whole
+                 : std::expm1(r * spread) * std::exp(-spread) / whole;
+}
+
 double cross_entropy_grad_var(const Signal& logits, std::int64_t classes, std::int64_t rows, double grad_scale) {
   PROPLAB_CHECK(classes > 1 && rows > 0, "cross_entropy_grad_var: needs classes > 1 and rows > 0");
   const double c = static_cast<double>(classes), r = static_cast<double>(rows);
@@ -584,15 +593,7 @@ LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, con
   const double other_p = (1.0 - self_p) / (classes - 1.0);
   const double diagonal = sum_p_sq - 2.0 * (t.self_target * self_p + (1.0 - t.self_target) * other_p) + 1.0;
   const double var = unit * diagonal;
-  // The share of `excess` two rows of head-input correlation r have in common, (e^{rD} − 1)/(e^D − 1), in a form
-  // that neither overflows nor cancels at any D > 0.
-  auto shared = [&](double r) {
-    r = std::clamp(r, -1.0, 1.0);
-    if (!(spread > 1e-12)) return r;
-    const double whole = -std::expm1(-spread);  // (e^D − 1)·e^{−D}
-    return r > 0.0 ? std::exp((r - 1.0) * spread) * -std::expm1(-r * spread) / whole
-                   : std::expm1(r * spread) * std::exp(-spread) / whole;
-  };
+  auto shared = [&](double r) { return softmax_shared_excess(r, spread); };
   auto cov = [&](double r, double same_input, double same_target, double target_is_input) {
     const double products = same_input * (self_p * self_p + (classes - 1.0) * other_p * other_p) +
                             (1.0 - same_input) * (2.0 * self_p * other_p + (classes - 2.0) * other_p * other_p);

@@ -175,6 +175,10 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
 // S = C·∫ t²·ψ(t)·φ(t)^{C−1} d(log t), φ(t) = E[exp(−t·e^z)], ψ(t) = E[e^{2z}·exp(−t·e^z)], z ~ N(0, spread).
 double softmax_sum_p_sq(double spread, std::int64_t classes);
 
+// The share of E[Σ_v p_v²] − 1/C that two rows whose logits correlate by r have in common, E[Σ_v p_iv·p_jv] − 1/C,
+// at logit spread D: (e^{rD} − 1)/(e^D − 1) (log-normal weights; exact at r = 0 and r = 1).
+double softmax_shared_excess(double r, double spread);
+
 // The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits: with S = E[Σ_v p_v²]
 // (softmax_sum_p_sq at the logits' whole variance: a row's classes come from independent weight rows), each row
 // contributes Σ_v (p_v - y_v)² = S - 2·E[p_y] + 1 with E[p_y] ≈ 1/C (targets independent of the logits), so

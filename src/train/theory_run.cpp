@@ -8,6 +8,7 @@
 #include "nn/parameter.h"
 #include "ops/ops.h"
 #include "probe/moments.h"
+#include "data/images.h"
 #include "scaling/resnet_theory.h"
 #include "scaling/theory_numbers.h"
 
@@ -54,6 +55,14 @@ theory::ProbePrediction predict_resnet(const RunSpec& spec, const ScalingRule& r
   ResnetTheoryOptions options;
   options.batch = spec.train.batch / spec.train.grad_accum;
   options.grad_scale = 1.0 / spec.train.grad_accum;
+  // The first training batch's labels: how many of its images share a class (their loss gradients covary).
+  {
+    auto images = make_image_dataset(spec.data, config.in_channels, config.image_size, config.classes, spec.seed);
+    Tensor x = Tensor::empty({options.batch, config.in_channels, config.image_size, config.image_size});
+    Tensor y = Tensor::empty({options.batch}, DType::i32);
+    images->batch(Split::train, 0, x, y);
+    options.batch_targets.assign(y.i32(), y.i32() + y.numel());
+  }
   // Every image kind gives pixels of variance 1 per channel (synthetic N(0, 1); files normalised per channel).
   const ResnetBookkeeping bookkeeping = resnet_bookkeeping(config, rule, 1.0, options);
   const double nan = std::nan("");

@@ -156,29 +156,41 @@ INSTANTIATE_TEST_SUITE_P(Rules, ResnetTheoryMeasured,
                          });
 
 // Forward and backward variance per probe, averaged over `seeds` initialisations (batch of `batch` 32×32 images, the
-// targets spread over the classes); `model` is the last network, for its probe ids.
+// targets as step_targets gives them); `model` is the last network, for its probe ids.
 struct SeedAverage {
   std::map<int, double> forward, backward;
   std::unique_ptr<Resnet> model;
 };
-// One forward-backward step of `model` on `batch_size` random 32×32 images (drawn from `image_seed`) whose targets
-// are spread over the classes (offset by `seed`), every probe's moments captured.
-VarianceSink one_step(Resnet& model, int classes, int seed, int batch_size, std::uint64_t image_seed) {
+// The targets a step gives its batch: spread over the classes, offset by `seed` (every seed has the same count per
+// class, which is what the bookkeeping reads), or with `one_class` all of class `seed` % classes.
+std::vector<std::int32_t> step_targets(int classes, int seed, int batch_size, bool one_class = false) {
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(batch_size));
+  for (int i = 0; i < batch_size; ++i)
+    targets[static_cast<std::size_t>(i)] = ((one_class ? 0 : i * 7) + seed) % classes;
+  return targets;
+}
+
+// One forward-backward step of `model` on `batch_size` random 32×32 images (drawn from `image_seed`) with
+// step_targets, every probe's moments captured.
+VarianceSink one_step(Resnet& model, int classes, int seed, int batch_size, std::uint64_t image_seed,
+                      bool one_class = false) {
   VarianceSink sink;
   StepContext context;
   context.sink = &sink;
   Tensor targets = Tensor::empty({batch_size}, DType::i32);
-  for (int i = 0; i < batch_size; ++i) targets.i32()[i] = (i * 7 + seed) % classes;
+  const std::vector<std::int32_t> chosen = step_targets(classes, seed, batch_size, one_class);
+  std::copy(chosen.begin(), chosen.end(), targets.i32());
   Batch batch{testing::random_tensor({batch_size, 3, 32, 32}, image_seed), targets};
   model.forward_backward(batch, 1.0f, context);
   return sink;
 }
 
-SeedAverage seed_average(const ResnetConfig& config, const ScalingConfig& scaling, int seeds, int batch_size) {
+SeedAverage seed_average(const ResnetConfig& config, const ScalingConfig& scaling, int seeds, int batch_size,
+                         bool one_class = false) {
   SeedAverage out;
   for (int seed = 1; seed <= seeds; ++seed) {
     out.model = std::make_unique<Resnet>(config, scaling, static_cast<std::uint64_t>(seed));
-    const VarianceSink sink = one_step(*out.model, config.classes, seed, batch_size, 100 + seed);
+    const VarianceSink sink = one_step(*out.model, config.classes, seed, batch_size, 100 + seed, one_class);
     for (const auto& [probe, m] : sink.moments) out.forward[probe] += m.var / seeds;
     for (const auto& [probe, v] : sink.grad_var) out.backward[probe] += v / seeds;
   }
@@ -207,6 +219,7 @@ TEST(ResnetTheoryAccuracy, NfResnetForwardAndBackwardWithinTargets) {
     const Resnet* shape = average.model.get();
     ResnetTheoryOptions options;
     options.batch = kBatch;
+    options.batch_targets = step_targets(config.classes, 1, kBatch);
     const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
     std::vector<double> forward_errors, backward_errors;
     for (int b = 0; b < shape->blocks(); ++b) {
@@ -238,11 +251,12 @@ TEST(ResnetTheoryAccuracy, NfResnetForwardAndBackwardWithinTargets) {
 // so E[δ(p)·δ̄] sums m(p + t)·(the tap's average m), not the interior's mean squared. Its backward divides each
 // channel's gradient by that channel's own batch variance, and E[1/σ_c²] = (1 + spread)/E[σ_c²] to second order (the
 // channels' variances spread by 2·tr(G_c²)/tr(G_c)² of the conv's centred input Gram, about 2/fan_in, plus the
-// batch's sampling, 2/(batch·HW)). Measured with all three terms: forward median 1.2%, worst 6.6%; the top block's
-// gradient 2.1%; the blocks' backward gains (gradient in / out) median 1.1%, worst 2.1%; the input gradient 1.03× the
-// prediction. With the input's mean taken as the same at every tap (the interior's), it fails: forward 2.7% / 7.0%,
-// top gradient 8.3%, gains 1.7% / 8.4%, input gradient 1.39× (the border profile compounds over the 8×8 stage).
-// Without the border term at all: forward 5.0% / 10.5%, top gradient 31%, worst gain 17.6%.
+// batch's sampling, 2/(batch·HW), less 2/fan_in where the norm divides its own conv's output). Measured now: forward
+// median 1.2%, worst 6.6%; the top block's gradient 1.0%; the blocks' backward gains (gradient in / out) median 0.8%,
+// worst 2.9%; the input gradient 1.08× the prediction. Before the input's mean followed the position (taken as the
+// interior's at every tap) it failed: forward 2.7% / 7.0%, top gradient 8.3%, gains 1.7% / 8.4%, input gradient
+// 1.39× (the border profile compounds over the 8×8 stage). Without the border term at all: forward 5.0% / 10.5%, top
+// gradient 31%, worst gain 17.6%.
 TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
   ResnetConfig config = config_of(20, true, ResnetNorm::batchnorm);
   ScalingConfig scaling;
@@ -254,6 +268,7 @@ TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
   const Resnet* last = average.model.get();
   ResnetTheoryOptions options;
   options.batch = kBatch;
+  options.batch_targets = step_targets(config.classes, 1, kBatch);
   const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
   std::vector<double> forward_errors, gain_errors;
   for (int b = 0; b < last->blocks(); ++b) {
@@ -281,14 +296,43 @@ TEST(ResnetTheoryAccuracy, BatchNormBordersKeepTheirChannelMeans) {
   EXPECT_GE(input_ratio, 0.92) << "input gradient, measured over predicted";
 }
 
+// The images' loss gradients covary: with the classifier's rows independent of the softmax, E[g_i·g_j] ∝
+// (S − 1/C)·s(r) − 1/C + [y_i = y_j] (docs/theory.md, "ResNets"), so a batch whose images share their class keeps
+// much of its top gradient in the batch mean, which the final BatchNorm of a pre-activation net removes. Pre-activation
+// BatchNorm ResNet-20, 16 seeds, the top block's output gradient with every image of one class against targets spread
+// over the classes: measured ratio 0.203, predicted 0.190. The norm removes the shared part's projections on 1 and on
+// x̂ (norm_act_backward); with only the batch mean removed the prediction was 0.507.
+TEST(ResnetTheoryAccuracy, ImagesSharingAClassLoseTheirSharedGradientToTheBatchMean) {
+  ResnetConfig config = config_of(20, true, ResnetNorm::batchnorm);
+  ScalingConfig scaling;
+  scaling.rule = "standard";
+  constexpr int kBatch = 16;
+  const SeedAverage spread = seed_average(config, scaling, 16, kBatch);
+  const SeedAverage shared = seed_average(config, scaling, 16, kBatch, true);
+  const int top = spread.model->blocks() - 1;
+  const int probe = spread.model->probe_block_out(top);
+  auto predicted = [&](bool one_class) {
+    ResnetTheoryOptions options;
+    options.batch = kBatch;
+    options.batch_targets = step_targets(config.classes, 1, kBatch, one_class);
+    return resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options).grad_out[top];
+  };
+  const double measured_ratio = shared.backward.at(probe) / spread.backward.at(probe);
+  const double predicted_ratio = predicted(true) / predicted(false);
+  std::printf("top gradient, one class over spread: measured %.4f, predicted %.4f\n", measured_ratio, predicted_ratio);
+  EXPECT_LT(measured_ratio, 0.6) << "sharing a class should cost the top gradient much of its size";
+  EXPECT_NEAR(predicted_ratio / measured_ratio, 1.0, 0.1);
+}
+
 // Post-activation BatchNorm ResNets (He init, width 1, 32×32, batch 16, 16 seeds): each identity block's stream is
 // ReLU(x + BatchNorm(branch)) with x = ReLU(the previous sum), half of whose mass is at 0, so the sum is not Gaussian
 // and the Gaussian closure of its ReLU falls short of the stream's growth (7–15% per block in a float64 replica). The
-// bookkeeping carries each position's distribution of the sum from block to block instead (docs/theory.md,
-// "ResNets"). Measured: forward median 0.7%, worst 2.5%; backward median 5.9%, worst 11.4%; the blocks' backward gains
-// median 4.2%, worst 7.5%. With the Gaussian closure (options.rectified_sums = false) it fails: forward 13.6% /
-// 19.7%, backward 20.9% / 38.1%, gains 8.2% / 13.4%. The backward's remaining miss (consecutive masks correlated
-// through the carried sum, the transitions' projection) is described in docs/theory.md.
+// bookkeeping carries each position's distribution of the sum from block to block instead, and in the backward the
+// gradient's dependence on it (consecutive blocks' masks agree more often than independent ones) (docs/theory.md,
+// "ResNets"). Measured: forward median 0.7%, worst 2.5%; backward median 7.2%, worst 8.7%; the blocks' backward gains
+// median 1.2%, worst 1.8%. With the Gaussian closure (options.rectified_sums = false) it fails: forward 13.6% /
+// 19.7%, backward 12.9% / 24.4%, gains 6.6% / 10.8%; carrying the sums without the masks' correlation, the gains
+// were 4.2% / 7.5%.
 TEST(ResnetTheoryAccuracy, PostActivationSumsCarryTheirDistribution) {
   ResnetConfig config = config_of(20, false, ResnetNorm::batchnorm);
   ScalingConfig scaling;
@@ -302,6 +346,7 @@ TEST(ResnetTheoryAccuracy, PostActivationSumsCarryTheirDistribution) {
   auto errors_of = [&](bool rectified_sums) {
     ResnetTheoryOptions options;
     options.batch = kBatch;
+    options.batch_targets = step_targets(config.classes, 1, kBatch);
     options.rectified_sums = rectified_sums;
     const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
     Errors e;
@@ -324,9 +369,10 @@ TEST(ResnetTheoryAccuracy, PostActivationSumsCarryTheirDistribution) {
   const Errors carried = errors_of(true), closure = errors_of(false);
   EXPECT_LE(carried.forward[carried.forward.size() / 2], 0.015) << "forward median";
   EXPECT_LE(carried.forward.back(), 0.04) << "forward worst";
-  EXPECT_LE(carried.backward[carried.backward.size() / 2], 0.07) << "backward median";
-  EXPECT_LE(carried.backward.back(), 0.13) << "backward worst";
-  EXPECT_LE(carried.gains.back(), 0.09) << "worst block gain";
+  EXPECT_LE(carried.backward[carried.backward.size() / 2], 0.09) << "backward median";
+  EXPECT_LE(carried.backward.back(), 0.11) << "backward worst";
+  EXPECT_LE(carried.gains[carried.gains.size() / 2], 0.02) << "median block gain";
+  EXPECT_LE(carried.gains.back(), 0.03) << "worst block gain";
   EXPECT_GT(closure.forward.back(), 0.1) << "the Gaussian closure should miss the stream's growth";
 }
 
@@ -344,6 +390,7 @@ BandCoverage resnet_band_coverage(const ResnetConfig& config, const ScalingConfi
   constexpr int kBatch = 16, kNetworks = 24;
   ResnetTheoryOptions options;
   options.batch = kBatch;
+  options.batch_targets = step_targets(config.classes, 1, kBatch);
   const ResnetBookkeeping theory = resnet_bookkeeping(config, *make_rule(scaling, ModelConfig(config)), 1.0, options);
   std::vector<double> z;
   for (int seed = 1; seed <= kNetworks; ++seed) {
