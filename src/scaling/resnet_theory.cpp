@@ -16,6 +16,8 @@ namespace proplab {
 
 namespace {
 
+double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
+
 // E[φ], E[φ²] as StreamMoments{mean = E[φ], var = E[φ²]} (the second moment, not the variance).
 StreamMoments gaussian_integrals(Activation kind, double mean, double var) {
   if (var <= 0) {
@@ -25,8 +27,7 @@ StreamMoments gaussian_integrals(Activation kind, double mean, double var) {
   const double sd = std::sqrt(var);
   if (kind == Activation::relu) {
     // Closed form: E[relu] = μΦ + σφ, E[relu²] = (μ² + σ²)Φ + μσφ at μ/σ.
-    const double z = mean / sd, cdf = 0.5 * std::erfc(-z / std::numbers::sqrt2),
-                 pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+    const double z = mean / sd, cdf = normal_cdf(z), pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
     return {mean * cdf + sd * pdf, (mean * mean + var) * cdf + mean * sd * pdf};
   }
   constexpr int kSteps = 4000;
@@ -51,7 +52,7 @@ Slope slope_integrals(Activation kind, double mean, double var) {
   if (kind == Activation::identity) return {1.0, 1.0};
   const double sd = std::sqrt(std::max(var, 0.0));
   if (kind == Activation::relu) {
-    const double p = sd > 0 ? 0.5 * std::erfc(-mean / sd / std::numbers::sqrt2) : (mean > 0 ? 1.0 : 0.0);
+    const double p = sd > 0 ? normal_cdf(mean / sd) : (mean > 0 ? 1.0 : 0.0);
     return {p, p};
   }
   constexpr int kSteps = 2000;
@@ -346,8 +347,6 @@ GradPlane conv_backward(const GradPlane& dy, int in_size, const ConvWeights& w, 
   return dx;
 }
 
-double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::numbers::sqrt2); }
-
 // The part of grid cell `index` (values in [(index − ½)h, (index + ½)h]) above 0.
 double positive_share(std::int64_t index) { return index > 0 ? 1.0 : index == 0 ? 0.5 : 0.0; }
 
@@ -420,16 +419,10 @@ RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, 
   for (std::size_t k = 0; k < x.size(); ++k) {
     if (x[k] == 0.0) continue;
     const double mu = static_cast<double>(k) * h + m;
-    if (sd > 0) {
-      const double z = mu / sd, cdf = normal_cdf(z), pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
-      out.moments.mean += x[k] * (mu * cdf + sd * pdf);
-      out.moments.var += x[k] * ((mu * mu + v) * cdf + mu * sd * pdf);
-      out.positive += x[k] * cdf;
-    } else if (mu > 0) {
-      out.moments.mean += x[k] * mu;
-      out.moments.var += x[k] * mu * mu;
-      out.positive += x[k];
-    }
+    const StreamMoments relu = gaussian_integrals(Activation::relu, mu, v);  // {E[ReLU], E[ReLU²]}
+    out.moments.mean += x[k] * relu.mean;
+    out.moments.var += x[k] * relu.var;
+    out.positive += x[k] * (sd > 0 ? normal_cdf(mu / sd) : (mu > 0 ? 1.0 : 0.0));
   }
   // s's masses: x convolved with y's cell masses (offsets d: N(m, v) on [(d − ½)h, (d + ½)h]).
   const Density kernel = gaussian_density(m, v, h);

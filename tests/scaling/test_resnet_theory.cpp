@@ -137,8 +137,7 @@ TEST_P(ResnetTheoryMeasured, AgreesWithTheInitialisedModel) {
   }
 }
 
-// Tolerances: finite width (64-256 channels), zero padding at the borders of 32x32 → 8x8 maps, and (post-activation)
-// the Gaussian closure of a rectified stream.
+// Tolerances: one network at finite width (64-256 channels), not a seed average, on one batch of 8 images.
 INSTANTIATE_TEST_SUITE_P(Rules, ResnetTheoryMeasured,
                          ::testing::Values(MeasuredCase{"standard", true, ResnetNorm::batchnorm, 0.15},
                                            MeasuredCase{"standard", false, ResnetNorm::batchnorm, 0.2},
