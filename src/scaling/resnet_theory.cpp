@@ -415,14 +415,13 @@ RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, 
     }
   }
   RectifiedSum out;
-  const double sd = std::sqrt(std::max(v, 0.0));
   for (std::size_t k = 0; k < x.size(); ++k) {
     if (x[k] == 0.0) continue;
     const double mu = static_cast<double>(k) * h + m;
     const StreamMoments relu = gaussian_integrals(Activation::relu, mu, v);  // {E[ReLU], E[ReLU²]}
     out.moments.mean += x[k] * relu.mean;
     out.moments.var += x[k] * relu.var;
-    out.positive += x[k] * (sd > 0 ? normal_cdf(mu / sd) : (mu > 0 ? 1.0 : 0.0));
+    out.positive += x[k] * slope_integrals(Activation::relu, mu, v).mean;
   }
   // s's masses: x convolved with y's cell masses (offsets d: N(m, v) on [(d − ½)h, (d + ½)h]).
   const Density kernel = gaussian_density(m, v, h);
@@ -732,14 +731,15 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     // after the stem's norm or a projection block), and the stream's moments and ReLU's slope are taken from it. A
     // projection block's sum is Gaussian; its distribution is kept too, for the backward: the masks of consecutive
     // blocks are correlated through it.
+    const bool carried = !preact && act == Activation::relu && !rectified_identity && options.rectified_sums &&
+                         (st.projection || st.lambda >= 0.0);
     double min_var = std::numeric_limits<double>::infinity(), avg_var = 0.0;  // the branch's, over positions
-    for (std::size_t p = 0; p < cur.count(); ++p) {
+    for (std::size_t p = 0; carried && p < cur.count(); ++p) {
       const double v = st.beta * st.beta * cur.var_at(p);
       avg_var += v / static_cast<double>(cur.count());
       if (v > 0) min_var = std::min(min_var, v);
     }
-    if (!preact && act == Activation::relu && !rectified_identity && options.rectified_sums && avg_var > 0.0 &&
-        (st.projection || st.lambda >= 0.0)) {
+    if (carried && avg_var > 0.0) {
       // The grid resolves the narrowest branch distribution by 6 points per standard deviation, but no finer than
       // √0.05 of the average's: a nearly constant position does not make every position's grid huge. (Masses that
       // fall between grid points split linearly: mass and mean kept, the variance raised by f(1 − f)·h², at most
@@ -887,9 +887,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
         const double mean = (act_in.mean[p] - shift) / gamma, sd = std::sqrt(act_in.var_at(p)) / std::abs(gamma);
         double e = 0.0;
         if (act == Activation::relu) {
-          e = sd > 0 ? mean * normal_cdf(mean / sd) +
-                           sd * std::exp(-0.5 * (mean / sd) * (mean / sd)) / std::sqrt(2 * std::numbers::pi)
-                     : std::max(mean, 0.0);
+          e = gaussian_integrals(Activation::relu, mean, sd * sd).mean;  // E[x·1(x > 0)] = E[ReLU(x)]
         } else {
           static const theory::GaussHermite rule(64);
           constexpr double kStep = 1e-5;
