@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numbers>
 #include <sstream>
 #include <string>
@@ -93,42 +94,105 @@ std::vector<std::string> transformer_probe_names(const TransformerConfig& config
   return names;
 }
 
+namespace {
+
+// The grids softmax_sum_p_sq and softmax_logit_projection_sq integrate on: z ~ N(0, spread) on a trapezoid grid
+// over ±9 sd (spacing at most 0.2; w the trapezoid weights times the density), log t on kT points wide enough for
+// both ends of ∫ … d(log t) (the integrands go as t²·E[e^{2z}] at small t and die with φ^{C−1} at large t).
+struct SoftmaxGrid {
+  static constexpr int kT = 1500;
+  std::vector<double> z, w;
+  double lt_lo = 0.0, dlt = 0.0;
+  double log_t(int k) const { return lt_lo + k * dlt; }
+  double t_weight(int k) const { return dlt * (k == 0 || k == kT - 1 ? 0.5 : 1.0); }
+};
+
+SoftmaxGrid softmax_grid(double spread, double c) {
+  SoftmaxGrid g;
+  const double sd = std::sqrt(spread);
+  const int nz = static_cast<int>(std::clamp(std::ceil(18.0 * sd / 0.2), 401.0, 4001.0));
+  const double z_lo = -9.0 * sd, dz = 18.0 * sd / (nz - 1);
+  g.z.resize(static_cast<std::size_t>(nz));
+  g.w.resize(static_cast<std::size_t>(nz));
+  for (int i = 0; i < nz; ++i) {
+    g.z[i] = z_lo + i * dz;
+    g.w[i] = std::exp(-0.5 * g.z[i] * g.z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
+             (i == 0 || i == nz - 1 ? 0.5 : 1.0);
+  }
+  const double lt_hi = std::log(1e3) + 9.0 * sd;
+  g.lt_lo = std::log(1e-3) - 9.0 * sd - std::log(c);
+  g.dlt = (lt_hi - g.lt_lo) / (SoftmaxGrid::kT - 1);
+  return g;
+}
+
+}  // namespace
+
 double softmax_sum_p_sq(double spread, std::int64_t classes) {
   PROPLAB_CHECK(classes > 0 && spread >= 0.0, "softmax_sum_p_sq: needs classes > 0 and spread >= 0, got ", classes,
                 " and ", spread);
   const double c = static_cast<double>(classes);
   if (classes == 1) return 1.0;
   if (spread < 1e-12) return 1.0 / c;
-  // z on a trapezoid grid over ±9 sd (spacing at most 0.2), log t on a uniform grid wide enough for both ends:
-  // the integrand is t²·E[e^{2z}] at small t and dies with φ^{C−1} at large t. With u = log t + z every term is
-  // exp(2u − e^u) or exp(−e^u), which neither overflows nor loses the peak.
-  const double sd = std::sqrt(spread);
-  const int nz = static_cast<int>(std::clamp(std::ceil(18.0 * sd / 0.2), 401.0, 4001.0));
-  const double z_lo = -9.0 * sd, dz = 18.0 * sd / (nz - 1);
-  std::vector<double> z(static_cast<std::size_t>(nz)), w(static_cast<std::size_t>(nz));
-  for (int i = 0; i < nz; ++i) {
-    z[i] = z_lo + i * dz;
-    w[i] = std::exp(-0.5 * z[i] * z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
-           (i == 0 || i == nz - 1 ? 0.5 : 1.0);
-  }
-  constexpr int kT = 1500;
-  const double lt_lo = std::log(1e-3) - 9.0 * sd - std::log(c), lt_hi = std::log(1e3) + 9.0 * sd;
-  const double dlt = (lt_hi - lt_lo) / (kT - 1);
+  // With u = log t + z every term is exp(2u − e^u) or exp(−e^u), which neither overflows nor loses the peak.
+  const SoftmaxGrid g = softmax_grid(spread, c);
   double total = 0.0;
-  for (int k = 0; k < kT; ++k) {
-    const double lt = lt_lo + k * dlt;
+  for (int k = 0; k < SoftmaxGrid::kT; ++k) {
+    const double lt = g.log_t(k);
     double phi = 0.0, t2_psi = 0.0;
-    for (int i = 0; i < nz; ++i) {
-      const double u = lt + z[i];
+    for (std::size_t i = 0; i < g.z.size(); ++i) {
+      const double u = lt + g.z[i];
       if (u > 700.0) continue;  // exp(−e^u) = 0
       const double e = std::exp(u);
-      phi += w[i] * std::exp(-e);
-      t2_psi += w[i] * std::exp(2.0 * u - e);
+      phi += g.w[i] * std::exp(-e);
+      t2_psi += g.w[i] * std::exp(2.0 * u - e);
     }
     if (phi <= 0.0) continue;
-    total += t2_psi * std::exp((c - 1.0) * std::log(phi)) * dlt * (k == 0 || k == kT - 1 ? 0.5 : 1.0);
+    total += t2_psi * std::exp((c - 1.0) * std::log(phi)) * g.t_weight(k);
   }
   return std::clamp(c * total, 1.0 / c, 1.0);
+}
+
+double softmax_logit_projection_sq(double spread, std::int64_t classes) {
+  PROPLAB_CHECK(classes > 0 && spread >= 0.0, "softmax_logit_projection_sq: needs classes > 0 and spread >= 0, got ",
+                classes, " and ", spread);
+  const double c = static_cast<double>(classes);
+  if (classes == 1) return 1.0;
+  if (spread < 1e-12) return 1.0 / c;  // p = 1/C: ℓ̂·p is the mean of C standard normals
+  // E[(ℓ·p)²] = ∫ t·E[(Σ_c ℓ_c·e^{ℓ_c})²·e^{−t·Σ e^ℓ}] dt over independent classes: C·ψ₂·φ^{C−1} +
+  // C(C − 1)·ψ₁²·φ^{C−2}, with ψ₂ = E[z²·e^{2z}·exp(−t·e^z)], ψ₁ = E[z·e^z·exp(−t·e^z)], φ = E[exp(−t·e^z)],
+  // z ~ N(0, D); on softmax_sum_p_sq's grids (u = log t + z keeps every term finite).
+  const SoftmaxGrid g = softmax_grid(spread, c);
+  double total = 0.0;
+  for (int k = 0; k < SoftmaxGrid::kT; ++k) {
+    const double lt = g.log_t(k);
+    double phi = 0.0, psi1 = 0.0, psi2 = 0.0;
+    for (std::size_t i = 0; i < g.z.size(); ++i) {
+      const double u = lt + g.z[i];
+      if (u > 700.0) continue;
+      const double e = std::exp(u);
+      phi += g.w[i] * std::exp(-e);
+      psi1 += g.w[i] * g.z[i] * std::exp(u - e);
+      psi2 += g.w[i] * g.z[i] * g.z[i] * std::exp(2.0 * u - e);
+    }
+    if (phi <= 0.0) continue;
+    const double term = c * psi2 * std::exp((c - 1.0) * std::log(phi)) +
+                        c * (c - 1.0) * psi1 * psi1 * std::exp((c - 2.0) * std::log(phi));
+    total += term * g.t_weight(k);
+  }
+  return total / spread;
+}
+
+double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes) {
+  r = std::clamp(r, -1.0, 1.0);
+  if (r <= 0.0 || !(spread > 1e-12)) return softmax_shared_excess(r, spread);
+  // Two rows' logits are a shared part a ~ N(0, rD) plus their own δ ~ N(0, (1 − r)D): E[Σ p_i·p_j] = E_a[Σ q_v²]
+  // with q = E_δ[softmax(a + δ)], taken as softmax(a/√(1 + π(1 − r)D/8)) (the probit approximation of a logistic
+  // averaged over Gaussian noise).
+  const double c = static_cast<double>(classes);
+  const double whole = softmax_sum_p_sq(spread, classes) - 1.0 / c;
+  if (!(whole > 0.0)) return r;
+  const double blurred = r * spread / (1.0 + std::numbers::pi * (1.0 - r) * spread / 8.0);
+  return std::clamp((softmax_sum_p_sq(blurred, classes) - 1.0 / c) / whole, 0.0, 1.0);
 }
 
 double softmax_shared_excess(double r, double spread) {
@@ -1236,6 +1300,118 @@ std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const st
   return shifts;
 }
 
+// The gradient's part along the forward signal (docs/theory.md, "The gradient's mean over units"). Through
+// x → λx + β·φ(Wx) the branch's backward Wᵀ(φ'(Wx)⊙g) is not independent of g's mean over units: by Stein's lemma
+// in W, E_W[Wᵀ(φ'⊙g)] = σ_w²·x·mean_j ∂(φ'_j·g_j)/∂pre_j, a drift along each sample's own stream x. Per sample the
+// gradient is then u·1 + V·x + (a part independent of the layer's weights), and through one layer
+//   κ = σ_w²·(ρ·ḡ + β·e·V),  ḡ = u + V·m_out,  ρ = E[φ''(pre)],  e = E[φ''φ + φ'²] − ρ·φ̄,
+//   u ← λu + λβ·φ̄·V,  V ← λ²V + βκ,
+// with m the stream's mean over units and φ̄ = E[φ]. The pair (u, V) is carried as its second moments over samples
+// (`per`) and between two samples of the batch (`shared`); the measured variance subtracts the batch mean's square.
+// Only a stream with a mean over units (ReLU, GELU) feeds it: with m = 0 the drift stays at its 1/width seed.
+struct AlignedGradient {
+  // Second moments of (u, V): [uu, uV, VV], one sample's and two samples' of one batch.
+  std::array<double, 3> per{}, shared{};
+  static double quad(const std::array<double, 3>& c, double a, double b) {
+    return a * a * c[0] + 2.0 * a * b * c[1] + b * b * c[2];
+  }
+  // E[(a·u + b·V)(c·u + d·V)].
+  static double bilinear(const std::array<double, 3>& m, double a, double b, double c, double d) {
+    return a * c * m[0] + (a * d + b * c) * m[1] + b * d * m[2];
+  }
+  // The batch mean's square of a·u + b·V (what a population variance over the batch subtracts).
+  double batch_mean_sq(double a, double b, double batch) const {
+    return quad(per, a, b) / batch + (1.0 - 1.0 / batch) * quad(shared, a, b);
+  }
+  void map(double uu, double uv, double vu, double vv) {
+    for (std::array<double, 3>* c : {&per, &shared}) {
+      const std::array<double, 3> o = *c;
+      *c = {uu * uu * o[0] + 2 * uu * uv * o[1] + uv * uv * o[2],
+            uu * vu * o[0] + (uu * vv + uv * vu) * o[1] + uv * vv * o[2],
+            vu * vu * o[0] + 2 * vu * vv * o[1] + vv * vv * o[2]};
+    }
+  }
+};
+
+// The activation's expectations the drift needs, at pre ~ N(mean, K): by Stein, E[φ''] = E[(pre − μ)φ']/K and
+// E[φ''φ + φ'²] = E[(pre − μ)φ'φ]/K.
+struct DriftMoments {
+  double rho = 0.0, e = 0.0, slope = 0.0;  // E[φ''], E[φ''φ + φ'²] − E[φ'']·E[φ], E[φ']
+  double a1 = 0.0, a2 = 0.0;               // E[φ'²φ] − E[φ'²]E[φ], E[φ'²φ²] − E[φ'²]E[φ²]
+  double slope_phi = 0.0;                  // E[φ'φ] − E[φ']E[φ]
+};
+
+DriftMoments drift_moments(Activation phi, const Signal& pre, const GaussHermite& rule) {
+  DriftMoments d;
+  if (!(pre.var > 0)) return d;
+  const double sd = std::sqrt(pre.var), mu = pre.mean;
+  const auto f = [phi](double x) { return activation_value(phi, x); };
+  const auto df = [phi](double x) { return activation_derivative(phi, x); };
+  const double mean_f = rule.expect(f, mu, sd), mean_f2 = rule.expect([&](double x) { return f(x) * f(x); }, mu, sd);
+  const double mean_d2 = rule.expect([&](double x) { return df(x) * df(x); }, mu, sd);
+  d.slope = rule.expect(df, mu, sd);
+  d.rho = rule.expect([&](double x) { return (x - mu) * df(x); }, mu, sd) / pre.var;
+  d.e = rule.expect([&](double x) { return (x - mu) * df(x) * f(x); }, mu, sd) / pre.var - d.rho * mean_f;
+  d.a1 = rule.expect([&](double x) { return df(x) * df(x) * f(x); }, mu, sd) - mean_d2 * mean_f;
+  d.a2 = rule.expect([&](double x) { return df(x) * df(x) * f(x) * f(x); }, mu, sd) - mean_d2 * mean_f2;
+  d.slope_phi = rule.expect([&](double x) { return df(x) * f(x); }, mu, sd) - d.slope * mean_f;
+  return d;
+}
+
+// The readout's seed of (u, V) at the last stream h (second moment top_var per unit). g = s·W_oᵀd with logits
+// ℓ = s·W_o·h: Stein in W_o gives the drift V = s²σ_o²·Σ_c E[∂d_c/∂ℓ_c] along h, and the mean over units
+// (1/width)·R·d, R = W_o·1 the rows' sums, which correlate with the logits by ρ = m_h/√q_h (h's mean over units
+// carries R into every logit). With R = ρ·ℓ̂ + √(1 − ρ²)·η (ℓ̂ the standardised logits, η independent),
+// E[(R·d)²] = Var R·(ρ²·E[(ℓ̂·d)²] + (1 − ρ²)·E|d|²) per sample; for two samples of the batch the logits' shared
+// part (correlation r) decides how much of it they share, as for the loss gradient's rows ("Rows of one sequence").
+AlignedGradient readout_aligned_gradient(const MlpConfig& c, const MlpNumbers& numbers, const TheoryInputs& inputs,
+                                         const Signal& h, const Signal& out, double top_var) {
+  AlignedGradient a;
+  const double width = static_cast<double>(c.width);
+  const double q = h.var + h.mean * h.mean;
+  if (!(q > 0) || !(out.var > 0) || !(top_var > 0)) return a;
+  const double rho_sq = std::clamp(h.mean * h.mean / q, 0.0, 1.0);
+  const double r = std::clamp(out.corr, -1.0, 1.0);
+  const double rows = static_cast<double>(std::max<std::int64_t>(1, inputs.sequences));
+  const double classes = static_cast<double>(c.outputs);
+  double per = 1.0, shared = 0.0, drift = 0.0;  // per and shared in units of E|d|²; drift = Σ_c E[∂d_c/∂ℓ_c]
+  if (c.head == MlpHead::classification) {
+    // d = p − y (times scale/rows): E|d|² = S − 2/C + 1, E[(ℓ̂·d)²] = F − 2/C + 1 (E[(ℓ̂·p)·ℓ̂_y] = 1/C by Stein,
+    // the softmax being shift-invariant), and for two samples E[(R·d_i)(R·d_j)] = (ρ²F + (1 − ρ²)S − 1/C)·s(r)
+    // − 1/C + P(y_i = y_j) (the first batch's labels; 1/C without them).
+    const double s_sq = softmax_sum_p_sq(out.var, c.outputs);
+    const double f_sq = softmax_logit_projection_sq(out.var, c.outputs);
+    const double iso = s_sq - 2.0 / classes + 1.0;
+    double same_label = 1.0 / classes;
+    if (inputs.batch_targets.size() > 1) {
+      std::map<std::int32_t, double> count;
+      for (std::int32_t y : inputs.batch_targets) count[y] += 1.0;
+      const double n = static_cast<double>(inputs.batch_targets.size());
+      double pairs = 0.0;
+      for (const auto& [label, k] : count) pairs += k * (k - 1.0);
+      same_label = pairs / (n * (n - 1.0));
+    }
+    per = (rho_sq * (f_sq - 2.0 / classes + 1.0) + (1.0 - rho_sq) * iso) / iso;
+    shared = ((rho_sq * f_sq + (1.0 - rho_sq) * s_sq - 1.0 / classes) *
+                  softmax_shared_excess_blurred(r, out.var, c.outputs) -
+              1.0 / classes + same_label) /
+             iso;
+    drift = (1.0 - s_sq) * inputs.grad_scale / rows;
+  } else {
+    // d = (ℓ − t)/numel with targets independent of the logits: jointly Gaussian R and ℓ (Isserlis).
+    const double t2 = inputs.target_second_moment, l2 = out.var + out.mean * out.mean;
+    const double iso = l2 + t2;
+    per = ((1.0 + 2.0 * rho_sq) * l2 + t2 + (classes - 1.0) * rho_sq * l2) / iso;
+    shared = ((r + 2.0 * rho_sq) * l2 + (classes - 1.0) * rho_sq * l2) / iso;
+    drift = inputs.grad_scale / rows;  // Σ_c ∂d_c/∂ℓ_c = C·scale/numel
+  }
+  const double v = numbers.output_multiplier * numbers.output_multiplier * numbers.readout_weight_var * drift;
+  const double v_sq = v * v, mean_part = v_sq * h.mean * h.mean;
+  a.per = {std::max(0.0, top_var * per / width - mean_part), 0.0, v_sq};
+  a.shared = {std::max(0.0, top_var * shared / width - mean_part), 0.0, v_sq};
+  return a;
+}
+
 }  // namespace
 
 ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& inputs) {
@@ -1284,24 +1460,54 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
                    0.0};
   }
   b.set_backward(probe_out, g);
-  g = linear_backward(GradSignal{g.var * numbers.output_multiplier * numbers.output_multiplier, 0.0}, c.outputs,
-                      numbers.readout_weight_var);
+  const double multiplier_sq = numbers.output_multiplier * numbers.output_multiplier;
+  g = linear_backward(GradSignal{g.var * multiplier_sq, 0.0}, c.outputs, numbers.readout_weight_var);
+  const double width = static_cast<double>(c.width), batch = static_cast<double>(std::max<std::int64_t>(1, rows));
+  AlignedGradient aligned = readout_aligned_gradient(c, numbers, inputs, h, out, g.var);
   for (int l = c.layers - 1; l >= 0; --l) {
     const MlpLayerState& s = states[l];
     const MlpLayerNumbers& ln = numbers.layers[l];
+    // The layer as x_out = λ·x + β·φ(W·x + b); a plain layer is λ = 0, β = 1.
+    const bool residual = s.probe_out >= 0;
+    const double lambda = residual ? ln.residual.lambda : 0.0, beta = residual ? ln.residual.beta : 1.0;
+    const double m_out = residual ? s.out.mean : s.post.mean;
+    const DriftMoments dm = drift_moments(phi, s.pre, rule);
+    const double beta_sq = beta * beta;
+    // g's mean over units is u + V·m_out; a population variance subtracts its batch mean's square.
+    const double out_mean_sq = aligned.batch_mean_sq(1.0, m_out, batch);
     GradSignal d_post = g;
-    if (s.probe_out >= 0) {
-      b.set_backward(s.probe_out, g);
-      d_post = residual_branch_backward(g, ln.residual.beta);
+    if (residual) {
+      b.set_backward(s.probe_out, GradSignal{g.var - out_mean_sq, 0.0});
+      d_post = residual_branch_backward(g, beta);
     }
-    b.set_backward(s.probe_post, d_post);
-    const GradSignal d_pre = s.pre.var > 0
-                                 ? activation_backward(phi, s.pre, d_post, rule)
-                                 : GradSignal{d_post.var * std::pow(activation_derivative(phi, s.pre.mean), 2), 0.0};
-    b.set_backward(s.probe_pre, d_pre);
+    b.set_backward(s.probe_post, GradSignal{d_post.var - beta_sq * out_mean_sq, 0.0});
+    GradSignal d_pre = s.pre.var > 0
+                           ? activation_backward(phi, s.pre, d_post, rule)
+                           : GradSignal{d_post.var * std::pow(activation_derivative(phi, s.pre.mean), 2), 0.0};
+    // g holds β·V·φ_j, which φ'_j sees: E[φ'²g²] gains β²·E[V²]·a2 + 2β·E[V·(u + λV·m_in)]·a1.
+    const double m_in = s.input.mean;
+    const double per_v = aligned.per[2], per_uv = aligned.per[1];
+    d_pre.var += beta_sq * (beta_sq * per_v * dm.a2 + 2.0 * beta * (per_uv + lambda * m_in * per_v) * dm.a1);
+    // Its batch mean over units: β·(E[φ']·ḡ + β·V·(E[φ'φ] − E[φ']E[φ])).
+    b.set_backward(
+        s.probe_pre,
+        GradSignal{d_pre.var - beta_sq * aligned.batch_mean_sq(dm.slope, dm.slope * m_out + beta * dm.slope_phi, batch),
+                   0.0});
     if (l > 0) {
       const GradSignal d_in = linear_backward(d_pre, c.width, ln.weight_var);
-      g = s.probe_out >= 0 ? residual_backward(g, d_in, ln.residual.lambda) : d_in;
+      g = residual ? residual_backward(g, d_in, lambda) : d_in;
+      // The drift κ = k_u·u + k_V·V lies along x (second moment q_in); with g's own part along x,
+      // E[g·x]/width = E[V·(x_out·x)] + E[u]·m_in, x_out·x/width = λq_in + β·φ̄·m_in.
+      const double sigma_w2 = ln.weight_var * width;
+      const double q_in = s.input.var + m_in * m_in;
+      const double phi_mean = s.post.mean;
+      const double k_u = sigma_w2 * dm.rho, k_v = sigma_w2 * (dm.rho * m_out + beta * dm.e);
+      const double drift_sq = AlignedGradient::quad(aligned.per, k_u, k_v);
+      const double drift_g =
+          AlignedGradient::bilinear(aligned.per, k_u, k_v, 0.0, 1.0) * (lambda * q_in + beta * phi_mean * m_in) +
+          AlignedGradient::bilinear(aligned.per, k_u, k_v, 1.0, 0.0) * m_in;
+      g.var += beta_sq * drift_sq * q_in + 2.0 * lambda * beta * drift_g;
+      aligned.map(lambda, lambda * beta * phi_mean, beta * k_u, lambda * lambda + beta * k_v);
     }
   }
   // Finite-width bands: var_scale is Var[log K_l] of the pre-activation scale over initialisations; the input

@@ -175,9 +175,23 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
 // S = C·∫ t²·ψ(t)·φ(t)^{C−1} d(log t), φ(t) = E[exp(−t·e^z)], ψ(t) = E[e^{2z}·exp(−t·e^z)], z ~ N(0, spread).
 double softmax_sum_p_sq(double spread, std::int64_t classes);
 
+// E[(ℓ̂·p)²] for the softmax p of C independent N(0, spread) logits ℓ = √spread·ℓ̂: the square of the standardised
+// logits' projection on the probabilities (1/C at spread 0, E[max of C normals²] as the softmax saturates). With
+// 1/(Σe^ℓ)² = ∫ t·e^{−t·Σe^ℓ} dt it is (C·∫ t²ψ₂φ^{C−1} + C(C − 1)·∫ (tψ₁)²φ^{C−2} d(log t))/spread, ψ₂ =
+// E[z²e^{2z}·exp(−t·e^z)], ψ₁ = E[z·e^z·exp(−t·e^z)], φ as for softmax_sum_p_sq. A readout's row sums are correlated
+// with its logits, and this is what their correlation carries into the gradient's mean over units (predict_mlp).
+double softmax_logit_projection_sq(double spread, std::int64_t classes);
+
 // The share of E[Σ_v p_v²] − 1/C that two rows whose logits correlate by r have in common, E[Σ_v p_iv·p_jv] − 1/C,
 // at logit spread D: (e^{rD} − 1)/(e^D − 1) (log-normal weights; exact at r = 0 and r = 1).
 double softmax_shared_excess(double r, double spread);
+
+// The same share for r > 0, right at any spread (the log-normal form above holds only while D ≲ 1: at D = 8 and
+// r = 0.9 it gives 0.45 where the rows share 0.82): the rows' logits are a shared part N(0, rD) plus their own
+// N(0, (1 − r)D), and averaging a softmax over its own part is taken as softening the shared part by
+// √(1 + π(1 − r)D/8), so the share is (S(rD/(1 + π(1 − r)D/8)) − 1/C)/(S(D) − 1/C) with S = softmax_sum_p_sq
+// (within 5 points of Monte Carlo for C = 10, D ≤ 13000, r ≥ 0.5). r ≤ 0: softmax_shared_excess.
+double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes);
 
 // The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits: with S = E[Σ_v p_v²]
 // (softmax_sum_p_sq at the logits' whole variance: a row's classes come from independent weight rows), each row
