@@ -1496,8 +1496,8 @@ ProbePrediction predict_mlp(const MlpNumbers& numbers, const TheoryInputs& input
     if (l > 0) {
       const GradSignal d_in = linear_backward(d_pre, c.width, ln.weight_var);
       g = residual ? residual_backward(g, d_in, lambda) : d_in;
-      // The drift κ = k_u·u + k_V·V lies along x (second moment q_in); with g's own part along x,
-      // E[g·x]/width = E[V·(x_out·x)] + E[u]·m_in, x_out·x/width = λq_in + β·φ̄·m_in.
+      // The drift κ = k_u·u + k_V·V lies along x (second moment q_in); its cross term with the skip reads g's own
+      // part along x: (g·x)/width = V·(x_out·x)/width + u·m_in, with (x_out·x)/width = λq_in + β·φ̄·m_in.
       const double sigma_w2 = ln.weight_var * width;
       const double q_in = s.input.var + m_in * m_in;
       const double phi_mean = s.post.mean;

@@ -78,6 +78,9 @@ struct TheoryInputs {
   // next-token targets). Two rows of one sequence have correlated loss gradients when they share a target, an
   // input token, or one's target is the other's input (docs/theory.md, "Rows of one sequence"); the theory counts
   // those coincidences here. Empty: independent uniform tokens (each coincidence at the rate 1/vocab).
+  // MLP classification: batch_targets are the batch's labels ([sequences]); two samples with one label share more
+  // of the readout's seed of the gradient's mean over units (docs/theory.md, "The gradient's mean over units").
+  // Empty: uniform labels (rate 1/C).
   std::vector<std::int32_t> batch_inputs, batch_targets;
   // MLP: the mean and variance of the input vectors' elements.
   double input_mean = 0.0;

@@ -126,7 +126,17 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& 
   inputs.input_var = 1.0;
   inputs.input_norm_spread = 2.0 / static_cast<double>(spec.model.mlp().input_dim);
   inputs.target_second_moment = 1.0 + spec.data.gaussian_noise * spec.data.gaussian_noise;
-  return theory::predict_mlp(mlp_numbers(rule, spec.model.mlp()), inputs);
+  const MlpConfig& m = spec.model.mlp();
+  if (m.head == MlpHead::classification) {
+    // The first training batch's labels: how many of its samples share a class (the readout's seed of the
+    // gradient's mean over units is shared between them; docs/theory.md, "The gradient's mean over units").
+    auto vectors = make_vector_dataset(spec.data, m.input_dim, m.outputs, true, spec.seed);
+    Tensor x = Tensor::empty({inputs.sequences, m.input_dim});
+    Tensor y = Tensor::empty({inputs.sequences}, DType::i32);
+    vectors->batch(Split::train, 0, x, y);
+    inputs.batch_targets.assign(y.i32(), y.i32() + y.numel());
+  }
+  return theory::predict_mlp(mlp_numbers(rule, m), inputs);
 }
 
 void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction) {

@@ -363,7 +363,7 @@ std::map<std::string, double> seed_average_backward(const ModelConfig& config, c
 // MLP's stream keeps a mean over units, and through it the gradient's mean over units grows by (λ + β·c)² a layer
 // (c = σ_w²·m·E[φ''] ≈ 0.53): here the measured gradient at the first layer is several times the top's, where
 // the independent-gradient bookkeeping kept it flat (at width 512, 48 layers the residual deepscalelm row of
-// bench/theory_accuracy.py went from 24% / 4853% to 2.4% / 9.4%). Width 256, 32 layers, 32 samples, 10 classes, 48
+// bench/theory_accuracy.py went from 24% / 4853% to 2.4% / 9.3%). Width 256, 32 layers, 32 samples, 10 classes, 48
 // networks. Measured: median 2.1%, worst 8.5%, growth 128× (predicted 117×). A plain ReLU MLP has the same drift
 // without the feedback: its gradient grows 1.39× to the input, predicted 1.30× (median 5.2%, worst 10.9%; flat, as
 // before the term, the input would be 28% off); the rest is the 1/width means of each layer's fresh gradient, which
