@@ -828,12 +828,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     const double sum_p_sq = theory::softmax_sum_p_sq(logits.var, classes);
     const double diagonal = sum_p_sq - 2.0 / c + 1.0;
     double pairs = batch * (batch - 1.0) / c;
-    if (!options.batch_targets.empty()) {
-      std::map<std::int32_t, double> counts;
-      for (std::int32_t y : options.batch_targets) counts[y] += 1.0;
-      pairs = 0.0;
-      for (const auto& [y, n] : counts) pairs += n * (n - 1.0);
-    }
+    if (!options.batch_targets.empty()) pairs = theory::same_label_pairs(options.batch_targets);
     const double pair_term = (sum_p_sq - 1.0 / c) * theory::softmax_shared_excess(logits.corr, logits.var) - 1.0 / c;
     const double share = (diagonal + (batch - 1.0) * pair_term + pairs / batch) / (batch * diagonal);
     g.images_shared = g.image_mean_sq * (std::clamp(share, 0.0, 1.0) - 1.0 / batch);

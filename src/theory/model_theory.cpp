@@ -94,6 +94,14 @@ std::vector<std::string> transformer_probe_names(const TransformerConfig& config
   return names;
 }
 
+double same_label_pairs(const std::vector<std::int32_t>& labels) {
+  std::map<std::int32_t, double> counts;
+  for (std::int32_t y : labels) counts[y] += 1.0;
+  double pairs = 0.0;
+  for (const auto& [y, n] : counts) pairs += n * (n - 1.0);
+  return pairs;
+}
+
 namespace {
 
 // The grids softmax_sum_p_sq and softmax_logit_projection_sq integrate on: z ~ N(0, spread) on a trapezoid grid
@@ -183,13 +191,17 @@ double softmax_logit_projection_sq(double spread, std::int64_t classes) {
 }
 
 double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes) {
+  return softmax_shared_excess_blurred(r, spread, classes, softmax_sum_p_sq(spread, classes));
+}
+
+double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes, double sum_p_sq) {
   r = std::clamp(r, -1.0, 1.0);
   if (r <= 0.0 || !(spread > 1e-12)) return softmax_shared_excess(r, spread);
   // Two rows' logits are a shared part a ~ N(0, rD) plus their own δ ~ N(0, (1 − r)D): E[Σ p_i·p_j] = E_a[Σ q_v²]
   // with q = E_δ[softmax(a + δ)], taken as softmax(a/√(1 + π(1 − r)D/8)) (the probit approximation of a logistic
   // averaged over Gaussian noise).
   const double c = static_cast<double>(classes);
-  const double whole = softmax_sum_p_sq(spread, classes) - 1.0 / c;
+  const double whole = sum_p_sq - 1.0 / c;
   if (!(whole > 0.0)) return r;
   const double blurred = r * spread / (1.0 + std::numbers::pi * (1.0 - r) * spread / 8.0);
   return std::clamp((softmax_sum_p_sq(blurred, classes) - 1.0 / c) / whole, 0.0, 1.0);
@@ -1312,13 +1324,11 @@ std::vector<ResidualMeanShift> residual_mlp_mean_shifts(Activation phi, const st
 struct AlignedGradient {
   // Second moments of (u, V): [uu, uV, VV], one sample's and two samples' of one batch.
   std::array<double, 3> per{}, shared{};
-  static double quad(const std::array<double, 3>& c, double a, double b) {
-    return a * a * c[0] + 2.0 * a * b * c[1] + b * b * c[2];
-  }
-  // E[(a·u + b·V)(c·u + d·V)].
+  // E[(a·u + b·V)(c·u + d·V)], and E[(a·u + b·V)²].
   static double bilinear(const std::array<double, 3>& m, double a, double b, double c, double d) {
     return a * c * m[0] + (a * d + b * c) * m[1] + b * d * m[2];
   }
+  static double quad(const std::array<double, 3>& m, double a, double b) { return bilinear(m, a, b, a, b); }
   // The batch mean's square of a·u + b·V (what a population variance over the batch subtracts).
   double batch_mean_sq(double a, double b, double batch) const {
     return quad(per, a, b) / batch + (1.0 - 1.0 / batch) * quad(shared, a, b);
@@ -1384,16 +1394,12 @@ AlignedGradient readout_aligned_gradient(const MlpConfig& c, const MlpNumbers& n
     const double iso = s_sq - 2.0 / classes + 1.0;
     double same_label = 1.0 / classes;
     if (inputs.batch_targets.size() > 1) {
-      std::map<std::int32_t, double> count;
-      for (std::int32_t y : inputs.batch_targets) count[y] += 1.0;
       const double n = static_cast<double>(inputs.batch_targets.size());
-      double pairs = 0.0;
-      for (const auto& [label, k] : count) pairs += k * (k - 1.0);
-      same_label = pairs / (n * (n - 1.0));
+      same_label = same_label_pairs(inputs.batch_targets) / (n * (n - 1.0));
     }
     per = (rho_sq * (f_sq - 2.0 / classes + 1.0) + (1.0 - rho_sq) * iso) / iso;
     shared = ((rho_sq * f_sq + (1.0 - rho_sq) * s_sq - 1.0 / classes) *
-                  softmax_shared_excess_blurred(r, out.var, c.outputs) -
+                  softmax_shared_excess_blurred(r, out.var, c.outputs, s_sq) -
               1.0 / classes + same_label) /
              iso;
     drift = (1.0 - s_sq) * inputs.grad_scale / rows;

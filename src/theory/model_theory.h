@@ -195,6 +195,11 @@ double softmax_shared_excess(double r, double spread);
 // √(1 + π(1 − r)D/8), so the share is (S(rD/(1 + π(1 − r)D/8)) − 1/C)/(S(D) − 1/C) with S = softmax_sum_p_sq
 // (within 5 points of Monte Carlo for C = 10, D ≤ 13000, r ≥ 0.5). r ≤ 0: softmax_shared_excess.
 double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes);
+// The same with S(D) = softmax_sum_p_sq(spread, classes) already at hand (it is the slow part).
+double softmax_shared_excess_blurred(double r, double spread, std::int64_t classes, double sum_p_sq);
+
+// Σ_v n_v·(n_v − 1) over the labels' counts n_v: the ordered pairs of a batch's samples that share a label.
+double same_label_pairs(const std::vector<std::int32_t>& labels);
 
 // The variance of d(mean CE loss)/d(logit) over the [rows, classes] logits: with S = E[Σ_v p_v²]
 // (softmax_sum_p_sq at the logits' whole variance: a row's classes come from independent weight rows), each row
