@@ -382,12 +382,103 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
   return s;
 }
 
+// m_a = (1/L)·Σ_j cov(i, j) for a position i of bucket a: its covariance with the sequence's mean over the tokens
+// (about the field's scalar mean).
+std::vector<double> row_means(const TokenCov& x) {
+  const TokenLayout& layout = *x.layout;
+  const std::int64_t p = x.buckets();
+  std::vector<double> out(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    double row = x.diag(a) + (static_cast<double>(layout.size[ia]) - 1.0) * x.within[ia];
+    for (std::int64_t b = 0; b < p; ++b)
+      if (b != a) row += static_cast<double>(layout.size[static_cast<std::size_t>(b)]) * x.at(a, b);
+    out[ia] = row / static_cast<double>(layout.length);
+  }
+  return out;
+}
+
+// A norm's backward on the per-position coefficients of sublayer_backward's `aligned`: each divided by its
+// position's scale, as norm_backward divides the covariance.
+void divide_by_norm_scale(NormKind kind, const TokenField& x, double eps, std::vector<double>& alpha) {
+  const double shift = (kind == NormKind::layernorm ? 0.0 : x.mean * x.mean) + eps;
+  for (std::int64_t a = 0; a < x.buckets(); ++a) {
+    const double second = x.diag(a) + shift;
+    alpha[static_cast<std::size_t>(a)] = second > 0.0 ? alpha[static_cast<std::size_t>(a)] / std::sqrt(second) : 0.0;
+  }
+}
+
+// Σ_{i ≥ j} α_i/(i + 1) for each position j, averaged over each bucket's positions (α per bucket): what the causal
+// value path collects at key j from a gradient α_i shared by the queries, with E[w_ij] ≈ 1/(i + 1).
+std::vector<double> causal_column_sums(const TokenLayout& layout, const std::vector<double>& alpha) {
+  const std::int64_t length = layout.length;
+  std::vector<double> per_position(static_cast<std::size_t>(length));
+  for (std::int64_t a = 0; a < layout.buckets(); ++a)
+    for (std::int64_t j = layout.start[static_cast<std::size_t>(a)];
+         j < layout.start[static_cast<std::size_t>(a)] + layout.size[static_cast<std::size_t>(a)]; ++j)
+      per_position[static_cast<std::size_t>(j)] = alpha[static_cast<std::size_t>(a)];
+  double tail = 0.0;
+  for (std::int64_t i = length - 1; i >= 0; --i) {
+    tail += per_position[static_cast<std::size_t>(i)] / static_cast<double>(i + 1);
+    per_position[static_cast<std::size_t>(i)] = tail;
+  }
+  std::vector<double> out(alpha.size(), 0.0);
+  for (std::int64_t a = 0; a < layout.buckets(); ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    for (std::int64_t j = layout.start[ia]; j < layout.start[ia] + layout.size[ia]; ++j)
+      out[ia] += per_position[static_cast<std::size_t>(j)];
+    out[ia] /= static_cast<double>(layout.size[ia]);
+  }
+  return out;
+}
+
+// β²·Γ of sublayer `index` (docs/theory.md, "The gradient along the stream's common part"): Γ = (J̄ĉ)·F̄/|c|, the
+// branch's mean output F̄ read along its response to a shift of every token along the common direction ĉ, is
+// ½·d|F̄|²/dε per unit of |c|, i.e. the change of the branch output's pair mean per change of the input's under that
+// shift: a shift ε·ĉ moves cov(i, j) by ε·(m_i + m_j)/|c| (m_i = (1/L)·Σ_j cov(i, j)) and the pair mean by
+// 2ε·|c|/width. Computed by the forward maps themselves (a Pre-LN branch's norm, the attention weights' and the
+// activation's response included): the sublayer once more on the input so moved, its sum's pair mean less λ² times
+// the input's.
+double branch_common_gain(const TransformerNumbers& numbers, int index, const Sublayer& s, ActivationPairMaps& rule) {
+  const TransformerConfig& c = numbers.config;
+  const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
+  const ResidualNumbers& rn = index % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
+  const std::vector<double> rows = row_means(s.input);
+  const double common = s.input.pair_mean();
+  if (!(common > 0.0) || !(rn.beta > 0.0)) return 0.0;
+  const double step = 1e-4;  // relative to the pair mean
+  TokenField moved = s.input;
+  for (std::int64_t a = 0; a < moved.buckets(); ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    for (std::int64_t b = 0; b < moved.buckets(); ++b)
+      moved.at(a, b) += step * (rows[ia] + rows[static_cast<std::size_t>(b)]);
+    moved.within[ia] += 2.0 * step * rows[ia];
+  }
+  const Sublayer t = sublayer_forward(numbers, index, moved, rule, nullptr, nullptr);
+  const bool post = c.norm == NormPlacement::post;
+  const TokenField& before = post ? s.sum : s.out;
+  const TokenField& after = post ? t.sum : t.out;
+  const double moved_in = moved.pair_mean() - common;
+  const double moved_out = after.pair_mean() + after.mean * after.mean - before.pair_mean() - before.mean * before.mean;
+  return std::max(0.0, moved_out / moved_in - rn.lambda * rn.lambda);
+}
+
 // The backward pass of one sublayer: g arrives at its output; returns the gradient at its input. `norm_reads`
 // (Post-LN's last sublayer): what its norm's backward reads in place of g_out (loss_gradient: g_out less a tied
 // head's removed self direction; g_out itself otherwise).
+//
+// `aligned` (in/out, per bucket): α_t, the part α_t·ĉ of the gradient at position t that points along the
+// stream's common part ĉ, seeded by a tied head's first norm (loss_gradient). Gradient independence treats it
+// like any other part; but ĉ at the sublayer's output contains the branch's own mean output βF̄, so the branch's
+// backward returns a part along the skip's: ĉ_sᵀJᵀĉ_s ≈ λβ·Γ·C_x/C_s (Γ = (J̄ĉ)·F̄/|c|, branch_common_gain; C the
+// pair means of the input and of the sum). The branch collects α at position t as w_t = α_t (FFN) or
+// Σ_{i ≥ t} α_i/(i + 1) (attention's value path, which sums every later query's gradient at key t); the skip and
+// the branch then add λ²β²·Γ·(C_x/C_s)·(α_i·w_j + α_j·w_i) to the gradient's covariance of positions i and j, and
+// α_t reaches the input as √(C_x/C_s)·(λ²·α_t + β²·Γ·w_t) (docs/theory.md, "The gradient along the stream's common
+// part").
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
-                            const TokenGrad* norm_reads, ActivationPairMaps& rule, Builder& b,
-                            const SublayerProbes& p) {
+                            const TokenGrad* norm_reads, std::vector<double>* aligned, ActivationPairMaps& rule,
+                            Builder& b, const SublayerProbes& p) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
   const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
@@ -398,6 +489,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   if (post) {
     d_combined = norm_backward(c.norm_kind, s.sum, norm_reads ? *norm_reads : g_out, c.norm_eps);
     b.set_backward(p.sum, d_combined.signal());
+    if (aligned) divide_by_norm_scale(c.norm_kind, s.sum, c.norm_eps, *aligned);
   }
   const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
   TokenGrad d_branch = scaled(d_combined, rn.beta * rn.beta);
@@ -426,6 +518,27 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     d_branch_in = norm_backward(c.norm_kind, s.input, d_branch_in, c.norm_eps);
   }
   TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
+  if (aligned) {
+    const TokenField& summed = post ? s.sum : s.out;
+    const double common_in = s.input.pair_mean() + s.input.mean * s.input.mean,
+                 common_out = summed.pair_mean() + summed.mean * summed.mean;
+    const double ratio = common_in > 0.0 && common_out > 0.0 ? common_in / common_out : 0.0;
+    const double lambda_sq = rn.lambda * rn.lambda;
+    const double branch = ratio > 0.0 ? branch_common_gain(numbers, index, s, rule) : 0.0;
+    std::vector<double>& alpha = *aligned;
+    const std::vector<double> collected = attention ? causal_column_sums(*g.layout, alpha) : alpha;
+    const double cross = lambda_sq * branch * ratio;
+    for (std::int64_t a = 0; a < g.buckets(); ++a) {
+      const std::size_t ia = static_cast<std::size_t>(a);
+      for (std::int64_t bb = 0; bb < g.buckets(); ++bb) {
+        const std::size_t ib = static_cast<std::size_t>(bb);
+        g.at(a, bb) += cross * (alpha[ia] * collected[ib] + alpha[ib] * collected[ia]);
+      }
+      g.within[ia] += cross * 2.0 * alpha[ia] * collected[ia];
+    }
+    const double keep = std::sqrt(ratio);
+    for (std::size_t a = 0; a < alpha.size(); ++a) alpha[a] = keep * (lambda_sq * alpha[a] + branch * collected[a]);
+  }
   b.set_backward(p.input, g.signal());
   return g;
 }
@@ -642,13 +755,21 @@ TokenCoincidences token_coincidences(const std::shared_ptr<const TokenLayout>& l
 // coefficient products (t the rate of rows whose target is their input, P_ij the mean probability row i gives row
 // j's input token, x_ij the target-is-input count of the pair). The removed parts all point along +ĥ (p_s > 0) and
 // the ĥ_i correlate across rows, so the removal adds a positive covariance.
+//
+// `aligned`: per bucket, the part of the removal that points along the direction the rows' head inputs share (the
+// stream's common part c = mean over the tokens): row i loses c_i·(ĥ_i·ĉ)·ĉ, with E[c_i] = √κ·|e|·(p̂_s − t) the same
+// sign for every row and ĥ_i·ĉ = m_i/√(v_i·C) (m_i = (1/L)·Σ_j cov(i, j) the row's covariance with the common part,
+// v_i its variance, C the pair mean): a coefficient per position, smaller at the first positions, which share less
+// of the common part. The blocks below amplify that part beyond what gradient independence gives
+// (sublayer_backward, "The gradient along the stream's common part" in docs/theory.md).
 struct LossGradient {
   TokenGrad at_head, norm_reads;
+  std::vector<double> aligned;
 };
 
 LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, const TokenField& head_in,
                            const HeadLogits& head, double classes, double unit, const TokenCoincidences& t,
-                           double aligned_share) {
+                           double aligned_share, const std::vector<double>& aligned_share_at) {
   // p̂_s: a row's mean probability of its own input token; p̂_o that of any other class. `excess`: E[Σ_v p_v²]
   // over the ordinary classes less its value at uniform weights, the part the logits' row correlation shares.
   double sum_p_sq = 0.0, self_p = 1.0 / classes, self_p_sq = 1.0 / (classes * classes), excess = 0.0,
@@ -687,7 +808,17 @@ LossGradient loss_gradient(const std::shared_ptr<const TokenLayout>& layout, con
   auto second = [&](double c) { return c + mean_sq; };
   const double self_sq = self_p_sq - 2.0 * t.self_target * self_p + t.self_target;  // E[(p_s − [y = s])²]
   LossGradient g{TokenGrad::white(layout, var),
-                 TokenGrad::white(layout, std::max(0.0, var - unit * aligned_share * self_sq))};
+                 TokenGrad::white(layout, std::max(0.0, var - unit * aligned_share * self_sq)),
+                 std::vector<double>(static_cast<std::size_t>(layout->buckets()), 0.0)};
+  const std::vector<double> row_common = row_means(head_in);
+  const double common = second(head_in.pair_mean());
+  for (std::int64_t a = 0; a < layout->buckets(); ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    const double va = second(head_in.diag(a));
+    if (va > 0.0 && common > 0.0)
+      g.aligned[ia] = std::sqrt(unit * aligned_share_at[ia]) * std::abs(self_coefficient) *
+                      std::clamp(second(row_common[ia]) / std::sqrt(va * common), 0.0, 1.0);
+  }
   const std::int64_t buckets = layout->buckets();
   for (std::int64_t a = 0; a < buckets; ++a) {
     const double va = second(head_in.diag(a));
@@ -1051,6 +1182,9 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   // embedding row): branches are independent of u, so it is scaled by λ² at each residual and by the norms' gain²;
   // a tied head reads it back as the input token's own logit.
   double token_aligned_var = tok_var;
+  // The same per position: a position whose branches add more variance keeps less of its token (the first
+  // positions, whose attention averages fewer tokens). Read by the gradient's part along the common part.
+  std::vector<double> token_aligned_at(static_cast<std::size_t>(layout->buckets()), tok_var);
   const int probe_embed = b.add("embed.out", "embed", -1);
   b.set_forward(probe_embed, x.signal());
   // Finite-width bands: Var[log var] of the stream entering the next sublayer over initialisations and batches.
@@ -1075,9 +1209,14 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     if (c.norm != NormPlacement::none)
       spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, tables, b);
     token_aligned_var *= rn.lambda * rn.lambda;
+    for (double& v : token_aligned_at) v *= rn.lambda * rn.lambda;
     if (c.norm == NormPlacement::post) {
       const double sum_var = s.sum.var();
       token_aligned_var = sum_var > 0.0 ? token_aligned_var * s.out.var() / sum_var : 0.0;
+      for (std::int64_t a = 0; a < s.sum.buckets(); ++a) {
+        double& v = token_aligned_at[static_cast<std::size_t>(a)];
+        v = s.sum.diag(a) > 0.0 ? v * s.out.diag(a) / s.sum.diag(a) : 0.0;
+      }
     }
     x = std::move(s.out);
   }
@@ -1086,6 +1225,10 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   if (pre) {
     head_in = norm_forward(c.norm_kind, x, d, c.norm_eps);
     token_aligned_var = x.var() > 0.0 ? token_aligned_var * head_in.var() / x.var() : 0.0;
+    for (std::int64_t a = 0; a < x.buckets(); ++a) {
+      double& v = token_aligned_at[static_cast<std::size_t>(a)];
+      v = x.diag(a) > 0.0 ? v * head_in.diag(a) / x.diag(a) : 0.0;
+    }
     probe_final = b.add("final_norm.out", "norm", -1);
     b.set_forward(probe_final, head_in.signal());
   }
@@ -1119,14 +1262,23 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const double aligned_share =
       self_logit && c.norm != NormPlacement::none ? std::min(1.0, token_aligned_var / head_signal.var) : 0.0;
   const TokenCoincidences coincidences = token_coincidences(layout, inputs, c.vocab);
-  const LossGradient loss = loss_gradient(layout, head_in, head, classes, unit, coincidences, aligned_share);
+  std::vector<double> aligned_share_at(token_aligned_at.size(), 0.0);
+  for (std::int64_t a = 0; a < head_in.buckets() && aligned_share > 0.0; ++a)
+    aligned_share_at[static_cast<std::size_t>(a)] =
+        head_in.diag(a) > 0.0 ? std::min(1.0, token_aligned_at[static_cast<std::size_t>(a)] / head_in.diag(a)) : 0.0;
+  const LossGradient loss =
+      loss_gradient(layout, head_in, head, classes, unit, coincidences, aligned_share, aligned_share_at);
   b.set_backward(probe_logits, loss.at_head.signal());
   const double head_gain = multiplier_sq * classes * head_std * head_std;
   TokenGrad g = scaled(loss.at_head, head_gain);
   const TokenGrad first_norm_reads = scaled(loss.norm_reads, head_gain);
+  // The gradient's part along the stream's common part, per position (sublayer_backward).
+  std::vector<double> aligned = loss.aligned;
+  for (double& a : aligned) a *= std::sqrt(head_gain);
   if (pre) {
     b.set_backward(probe_final, g.signal());
     g = norm_backward(c.norm_kind, x, first_norm_reads, c.norm_eps);
+    divide_by_norm_scale(c.norm_kind, x, c.norm_eps, aligned);
   }
   for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
     const int end = std::min(start + segment, sublayers);
@@ -1139,7 +1291,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     }
     for (int i = end - 1; i >= start; --i) {
       const TokenGrad* norm_reads = i == sublayers - 1 && c.norm == NormPlacement::post ? &first_norm_reads : nullptr;
-      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads, rule, b,
+      g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads,
+                            aligned_share > 0.0 && inputs.common_part_gradient ? &aligned : nullptr, rule, b,
                             probes[static_cast<std::size_t>(i)]);
       states.pop_back();
     }

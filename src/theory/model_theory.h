@@ -98,6 +98,10 @@ struct TheoryInputs {
   // Transformer: track every token position separately at any length (theory/token_field's exact layout). By
   // default sequences longer than 40 tokens group later positions into buckets (≈ 0.15× their position wide).
   bool exact_positions = false;
+  // Transformer with a tied head and norms: carry the gradient's part along the stream's common part, which the
+  // blocks amplify beyond gradient independence (docs/theory.md, "The gradient along the stream's common part").
+  // Off only to measure what the term does.
+  bool common_part_gradient = true;
 };
 
 // The prediction for one probe.

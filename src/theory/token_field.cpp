@@ -264,6 +264,19 @@ double TokenCov::var() const {
   return sum / static_cast<double>(layout->length);
 }
 
+double TokenCov::pair_mean() const {
+  const std::int64_t p = buckets();
+  double sum = 0.0;
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double ma = static_cast<double>(layout->size[static_cast<std::size_t>(a)]);
+    sum += ma * diag(a) + ma * (ma - 1.0) * within[static_cast<std::size_t>(a)];
+    for (std::int64_t b = 0; b < p; ++b)
+      if (b != a) sum += ma * static_cast<double>(layout->size[static_cast<std::size_t>(b)]) * at(a, b);
+  }
+  const double length = static_cast<double>(layout->length);
+  return sum / (length * length);
+}
+
 double TokenCov::corr(double none) const {
   const std::int64_t p = buckets();
   double pairs = 0.0, diagonal = 0.0;

@@ -61,6 +61,9 @@ struct TokenCov {
   double& at(std::int64_t a, std::int64_t b) { return cov[static_cast<std::size_t>(a * buckets() + b)]; }
   double diag(std::int64_t a) const { return at(a, a); }
   double var() const;  // the mean variance over all positions
+  // The mean of every pair's covariance, the diagonal included, (Σ_{i,j} cov(i, j))/L²: per feature, the square
+  // of the part the sequence's tokens share (their mean over positions), which is what a common input moves.
+  double pair_mean() const;
   // (Σ_{i≠j} cov(i, j)) / ((L - 1)·Σ_i var(i)), or `none` when that is undefined.
   double corr(double none) const;
   static TokenCov filled(std::shared_ptr<const TokenLayout> layout, double var, double covariance);

@@ -423,17 +423,61 @@ TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
     std::printf("%s backward corr: measured %.5f, predicted %.5f (tokens assumed uniform: %.5f)\n", name,
                 m.find(m.backward_corr, name), p.find(name)->backward_corr, uniform.find(name)->backward_corr);
   // Measured (seed 7): the gradient's token correlation is −0.0132 at the head's input (predicted −0.0119; 0 with
-  // tokens assumed uniform) and +0.0012 below the final norm (predicted −0.0015; +0.0099 uniform). Backward var
-  // median / worst 12.7% / 45.9%; without the removal's covariance 16.6% / 95.6%. What remains grows down the
-  // stack (measured corr 0.026 at blocks.6.in, predicted 0.014): the tied head's token-aligned gradient, faster
-  // than the gradient independence assumption allows (docs/theory.md, "Tied embeddings, what remains of the
-  // DeepScaleLM misses").
-  for (const auto& [name, tolerance] : {std::pair{"final_norm.out", 0.003}, std::pair{"blocks.11.out", 0.004}}) {
+  // tokens assumed uniform) and +0.0012 below the final norm (predicted −0.0015; +0.0099 uniform). Down the stack
+  // it grows faster than gradient independence allows (0.026 measured at blocks.6.in, 0.014 predicted by
+  // independence alone), which the gradient along the stream's common part accounts for (predicted 0.025;
+  // docs/theory.md, "The gradient along the stream's common part"). Backward var median / worst 10.4% / 20.4%;
+  // 12.7% / 45.9% without the common part, 16.6% / 95.6% without the removal's covariance either.
+  for (const auto& [name, tolerance] :
+       {std::pair{"final_norm.out", 0.003}, std::pair{"blocks.11.out", 0.004}, std::pair{"blocks.6.in", 0.005}}) {
     EXPECT_NEAR(p.find(name)->backward_corr, m.find(m.backward_corr, name), tolerance) << name;
     EXPECT_GT(std::abs(uniform.find(name)->backward_corr - m.find(m.backward_corr, name)), 2.0 * tolerance) << name;
   }
-  EXPECT_LT(e.median(e.backward), 0.145);
-  EXPECT_LT(*std::max_element(e.backward.begin(), e.backward.end()), 0.70);
+  EXPECT_LT(e.median(e.backward), 0.12);
+  EXPECT_LT(*std::max_element(e.backward.begin(), e.backward.end()), 0.30);
+}
+
+// Post-LN DeepScaleLM with a tied head: the gradient grows several-fold from the top block to the input, which
+// gradient independence misses. The first norm's removal of each row's self direction leaves the rows a shared part
+// along the stream's common direction, and since that direction holds every branch's own mean output, the skip and
+// the branch return it in phase (docs/theory.md, "The gradient along the stream's common part").
+TEST(ModelTheory, PostLnDeepScaleLmGradientFollowsTheCommonPart) {
+  Case run;
+  run.config = small_config(24, 256, NormPlacement::post);
+  run.scaling.rule = "deepscalelm";
+  run.next_token = true;
+  const Measured m = measure(run);
+  const theory::ProbePrediction p = predict(run, m);
+  theory::TheoryInputs independent;
+  independent.input_corr = m.find(m.corr, "embed.out");
+  independent.sequences = run.sequences;
+  independent.batch_inputs = m.inputs;
+  independent.batch_targets = m.targets;
+  independent.common_part_gradient = false;
+  const theory::ProbePrediction q =
+      theory::predict_transformer(transformer_numbers(run.scaling, run.config), independent);
+  const StreamErrors e = stream_errors(m, p, "post-LN deepscalelm, tied");
+  const StreamErrors without = stream_errors(m, q, "the same, gradient independence only");
+  const double growth = m.find(m.backward_var, "blocks.0.in") / m.find(m.backward_var, "blocks.23.out");
+  const double predicted = p.find("blocks.0.in")->backward_var / p.find("blocks.23.out")->backward_var;
+  const double independent_growth = q.find("blocks.0.in")->backward_var / q.find("blocks.23.out")->backward_var;
+  std::printf("gradient growth blocks.23.out -> blocks.0.in: measured %.3f, predicted %.3f (independence: %.3f)\n",
+              growth, predicted, independent_growth);
+  for (const char* name :
+       {"blocks.23.out", "blocks.23.ffn.sum", "blocks.23.mid", "blocks.23.in", "blocks.12.in", "blocks.0.in"})
+    std::printf("%s backward corr: measured %.4f, predicted %.4f (independence: %.4f)\n", name,
+                m.find(m.backward_corr, name), p.find(name)->backward_corr, q.find(name)->backward_corr);
+  // Measured (seed 7): growth 3.35, predicted 2.75 (1.06 by gradient independence alone); backward median / worst
+  // 4.6% / 22% (11.0% / 216% without the term). The token correlation at the input is 0.137 measured, 0.085
+  // predicted and 0.044 without. At this shape the seed is short: just below the first norm the measured
+  // correlation is +0.0047 against −0.0012 predicted (blocks.23.ffn.sum; the removal's covariance, "Tied head"), and
+  // 0.0097 against 0.0022 at blocks.23.in.
+  EXPECT_GT(predicted, 0.75 * growth);
+  EXPECT_LT(independent_growth, 0.4 * growth);
+  EXPECT_GT(p.find("blocks.0.in")->backward_corr, 1.5 * q.find("blocks.0.in")->backward_corr);
+  EXPECT_LT(e.median(e.backward), 0.07);
+  EXPECT_LT(*std::max_element(e.backward.begin(), e.backward.end()), 0.3);
+  EXPECT_GT(*std::max_element(without.backward.begin(), without.backward.end()), 1.5);
 }
 
 TEST(ModelTheory, PreLnStandardVarianceGrowsLinearly) {

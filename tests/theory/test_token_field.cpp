@@ -291,5 +291,22 @@ TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
   }
 }
 
+// The mean of every pair's covariance, the diagonal included: (var + (L − 1)·cov)/L for an exchangeable field, the
+// same whether the positions are bucketed or not.
+TEST(TokenField, PairMeanIsTheMeanOverAllPairs) {
+  for (const std::int64_t length : {1, 7, 64, 192}) {
+    for (const auto& layout : {TokenLayout::exact(length), TokenLayout::for_length(length)}) {
+      const TokenField f = TokenField::exchangeable(layout, Signal{0.3, 2.0, 0.25});
+      const double expected = (2.0 + static_cast<double>(length - 1) * 0.5) / static_cast<double>(length);
+      EXPECT_NEAR(f.pair_mean(), expected, 1e-12 * expected) << length;
+    }
+  }
+  // One position apart from the rest: cov(0, j) = 0.1 for j > 0, the others 0.5, variances 2.
+  const auto layout = TokenLayout::exact(4);
+  TokenField f = TokenField::exchangeable(layout, Signal{0.0, 2.0, 0.25});
+  for (std::int64_t j = 1; j < 4; ++j) f.at(0, j) = f.at(j, 0) = 0.1;
+  EXPECT_NEAR(f.pair_mean(), (4 * 2.0 + 6 * 0.1 + 6 * 0.5) / 16.0, 1e-12);
+}
+
 }  // namespace
 }  // namespace proplab::theory
