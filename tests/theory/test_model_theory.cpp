@@ -106,16 +106,27 @@ Measured measure(const Case& run, std::uint64_t seed = 7) {
 }
 
 // `tokens`: whether the prediction reads the batch's token ids (as a run's does) or assumes independent uniform
-// tokens.
-theory::ProbePrediction predict(const Case& run, const Measured& measured, bool tokens = true) {
+// tokens; `common_part`: TheoryInputs::common_part_gradient.
+theory::ProbePrediction predict(const Case& run, const Measured& measured, bool tokens = true,
+                                bool common_part = true) {
   theory::TheoryInputs inputs;
   inputs.input_corr = measured.find(measured.corr, "embed.out");
   inputs.sequences = run.sequences;
+  inputs.common_part_gradient = common_part;
   if (tokens) {
     inputs.batch_inputs = measured.inputs;
     inputs.batch_targets = measured.targets;
   }
   return theory::predict_transformer(transformer_numbers(run.scaling, run.config), inputs);
+}
+
+// `deepscalelm` with its (tied) head and next-token targets.
+Case tied_deepscalelm(int layers, int width, NormPlacement norm) {
+  Case run;
+  run.config = small_config(layers, width, norm);
+  run.scaling.rule = "deepscalelm";
+  run.next_token = true;
+  return run;
 }
 
 double rel_error(double measured, double predicted) { return std::abs(measured - predicted) / std::abs(predicted); }
@@ -412,10 +423,7 @@ TEST(ModelTheory, SharedTargetsCorrelateTheLossGradient) {
 // row's own direction (along which the self logit's part points) adds a positive covariance that brings the rows'
 // correlation below it back to about zero (docs/theory.md, "Tied head").
 TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
-  Case run;
-  run.config = small_config(12, 256, NormPlacement::pre);
-  run.scaling.rule = "deepscalelm";
-  run.next_token = true;
+  const Case run = tied_deepscalelm(12, 256, NormPlacement::pre);
   const Measured m = measure(run);
   const theory::ProbePrediction p = predict(run, m), uniform = predict(run, m, false);
   const StreamErrors e = stream_errors(m, p, "pre-LN deepscalelm, tied, next-token targets");
@@ -433,6 +441,8 @@ TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
     EXPECT_NEAR(p.find(name)->backward_corr, m.find(m.backward_corr, name), tolerance) << name;
     EXPECT_GT(std::abs(uniform.find(name)->backward_corr - m.find(m.backward_corr, name)), 2.0 * tolerance) << name;
   }
+  const double independent = predict(run, m, true, false).find("blocks.6.in")->backward_corr;
+  EXPECT_GT(std::abs(independent - m.find(m.backward_corr, "blocks.6.in")), 0.01);
   EXPECT_LT(e.median(e.backward), 0.12);
   EXPECT_LT(*std::max_element(e.backward.begin(), e.backward.end()), 0.30);
 }
@@ -442,20 +452,9 @@ TEST(ModelTheory, TiedHeadNextTokenRowsThroughTheFinalNorm) {
 // along the stream's common direction, and since that direction holds every branch's own mean output, the skip and
 // the branch return it in phase (docs/theory.md, "The gradient along the stream's common part").
 TEST(ModelTheory, PostLnDeepScaleLmGradientFollowsTheCommonPart) {
-  Case run;
-  run.config = small_config(24, 256, NormPlacement::post);
-  run.scaling.rule = "deepscalelm";
-  run.next_token = true;
+  const Case run = tied_deepscalelm(24, 256, NormPlacement::post);
   const Measured m = measure(run);
-  const theory::ProbePrediction p = predict(run, m);
-  theory::TheoryInputs independent;
-  independent.input_corr = m.find(m.corr, "embed.out");
-  independent.sequences = run.sequences;
-  independent.batch_inputs = m.inputs;
-  independent.batch_targets = m.targets;
-  independent.common_part_gradient = false;
-  const theory::ProbePrediction q =
-      theory::predict_transformer(transformer_numbers(run.scaling, run.config), independent);
+  const theory::ProbePrediction p = predict(run, m), q = predict(run, m, true, false);
   const StreamErrors e = stream_errors(m, p, "post-LN deepscalelm, tied");
   const StreamErrors without = stream_errors(m, q, "the same, gradient independence only");
   const double growth = m.find(m.backward_var, "blocks.0.in") / m.find(m.backward_var, "blocks.23.out");
