@@ -196,12 +196,13 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
   const std::vector<double> var = first_record(reader, "/forward/var", probes);
   const std::vector<double> corr = first_record(reader, "/forward/corr", probes);
   const std::vector<double> backward_var = first_record(reader, "/backward/var", probes);
+  const std::vector<double> backward_corr = first_record(reader, "/backward/corr", probes);
 
   std::size_t name_width = 4;
   for (const auto& name : names) name_width = std::max(name_width, name.size());
   out << "\ncompared with " << file_name << ", record at step 0 (measured, predicted, relative error):\n";
   out << pad("name", name_width);
-  for (const char* stat : {"var", "corr", "backward var"})
+  for (const char* stat : {"var", "corr", "backward var", "backward corr"})
     out << "  " << right(std::string("measured ") + stat, number_width + 9) << "  " << right("predicted", number_width)
         << "  " << right("rel.err", 9);
   out << "\n";
@@ -209,7 +210,8 @@ void write_comparison(std::ostream& out, const std::filesystem::path& run_file,
   for (const theory::ProbeTheory& p : prediction.probes) {
     const std::size_t r = index.at(p.name);
     out << pad(p.name, name_width);
-    const std::pair<double, double> pairs[] = {{var[r], p.var}, {corr[r], p.corr}, {backward_var[r], p.backward_var}};
+    const std::pair<double, double> pairs[] = {
+        {var[r], p.var}, {corr[r], p.corr}, {backward_var[r], p.backward_var}, {backward_corr[r], p.backward_corr}};
     for (const auto& [measured, predicted] : pairs)
       out << "  " << right(stat_text(measured), number_width + 9) << "  " << right(stat_text(predicted), number_width)
           << "  " << right(error_text(relative_error(measured, predicted)), 9);

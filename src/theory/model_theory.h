@@ -112,7 +112,7 @@ struct ProbeTheory {
   double mean = 0.0, var = 0.0, corr = 0.0;  // forward; NaN where not predicted
   double backward_var = 0.0;                 // NaN where not predicted
   // Transformers: the gradient's token correlation (as probe/moments records `corr`; docs/theory.md, "Rows of one
-  // sequence"). NaN for the other models. Not written to run files.
+  // sequence"). NaN for the other models. Written to run files as /theory/backward/corr.
   double backward_corr = std::numeric_limits<double>::quiet_NaN();
   std::string no_forward;                    // why a forward statistic is NaN ("" when all are predicted)
   std::string no_backward;                   // why backward_var is NaN

@@ -140,19 +140,21 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& 
 }
 
 void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction) {
-  std::vector<double> var, mean, corr, backward_var, var_log_sd;
+  std::vector<double> var, mean, corr, backward_var, backward_corr, var_log_sd;
   for (const theory::ProbeTheory& p : prediction.probes) {
     var.push_back(p.var);
     var_log_sd.push_back(p.var_log_sd);
     mean.push_back(p.mean);
     corr.push_back(p.corr);
     backward_var.push_back(p.backward_var);
+    backward_corr.push_back(p.backward_corr);
   }
   writer.write_doubles("/theory/forward/var", var);
   writer.write_doubles("/theory/forward/mean", mean);
   writer.write_doubles("/theory/forward/corr", corr);
   writer.write_doubles("/theory/forward/var_log_sd", var_log_sd);
   writer.write_doubles("/theory/backward/var", backward_var);
+  writer.write_doubles("/theory/backward/corr", backward_corr);
   writer.write_attribute("/theory", "formulae", prediction.formulae);
   writer.write_attribute("/theory", "no_prediction", prediction.no_prediction_text());
 }

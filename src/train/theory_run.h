@@ -18,8 +18,9 @@ theory::ProbePrediction predict_for_run(const RunSpec& spec);
 // The same with the run's rule (make_model_rule), as run_training builds it once for the model and the theory.
 theory::ProbePrediction predict_for_run(const RunSpec& spec, const ScalingRule& rule);
 
-// Writes /theory/forward/{var,mean,corr} and /theory/backward/var [n_probes] with the attributes `formulae` and
-// `no_prediction` (call between RunWriter::create and start).
+// Writes /theory/forward/{var,mean,corr,var_log_sd} and /theory/backward/{var,corr} [n_probes] (NaN where a probe
+// has no such prediction) with the attributes `formulae` and `no_prediction` (call between RunWriter::create and
+// start).
 void write_theory(RunWriter& writer, const theory::ProbePrediction& prediction);
 
 }  // namespace proplab

@@ -182,7 +182,8 @@ TEST_F(TheoryCli, CompareWithARunOfTheStudyPrintsTheSummary) {
   const CliResult result = run({"theory", "tiny.toml", "--compare", "out/tiny.h5"});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_TRUE(contains(result.out, "record at step 0")) << result.out;
-  // Each probe has its measured row: name, then measured/predicted/rel.err for var, corr and backward var.
+  // Each probe has its measured row: name, then measured/predicted/rel.err for var, corr, backward var and
+  // backward corr.
   const std::vector<std::string> rows = {"embed.out", "blocks.0.mid", "blocks.0.out", "head.logits"};
   for (const auto& name : rows) {
     std::istringstream in(result.out.substr(result.out.find("compared with")));
@@ -191,8 +192,11 @@ TEST_F(TheoryCli, CompareWithARunOfTheStudyPrintsTheSummary) {
       const std::vector<std::string> row = words(line);
       if (row.empty() || row[0] != name) continue;
       found = true;
-      EXPECT_EQ(row.size(), 10u) << line;
+      EXPECT_EQ(row.size(), 13u) << line;
       EXPECT_TRUE(std::isfinite(std::strtod(row[1].c_str(), nullptr))) << line;  // measured var
+      if (name == "blocks.0.out") {  // the gradient's token correlation is predicted for the stream
+        EXPECT_TRUE(std::isfinite(std::strtod(row[11].c_str(), nullptr))) << line;
+      }
     }
     EXPECT_TRUE(found) << name << " has no comparison row:\n" << result.out;
   }

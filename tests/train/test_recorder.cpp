@@ -256,14 +256,15 @@ TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
   RunSummary summary = run_training(spec, options);
   RunReader reader = RunReader::open(summary.run_file);
   const std::vector<std::string> names = reader.read_strings("/probes/name");
-  for (const char* path :
-       {"/theory/forward/var", "/theory/forward/mean", "/theory/forward/corr", "/theory/backward/var"})
+  for (const char* path : {"/theory/forward/var", "/theory/forward/mean", "/theory/forward/corr",
+                           "/theory/backward/var", "/theory/backward/corr"})
     EXPECT_EQ(reader.dataset_shape(path), (std::vector<std::int64_t>{static_cast<std::int64_t>(names.size())})) << path;
   EXPECT_FALSE(reader.attribute_string("/theory", "formulae").empty());
   EXPECT_NE(reader.attribute_string("/theory", "no_prediction").find("blocks.0.attn.logits"), std::string::npos);
   const std::vector<double> predicted = reader.read_doubles("/theory/forward/var");
   const std::vector<double> predicted_corr = reader.read_doubles("/theory/forward/corr");
   const std::vector<double> predicted_grad = reader.read_doubles("/theory/backward/var");
+  const std::vector<double> predicted_grad_corr = reader.read_doubles("/theory/backward/corr");
   const Dataset2D measured = reader.read_2d("/forward/var"), measured_corr = reader.read_2d("/forward/corr");
   for (std::size_t p = 0; p < names.size(); ++p) {
     if (names[p] == "embed.out") {
@@ -273,9 +274,13 @@ TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {
     }
     if (names[p] == "blocks.0.attn.logits") {
       EXPECT_TRUE(std::isnan(predicted_grad[p]));
+      EXPECT_TRUE(std::isnan(predicted_grad_corr[p]));
     }
     if (names[p] == "blocks.1.out") {
       EXPECT_GT(predicted[p], 0.0);
+      // The gradient's token correlation: a correlation, predicted for every stream probe of a transformer.
+      EXPECT_TRUE(std::isfinite(predicted_grad_corr[p]));
+      EXPECT_LE(std::abs(predicted_grad_corr[p]), 1.0);
     }
   }
 }
