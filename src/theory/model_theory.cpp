@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <functional>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <numbers>
@@ -18,6 +19,12 @@ namespace proplab::theory {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Beyond this logit spread √D a head's softmax rows are one-hot to float32 precision except where the top two logits
+// lie within log 2²⁴ ≈ 16.6 of each other: a fraction of about 16.6·f/√D of the rows (f ≈ 2.5, the density at 0
+// of the gap between the top two of 64 standard normals), under 5% here. The expected gradient through queries and
+// keys is carried by those rows alone, so the backward is not predicted upstream of such an attention
+// (docs/theory.md, "Saturated softmax").
+constexpr double kSaturatedRoot = 1e3;
 
 double clamp_unit(double r) { return std::clamp(r, -1.0, 1.0); }
 
@@ -1201,11 +1208,17 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
   std::vector<TokenField> checkpoints;
   std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
+  int saturated_block = -1;  // the last block whose attention is one-hot to float32 precision (below)
+  double saturated_spread = 0.0;
   for (int i = 0; i < sublayers; ++i) {
     if (i % segment == 0) checkpoints.push_back(x);
     const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(i / 2)];
     const ResidualNumbers& rn = i % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
     Sublayer s = sublayer_forward(numbers, i, x, rule, &b, &probes[static_cast<std::size_t>(i)]);
+    if (i % 2 == 0 && !s.weights.logit_spread.empty()) {
+      const double top = *std::max_element(s.weights.logit_spread.begin(), s.weights.logit_spread.end());
+      if (top > kSaturatedRoot * kSaturatedRoot) saturated_block = i / 2, saturated_spread = top;
+    }
     if (c.norm != NormPlacement::none)
       spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, tables, b);
     token_aligned_var *= rn.lambda * rn.lambda;
@@ -1298,6 +1311,20 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     }
   }
   b.set_backward(probe_embed, g.signal());
+  if (saturated_block >= 0) {
+    // Everything upstream of that attention's output: its own input and every probe below it.
+    const std::string cut = "blocks." + std::to_string(saturated_block) + ".attn.out";
+    std::ostringstream why;
+    why << std::setprecision(2) << "below block " << saturated_block
+        << "'s saturated attention (logit spread √D = " << std::sqrt(saturated_spread) << " > " << kSaturatedRoot
+        << ": one-hot softmax rows; docs/theory.md, \"Saturated softmax\")";
+    for (ProbeTheory& t : b.prediction.probes) {
+      if (t.name == cut) break;
+      t.backward_var = kNaN;
+      t.backward_corr = kNaN;
+      if (t.no_backward.empty()) t.no_backward = why.str();
+    }
+  }
 
   b.prediction.formulae = transformer_formulae(c, inputs, coincidences.describe());
   return b.prediction;

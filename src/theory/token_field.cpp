@@ -631,9 +631,6 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
   PROPLAB_CHECK(keys >= 1.0 && spread >= 0.0, "softmax_weight_moments: needs keys >= 1 and spread >= 0, got ", keys,
                 " and ", spread);
   if (keys <= 1.0) return {1.0, 0.0};
-  const double root = std::min(std::sqrt(spread), kRootSteps * kRootStep);
-  const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
-  const double frac = root / kRootStep - below;
   static std::mutex mutex;
   static std::map<int, SpreadTable> tables;
   static std::map<std::pair<double, int>, SoftmaxWeightMoments> cache;
@@ -651,6 +648,18 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
     cache.emplace(std::make_pair(keys, index), m);
     return m;
   };
+  const double root = std::sqrt(spread), table_root = kRootSteps * kRootStep;
+  if (root > table_root) {
+    // Beyond the table the weights are nearly one-hot, and both moments fall as 1/√spread (docs/theory.md,
+    // "Saturated softmax"): 1 − E[ΣP²] from the table's last point, the Jacobian towards (1 − E[ΣP²])/3 with a
+    // 1/spread correction that meets the table there.
+    const SoftmaxWeightMoments edge = at(kRootSteps);
+    const double gap = (1.0 - edge.sum_sq) * table_root / root;
+    const double correction = table_root * table_root * ((1.0 - edge.sum_sq) / 3.0 - edge.jacobian);
+    return {std::clamp(1.0 - gap, 1.0 / keys, 1.0), std::max(0.0, gap / 3.0 - correction / spread)};
+  }
+  const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
+  const double frac = root / kRootStep - below;
   const SoftmaxWeightMoments lo = at(below), hi = at(below + 1);
   return {lo.sum_sq + frac * (hi.sum_sq - lo.sum_sq), lo.jacobian + frac * (hi.jacobian - lo.jacobian)};
 }

@@ -22,7 +22,8 @@ def main():
         table = f.read()
     assert table == result.stdout, "the table printed and the table written differ"
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| model")]
-    cell = re.compile(r"^(\d+\.\d% / \d+\.\d%( \(±\d+\.\d%\))?( \(\d+ of \d+ without a finite value\))?|-)$")
+    cell = re.compile(r"^(\d+\.\d% / \d+\.\d%( \(±\d+\.\d% / ±\d+\.\d%\))?"
+                      r"( \(\d+ of \d+ without a finite value\))?|-)$")
     expected = {
         ("transformer, pre-LN", "standard"), ("transformer, pre-LN", "xavier"), ("transformer, pre-LN", "deepscalelm"),
         ("transformer, post-LN", "standard"), ("transformer, post-LN", "xavier"), ("transformer, post-LN", "deepnorm"),
@@ -50,8 +51,44 @@ def main():
     assert sum(1 for r in rows if r.startswith("| MLP")) == 6, table  # 3 plain, 3 residual
     assert sum(1 for r in rows if r.startswith("| MLP") and "residual" in r) == 3, table
     assert sum(1 for r in rows if r.startswith("| ResNet")) == 10, table  # basic/bottleneck x pre/post x rules
-    print(f"theory_accuracy --quick: {len(rows)} rows, all well-formed")
+    # --only: just the named transformer rows, no MLPs or ResNets; a bad name is a usage error (exit 2).
+    only = subprocess.run([sys.executable, script, proplab, os.path.join(work, "only"), "--quick", "--only",
+                           "post:deepnorm"], capture_output=True, text=True)
+    assert only.returncode == 0, only.stderr
+    only_rows = [line for line in only.stdout.splitlines() if line.startswith("| ") and not line.startswith("| model")]
+    assert len(only_rows) == 1 and only_rows[0].startswith("| transformer, post-LN | `deepnorm`"), only.stdout
+    bad = subprocess.run([sys.executable, script, proplab, os.path.join(work, "bad"), "--only", "post:nonesuch"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--only post:nonesuch" in bad.stderr, (bad.returncode, bad.stderr)
+    check_seed_averaging(script, work)
+    print(f"theory_accuracy --quick: {len(rows)} rows, all well-formed; --only and the seed averaging hold")
     return 0
+
+
+def check_seed_averaging(script, work):
+    """Each run file holds its own prediction (it reads its own first batch): the seed-averaged measurement is
+    compared with the seed-averaged prediction, and the worst probe's own scatter is reported beside it."""
+    import importlib.util
+    import h5py
+    spec = importlib.util.spec_from_file_location("theory_accuracy", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    paths = []
+    # Two probes; seed 1 measures (1.0, 2.0) against predictions (1.0, 1.0), seed 2 (1.2, 2.0) against (1.4, 3.0).
+    for seed, measured, predicted in ((1, [1.0, 2.0], [1.0, 1.0]), (2, [1.2, 2.0], [1.4, 3.0])):
+        path = os.path.join(work, f"seed{seed}.h5")
+        with h5py.File(path, "w") as f:
+            f["probes/name"] = [b"blocks.0.in", b"blocks.0.out"]
+            f["probes/kind"] = [b"residual", b"residual"]
+            f["forward/var"] = [measured]
+            f["theory/forward/var"] = predicted
+        paths.append(path)
+    values, scatter, unpredicted = module.errors(paths, "forward", lambda name, kind: True)
+    # Averages: measured (1.1, 2.0), predicted (1.2, 2.0): errors 1/12 and 0 (the last seed's prediction alone
+    # would give 3/14 and 1/3).
+    assert unpredicted == 0 and abs(values[0] - 1.0 / 12.0) < 1e-12 and values[1] == 0.0, values
+    assert abs(scatter[0] - 0.1 / 1.2) < 1e-12 and scatter[1] == 0.0, scatter
+    assert module.summary((values, scatter, 0)) == "4.2% / 8.3% (±4.2% / ±8.3%)", module.summary((values, scatter, 0))
 
 
 if __name__ == "__main__":

@@ -534,6 +534,42 @@ TEST(ModelTheory, PostLnXavierGradientChangesGeometrically) {
   EXPECT_GT(top_predicted, 1.1);  // the top range is a genuinely steeper geometric change
 }
 
+// An unnormalised Xavier transformer's stream grows geometrically, and 24 blocks of width 64 reach an attention
+// logit spread √D ≈ 9·10⁵ at the top: one-hot softmax rows, whose expected query/key gradient is carried by
+// near-ties one network almost never has. Upstream of the topmost such attention the backward is not predicted
+// (NaN, with the reason); above it, and everywhere in a shallower copy (6 blocks), it is.
+TEST(ModelTheory, SaturatedAttentionStopsTheBackwardPrediction) {
+  Case run;
+  run.config = small_config(24, 64, NormPlacement::none);
+  run.scaling.rule = "xavier";
+  const theory::ProbePrediction p =
+      theory::predict_transformer(transformer_numbers(run.scaling, run.config), theory::TheoryInputs{});
+  std::size_t cut = p.probes.size();
+  for (std::size_t i = 0; i < p.probes.size(); ++i)
+    if (p.probes[i].name == "blocks.23.attn.out") cut = i;
+  ASSERT_LT(cut, p.probes.size());
+  for (std::size_t i = 0; i < p.probes.size(); ++i) {
+    const theory::ProbeTheory& t = p.probes[i];
+    if (t.kind == std::string("logits") && t.name != "head.logits") continue;  // never has a backward prediction
+    if (i < cut) {
+      EXPECT_TRUE(std::isnan(t.backward_var)) << t.name;
+      EXPECT_NE(t.no_backward.find("below block 23's saturated attention"), std::string::npos) << t.name;
+    } else {
+      EXPECT_TRUE(std::isfinite(t.backward_var) && t.backward_var > 0.0) << t.name;
+      EXPECT_TRUE(t.no_backward.empty()) << t.name;
+    }
+    EXPECT_TRUE(std::isfinite(t.var)) << t.name;  // the forward is still predicted
+  }
+  run.config.layers = 6;
+  const theory::ProbePrediction shallow =
+      theory::predict_transformer(transformer_numbers(run.scaling, run.config), theory::TheoryInputs{});
+  for (const theory::ProbeTheory& t : shallow.probes) {
+    if (t.kind != std::string("logits") || t.name == "head.logits") {
+      EXPECT_TRUE(std::isfinite(t.backward_var) && t.backward_var > 0.0) << t.name;
+    }
+  }
+}
+
 TEST(ModelTheory, ReZeroAndSkipInitStartAsTheIdentity) {
   for (const char* rule : {"rezero", "skipinit"}) {
     Case run;

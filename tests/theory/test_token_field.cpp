@@ -205,6 +205,37 @@ TEST(TokenField, SoftmaxWeightMomentsMatchMonteCarlo) {
   }
 }
 
+// Beyond the table (√D > 6) the weights are nearly one-hot: 1 − E[ΣP²] falls as 1/√D from the table's last point
+// and the Jacobian trace towards (1 − E[ΣP²])/3, against Monte Carlo at √D = 8, 20 and 50 (clamping at √D = 6, as
+// before 2026-12-04, left the Jacobian 1.2–6 times too large there). Continuous at the table's edge.
+TEST(TokenField, SoftmaxWeightMomentsBeyondTheTable) {
+  for (const double n : {8.0, 64.0}) {
+    const SoftmaxWeightMoments edge = softmax_weight_moments(n, 36.0), past = softmax_weight_moments(n, 36.0 + 1e-9);
+    EXPECT_NEAR(edge.sum_sq, past.sum_sq, 1e-9) << "n " << n;
+    EXPECT_NEAR(edge.jacobian, past.jacobian, 1e-9) << "n " << n;
+    for (const double root : {8.0, 20.0, 50.0}) {
+      const SoftmaxWeightMoments m = softmax_weight_moments(n, root * root);
+      testing::NormalStream rng(43, static_cast<std::uint64_t>(n * 100 + root));
+      const int draws = 40000;
+      double gap = 0.0, jacobian = 0.0;
+      std::vector<double> z(static_cast<std::size_t>(n));
+      for (int draw = 0; draw < draws; ++draw) {
+        double top = -1e300, total = 0.0;
+        for (double& e : z) top = std::max(top, e = root * rng.normal());
+        for (double& e : z) total += (e = std::exp(e - top));
+        double s2 = 0.0, s3 = 0.0;
+        for (double e : z) s2 += (e / total) * (e / total), s3 += std::pow(e / total, 3);
+        gap += (1.0 - s2) / draws;
+        jacobian += (s2 - 2.0 * s3 + s2 * s2) / draws;
+      }
+      std::printf("n %g, √D %g: 1 − E[ΣP²] %.5f (Monte Carlo %.5f), Jacobian %.5f (Monte Carlo %.5f)\n", n, root,
+                  1.0 - m.sum_sq, gap, m.jacobian, jacobian);
+      EXPECT_NEAR(1.0 - m.sum_sq, gap, 0.06 * gap) << "n " << n << " √D " << root;
+      EXPECT_NEAR(m.jacobian, jacobian, 0.06 * jacobian) << "n " << n << " √D " << root;
+    }
+  }
+}
+
 // Causal softmax attention's backward on random Gaussian inputs (token correlation 0 and 0.5) with random weights,
 // for a white gradient at the output: the per-position variance of the value, query and key gradients against
 // causal_mix_backward and causal_score_backward, at logit variances 0.5 and 2. Measured (400 draws): value path
