@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The gradient along the stream's common part, measured in a float64 replica of an initialised transformer.
 
-Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B]
+Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B] [--profile SEEDS]
 
 CHECKPOINT is a proplab checkpoint of a tied-head GELU transformer with affine LayerNorm, Pre-LN or Post-LN, and the
 `deepscalelm` rule (its study is read from the checkpoint), written after one step at a negligible learning rate,
@@ -14,6 +14,13 @@ virtual environment: bench/make-torch-venv.sh) and prints, at a few blocks:
 - cos(ḡ, c): the gradient's sum over the tokens against the stream's common part (its mean over the tokens),
 - the same variance with ḡ's component along c removed at every sublayer's sum (a backward hook; the forward pass
   is unchanged).
+
+With --profile SEEDS it instead redraws the weights SEEDS times (each tensor normal with the checkpoint tensor's
+std, the packed QKV by thirds), runs a batch of 4 sequences of uniform tokens each time and prints how the common
+part α_k = Σ_tokens g·ĉ at every sublayer's output changes across the sublayers below it: the mean change per
+attention and per FFN sublayer over ranges of depth, and (Post-LN) what each norm's backward does to it (α at the
+norm's input times its scale over α at its output, against the 1 − cos² a removal of its own projection would
+leave).
 
 docs/theory.md ("The gradient along the stream's common part") reads these figures against `proplab theory`.
 """
@@ -41,6 +48,8 @@ def main():
     parser.add_argument("checkpoint")
     parser.add_argument("--tokens-seed", type=int, default=0)
     parser.add_argument("--beta-sq", type=float, default=None, help="β² per sublayer (default 1/layers)")
+    parser.add_argument("--profile", type=int, default=0, metavar="SEEDS",
+                        help="the common part's change per sublayer, averaged over SEEDS redrawn networks")
     args = parser.parse_args()
     try:
         f = h5py.File(args.checkpoint, "r")
@@ -75,16 +84,16 @@ def main():
     def gelu(x):
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
-    def attn(x, l):
-        p = f"blocks.{l}.attn."
-        q, k, v = (x @ P[p + "qkv.weight"].T + P[p + "qkv.bias"]).split(d, -1)
-        q, k, v = (t.view(B, T, H, dh).transpose(1, 2) for t in (q, k, v))
+    def attn(x, l, W=P):
+        p, n = f"blocks.{l}.attn.", x.shape[0]
+        q, k, v = (x @ W[p + "qkv.weight"].T + W[p + "qkv.bias"]).split(d, -1)
+        q, k, v = (t.view(n, T, H, dh).transpose(1, 2) for t in (q, k, v))
         a = ((q @ k.transpose(-1, -2)) / math.sqrt(dh)).masked_fill(mask, float("-inf")).softmax(-1)
-        return (a @ v).transpose(1, 2).reshape(B, T, d) @ P[p + "out.weight"].T + P[p + "out.bias"]
+        return (a @ v).transpose(1, 2).reshape(n, T, d) @ W[p + "out.weight"].T + W[p + "out.bias"]
 
-    def ffn(x, l):
+    def ffn(x, l, W=P):
         p = f"blocks.{l}.ffn."
-        return gelu(x @ P[p + "fc.weight"].T + P[p + "fc.bias"]) @ P[p + "proj.weight"].T + P[p + "proj.bias"]
+        return gelu(x @ W[p + "fc.weight"].T + W[p + "fc.bias"]) @ W[p + "proj.weight"].T + W[p + "proj.bias"]
 
     def tokcorr(g):
         G = torch.einsum("btd,bsd->bts", g, g)
@@ -118,6 +127,9 @@ def main():
         torch.nn.functional.cross_entropy(logits.reshape(-1, V), seq[:, 1:].reshape(-1)).backward()
         return outs
 
+    if args.profile > 0:
+        profile(P, args.profile, L, T, d, pre, lam, beta, ln, attn, ffn)
+        return
     plain, removed = run(False), run(True)
     print(f"{'Pre' if pre else 'Post'}-LN, {L} blocks, width {d}, {T} tokens, β² = {beta_sq:.4g}")
     print(f"{'probe':14s} {'grad var':>10s} {'grad corr':>9s} {'cos(ḡ, c)':>9s} {'var, common part removed':>25s}")
@@ -127,6 +139,73 @@ def main():
         cos = ((gb * c).sum(-1) / gb.norm(dim=-1) / c.norm(dim=-1)).mean().item()
         print(f"blocks.{l}.out".ljust(14) + f" {(g ** 2).mean().item():10.4e} {tokcorr(g):9.4f} {cos:9.3f} "
               f"{(removed[l].grad ** 2).mean().item():25.4e}")
+
+
+def profile(P0, seeds, L, T, d, pre, lam, beta, ln, attn, ffn):
+    """--profile: α_k = Σ_tokens g(x_k)·ĉ(x_k) at every sublayer output x_k, summed over SEEDS redrawn networks."""
+    B = 4
+    generator = torch.Generator().manual_seed(5)
+    V = P0["embed.token.weight"].shape[0]
+    alpha = [0.0] * (2 * L)
+    norm_in, norm_out, norm_kept = [0.0] * (2 * L), [0.0] * (2 * L), [0.0] * (2 * L)
+    for seed in range(seeds):
+        P = {}
+        for key, value in P0.items():
+            if key.endswith(".qkv.weight"):
+                P[key] = torch.cat([torch.randn(part.shape, generator=generator) * part.std()
+                                    for part in value.split(d)])
+            elif key.endswith(".weight") and "norm" not in key:
+                P[key] = torch.randn(value.shape, generator=generator) * value.std()
+            else:
+                P[key] = value.clone()
+        seq = torch.randint(0, V, (B, T + 1), generator=generator)
+        x = (P["embed.token.weight"][seq[:, :T]] + P["embed.position.weight"][:T]).requires_grad_(True)
+        sums, outs = [], []
+        for l in range(L):
+            for kind in ("attn", "ffn"):
+                branch = attn if kind == "attn" else ffn
+                norm = (P[f"blocks.{l}.{kind}.norm.weight"], P[f"blocks.{l}.{kind}.norm.bias"])
+                s = lam * x + beta * branch(ln(x, *norm) if pre else x, l, P)
+                s.retain_grad()
+                x = s if pre else ln(s, *norm)
+                x.retain_grad()
+                sums.append(s)
+                outs.append(x)
+        head_in = ln(x, P["final_norm.weight"], P["final_norm.bias"]) if pre else x
+        logits = head_in @ P["embed.token.weight"].T
+        torch.nn.functional.cross_entropy(logits.reshape(-1, V), seq[:, 1:].reshape(-1), reduction="sum").backward()
+
+        def unit_common(t):
+            c = t.detach().mean(1, keepdim=True)
+            return c / c.norm(dim=-1, keepdim=True)
+
+        for k in range(2 * L):
+            alpha[k] += (outs[k].grad * unit_common(outs[k])).sum().item()
+            if not pre:
+                s = sums[k].detach()
+                centred = s - s.mean(-1, keepdim=True)
+                cs = unit_common(sums[k])
+                cos = (centred * cs).sum(-1) / centred.norm(dim=-1)
+                a_out = (outs[k].grad * unit_common(outs[k])).sum(-1)
+                norm_out[k] += a_out.sum().item()
+                norm_in[k] += ((sums[k].grad * cs).sum(-1) * s.std(-1, unbiased=False)).sum().item()
+                norm_kept[k] += (a_out * (1 - cos ** 2)).sum().item()
+        print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
+    print(f"{'Pre' if pre else 'Post'}-LN, {L} blocks, width {d}, {T} tokens, {seeds} networks of 4 sequences: the "
+          f"common part's change across each sublayer, log(α below / α above) per sublayer")
+    edges = sorted({1, max(2, L // 6), L // 2, (5 * L) // 4, (15 * L) // 8, 2 * L - 4})
+    for lo, hi in zip(edges, edges[1:]):
+        change = {0: [], 1: []}
+        for k in range(lo, hi):
+            if alpha[k] != 0 and alpha[k - 1] / alpha[k] > 0:
+                change[k % 2].append(math.log(alpha[k - 1] / alpha[k]))
+        mean = {kind: 100 * sum(v) / len(v) if v else float("nan") for kind, v in change.items()}
+        print(f"  sublayers {lo:3d}-{hi - 1:3d}: attention {mean[0]:+.3f}%, FFN {mean[1]:+.3f}%")
+    if not pre:
+        print("  Post-LN norms, α at the input times its scale over α at the output (a removal of the output's own "
+              "projection would leave 1 − cos²):")
+        for k in sorted({2, L // 4, L, (3 * L) // 2, 2 * L - 6}):
+            print(f"    sublayer {k:3d}: {norm_in[k] / norm_out[k]:.4f} (1 − cos²: {norm_kept[k] / norm_out[k]:.4f})")
 
 
 if __name__ == "__main__":
