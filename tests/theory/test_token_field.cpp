@@ -176,6 +176,27 @@ TEST(TokenField, CausalAttentionMatchesMonteCarlo) {
   }
 }
 
+// Monte Carlo moments of the softmax weights P of n i.i.d. N(0, root²) logits over `draws` draws: E[ΣP²],
+// E[1 − ΣP²] (summed apart, so that it keeps its digits when ΣP² is near 1) and E[ΣP² − 2ΣP³ + (ΣP²)²].
+struct SoftmaxMonteCarlo {
+  double sum_sq = 0.0, gap = 0.0, jacobian = 0.0;
+};
+SoftmaxMonteCarlo softmax_monte_carlo(double n, double root, testing::NormalStream& rng, int draws) {
+  SoftmaxMonteCarlo mc;
+  std::vector<double> z(static_cast<std::size_t>(n));
+  for (int draw = 0; draw < draws; ++draw) {
+    double top = -1e300, total = 0.0;
+    for (double& e : z) top = std::max(top, e = root * rng.normal());
+    for (double& e : z) total += (e = std::exp(e - top));
+    double s2 = 0.0, s3 = 0.0;
+    for (double e : z) s2 += (e / total) * (e / total), s3 += std::pow(e / total, 3);
+    mc.sum_sq += s2 / draws;
+    mc.gap += (1.0 - s2) / draws;
+    mc.jacobian += (s2 - 2.0 * s3 + s2 * s2) / draws;
+  }
+  return mc;
+}
+
 // softmax_weight_moments against Monte Carlo softmax weights of n i.i.d. N(0, D) logits: E[Σ P²] also against the
 // exact integral of softmax_sum_p_sq; the Jacobian trace E[Σ P² − 2Σ P³ + (Σ P²)²] (uniform weights: (1/n)(1 − 1/n)).
 TEST(TokenField, SoftmaxWeightMomentsMatchMonteCarlo) {
@@ -187,20 +208,9 @@ TEST(TokenField, SoftmaxWeightMomentsMatchMonteCarlo) {
                   2e-3 * m.sum_sq + 1e-4 * (spread == 7.0))
           << "n " << n << " D " << spread;
       testing::NormalStream rng(41, static_cast<std::uint64_t>(n * 10 + spread));
-      const int draws = 40000;
-      double sum_sq = 0.0, jacobian = 0.0;
-      std::vector<double> z(static_cast<std::size_t>(n));
-      for (int draw = 0; draw < draws; ++draw) {
-        double top = -1e300, total = 0.0;
-        for (double& e : z) top = std::max(top, e = std::sqrt(spread) * rng.normal());
-        for (double& e : z) total += (e = std::exp(e - top));
-        double s2 = 0.0, s3 = 0.0;
-        for (double e : z) s2 += (e / total) * (e / total), s3 += std::pow(e / total, 3);
-        sum_sq += s2 / draws;
-        jacobian += (s2 - 2.0 * s3 + s2 * s2) / draws;
-      }
-      EXPECT_NEAR(m.jacobian, jacobian, 0.02 * jacobian) << "n " << n << " D " << spread;
-      EXPECT_NEAR(m.sum_sq, sum_sq, 0.02 * sum_sq) << "n " << n << " D " << spread;
+      const SoftmaxMonteCarlo mc = softmax_monte_carlo(n, std::sqrt(spread), rng, 40000);
+      EXPECT_NEAR(m.jacobian, mc.jacobian, 0.02 * mc.jacobian) << "n " << n << " D " << spread;
+      EXPECT_NEAR(m.sum_sq, mc.sum_sq, 0.02 * mc.sum_sq) << "n " << n << " D " << spread;
     }
   }
 }
@@ -216,22 +226,11 @@ TEST(TokenField, SoftmaxWeightMomentsBeyondTheTable) {
     for (const double root : {8.0, 20.0, 50.0}) {
       const SoftmaxWeightMoments m = softmax_weight_moments(n, root * root);
       testing::NormalStream rng(43, static_cast<std::uint64_t>(n * 100 + root));
-      const int draws = 40000;
-      double gap = 0.0, jacobian = 0.0;
-      std::vector<double> z(static_cast<std::size_t>(n));
-      for (int draw = 0; draw < draws; ++draw) {
-        double top = -1e300, total = 0.0;
-        for (double& e : z) top = std::max(top, e = root * rng.normal());
-        for (double& e : z) total += (e = std::exp(e - top));
-        double s2 = 0.0, s3 = 0.0;
-        for (double e : z) s2 += (e / total) * (e / total), s3 += std::pow(e / total, 3);
-        gap += (1.0 - s2) / draws;
-        jacobian += (s2 - 2.0 * s3 + s2 * s2) / draws;
-      }
+      const SoftmaxMonteCarlo mc = softmax_monte_carlo(n, root, rng, 40000);
       std::printf("n %g, √D %g: 1 − E[ΣP²] %.5f (Monte Carlo %.5f), Jacobian %.5f (Monte Carlo %.5f)\n", n, root,
-                  1.0 - m.sum_sq, gap, m.jacobian, jacobian);
-      EXPECT_NEAR(1.0 - m.sum_sq, gap, 0.06 * gap) << "n " << n << " √D " << root;
-      EXPECT_NEAR(m.jacobian, jacobian, 0.06 * jacobian) << "n " << n << " √D " << root;
+                  1.0 - m.sum_sq, mc.gap, m.jacobian, mc.jacobian);
+      EXPECT_NEAR(1.0 - m.sum_sq, mc.gap, 0.06 * mc.gap) << "n " << n << " √D " << root;
+      EXPECT_NEAR(m.jacobian, mc.jacobian, 0.06 * mc.jacobian) << "n " << n << " √D " << root;
     }
   }
 }
