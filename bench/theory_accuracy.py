@@ -205,6 +205,11 @@ eval_every = 0
         combos = [(norm, rule) for norm in NORMS for rule in TRANSFORMER_RULES
                   if (not args.only or (norm, rule) in args.only)
                   and applicable(args.proplab, study, out, {"model.norm": norm, "scaling.rule": rule})]
+        rejected = [f"{norm}:{rule}" for norm, rule in args.only if (norm, rule) not in combos]
+        if rejected:
+            print(f"theory_accuracy: --only {','.join(rejected)}: the rule rejects that norm placement "
+                  f"(`proplab theory` exits 2 for it)", file=sys.stderr)
+            sys.exit(2)
         sweep = (f'[sweep]\nzip = {{ "model.norm" = {[n for n, _ in combos]}, '
                  f'"scaling.rule" = {[r for _, r in combos]} }}\n'
                  f'grid = {{ "seed" = {list(range(1, args.seeds + 1))} }}\n').replace("'", '"')
@@ -334,13 +339,15 @@ def main():
     rows = transformer_rows(args, args.out)
     if not args.only:
         rows += mlp_rows(args, args.out) + resnet_rows(args, args.out)
-    lines = [f"Width {args.width}, {args.layers} layers (ResNets: as stated), averaged over {args.seeds} seed(s) "
-             f"({args.small_seeds} for MLPs and ResNets): "
+    seeds = (f", averaged over {args.seeds} seed(s): " if args.only else
+             f" (ResNets: as stated), averaged over {args.seeds} seed(s) ({args.small_seeds} for MLPs and ResNets): ")
+    lines = [f"Width {args.width}, {args.layers} layers{seeds}"
              "relative error of the seed-averaged measured variance against the seed-averaged prediction, median / "
              "worst over the probes, and in brackets the seed average's standard error relative to the prediction, "
              "its median over the probes / at the worst probe "
-             "(transformers: the residual stream; MLPs: preact and postact, and the stream of residual ones; ResNets: "
-             "each block's output).",
+             + ("(the residual stream)." if args.only else
+                "(transformers: the residual stream; MLPs: preact and postact, and the stream of residual ones; "
+                "ResNets: each block's output)."),
              "",
              "| model | rule | tokens | forward var | backward var |",
              "|---|---|---|---|---|"]

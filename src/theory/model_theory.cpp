@@ -19,11 +19,12 @@ namespace proplab::theory {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-// Beyond this logit spread √D a head's softmax rows are one-hot to float32 precision except where the top two logits
-// lie within log 2²⁴ ≈ 16.6 of each other: a fraction of about 16.6·f/√D of the rows (f ≈ 2.5, the density at 0
-// of the gap between the top two of 64 standard normals), under 5% here. The expected gradient through queries and
-// keys is carried by those rows alone, so the backward is not predicted upstream of such an attention
-// (docs/theory.md, "Saturated softmax").
+// Beyond this logit spread √D (the keys' sample spread, as causal_weights keeps it) a head's softmax rows are nearly
+// one-hot, and the expected gradient through queries and keys rests on the rare rows whose top two logits nearly
+// tie: those within 16.6 of each other (past which the top weight rounds to 1 in float32) are a fraction of about
+// 16.6·f/√D (f ≈ 2.3, the density at 0 of the gap between the top two of 64 standard normals), under 4% here. One
+// network's gradient is then heavy-tailed about that expectation, so the backward is not predicted upstream of such
+// an attention (docs/theory.md, "Saturated softmax").
 constexpr double kSaturatedRoot = 1e3;
 
 double clamp_unit(double r) { return std::clamp(r, -1.0, 1.0); }

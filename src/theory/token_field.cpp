@@ -652,11 +652,12 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
   if (root > table_root) {
     // Beyond the table the weights are nearly one-hot, and both moments fall as 1/√spread (docs/theory.md,
     // "Saturated softmax"): 1 − E[ΣP²] from the table's last point, the Jacobian towards (1 − E[ΣP²])/3 with a
-    // 1/spread correction that meets the table there.
+    // 1/spread correction that meets the table there, capped by the table's last value (which the correction would
+    // exceed just past the edge for thousands of keys).
     const SoftmaxWeightMoments edge = at(kRootSteps);
     const double gap = (1.0 - edge.sum_sq) * table_root / root;
     const double correction = table_root * table_root * ((1.0 - edge.sum_sq) / 3.0 - edge.jacobian);
-    return {std::clamp(1.0 - gap, 1.0 / keys, 1.0), std::max(0.0, gap / 3.0 - correction / spread)};
+    return {std::clamp(1.0 - gap, 1.0 / keys, 1.0), std::clamp(gap / 3.0 - correction / spread, 0.0, edge.jacobian)};
   }
   const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
   const double frac = root / kRootStep - below;

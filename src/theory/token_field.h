@@ -153,7 +153,8 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
 // n ≤ 64 and spread ≤ 7. Tabulated in √spread (steps of 0.1 up to 6, linear in between) and cached per n; n may be
 // fractional (a bucket's representative query). Beyond √spread = 6 the nearly one-hot weights' asymptotics:
 // 1 − E[ΣP²] ∝ 1/√spread from the table's last point, and the Jacobian → (1 − E[ΣP²])/3 with a 1/spread correction
-// that meets the table (docs/theory.md, "Saturated softmax"; within 4.2% of Monte Carlo up to √spread = 50).
+// that meets the table, capped by its value there (docs/theory.md, "Saturated softmax"; within 4.2% of Monte Carlo
+// up to √spread = 50 for 8 and 64 keys).
 struct SoftmaxWeightMoments {
   double sum_sq = 1.0, jacobian = 0.0;
 };

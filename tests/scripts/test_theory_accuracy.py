@@ -60,6 +60,11 @@ def main():
     bad = subprocess.run([sys.executable, script, proplab, os.path.join(work, "bad"), "--only", "post:nonesuch"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--only post:nonesuch" in bad.stderr, (bad.returncode, bad.stderr)
+    # A pair the rule rejects (admin is Post-LN only) is a usage error too, not an empty sweep.
+    rejected = subprocess.run([sys.executable, script, proplab, os.path.join(work, "rejected"), "--quick", "--only",
+                               "pre:admin"], capture_output=True, text=True)
+    assert rejected.returncode == 2 and "--only pre:admin" in rejected.stderr, (rejected.returncode, rejected.stderr)
+    assert "MLPs" not in only.stdout.splitlines()[0], only.stdout  # the header names only what ran
     check_seed_averaging(script, work)
     print(f"theory_accuracy --quick: {len(rows)} rows, all well-formed; --only and the seed averaging hold")
     return 0
