@@ -17,8 +17,8 @@ around the mean by its finite-width band (docs/theory.md, "Finite-width bands"),
 width 1 (16 to 64 channels), which four seeds leave in a row's median (the bottleneck NF-ResNet forward: 3.9% over
 seeds 1-4, 1.1% over 1-48). Every cell shows, in brackets, the seed average's own standard error: its median over
 the probes and its value at the worst probe. --only (e.g. pre:deepscalelm,post:xavier) remeasures just those
-transformer rows, and no MLPs or ResNets. Combinations a rule rejects (tfixup needs no norms; deepnorm and admin Post-LN) are left out. --quick runs a tiny shape
-(for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
+transformer rows, and no MLPs or ResNets. Combinations a rule rejects (tfixup needs no norms; deepnorm and admin
+Post-LN) are left out. --quick runs a tiny shape (for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
 OUT_DIR/accuracy.md.
 """
 import argparse

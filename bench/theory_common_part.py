@@ -84,14 +84,14 @@ def main():
     def gelu(x):
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
-    def attn(x, l, W=P):
+    def attn(x, l, W):
         p, n = f"blocks.{l}.attn.", x.shape[0]
         q, k, v = (x @ W[p + "qkv.weight"].T + W[p + "qkv.bias"]).split(d, -1)
         q, k, v = (t.view(n, T, H, dh).transpose(1, 2) for t in (q, k, v))
         a = ((q @ k.transpose(-1, -2)) / math.sqrt(dh)).masked_fill(mask, float("-inf")).softmax(-1)
         return (a @ v).transpose(1, 2).reshape(n, T, d) @ W[p + "out.weight"].T + W[p + "out.bias"]
 
-    def ffn(x, l, W=P):
+    def ffn(x, l, W):
         p = f"blocks.{l}.ffn."
         return gelu(x @ W[p + "fc.weight"].T + W[p + "fc.bias"]) @ W[p + "proj.weight"].T + W[p + "proj.bias"]
 
@@ -102,33 +102,38 @@ def main():
 
     seq = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(args.tokens_seed))
 
-    def run(remove_common):
-        def hook(s):
-            if not remove_common:
-                return
-            c = s.detach().mean(1, keepdim=True)
-            ch = c / c.norm(dim=-1, keepdim=True)
-            s.register_hook(lambda g: g - (g.sum(1, keepdim=True) * ch).sum(-1, keepdim=True) * ch / T)
-
-        x = (P["embed.token.weight"][seq[:, :T]] + P["embed.position.weight"][:T]).requires_grad_(True)
-        outs = []
+    def forward(W, tokens, on_sum=None):
+        """Forward and backward (mean cross-entropy on the next tokens) with the weights W; every sublayer's sum and
+        output keep their gradients. on_sum(s) sees each sum as it is made (e.g. to register a backward hook)."""
+        x = (W["embed.token.weight"][tokens[:, :T]] + W["embed.position.weight"][:T]).requires_grad_(True)
+        sums, outs = [], []
         for l in range(L):
             for kind in ("attn", "ffn"):
                 branch = attn if kind == "attn" else ffn
-                norm = (P[f"blocks.{l}.{kind}.norm.weight"], P[f"blocks.{l}.{kind}.norm.bias"])
-                s = lam * x + beta * branch(ln(x, *norm) if pre else x, l)
-                hook(s)
+                norm = (W[f"blocks.{l}.{kind}.norm.weight"], W[f"blocks.{l}.{kind}.norm.bias"])
+                s = lam * x + beta * branch(ln(x, *norm) if pre else x, l, W)
+                s.retain_grad()
+                if on_sum:
+                    on_sum(s)
                 x = s if pre else ln(s, *norm)
-                if kind == "ffn":
-                    x.retain_grad()
-                    outs.append(x)
-        head_in = ln(x, P["final_norm.weight"], P["final_norm.bias"]) if pre else x
-        logits = head_in @ P["embed.token.weight"].T
-        torch.nn.functional.cross_entropy(logits.reshape(-1, V), seq[:, 1:].reshape(-1)).backward()
-        return outs
+                x.retain_grad()
+                sums.append(s)
+                outs.append(x)
+        head_in = ln(x, W["final_norm.weight"], W["final_norm.bias"]) if pre else x
+        logits = head_in @ W["embed.token.weight"].T
+        torch.nn.functional.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1)).backward()
+        return sums, outs
+
+    def remove_common_part(s):
+        c = s.detach().mean(1, keepdim=True)
+        ch = c / c.norm(dim=-1, keepdim=True)
+        s.register_hook(lambda g: g - (g.sum(1, keepdim=True) * ch).sum(-1, keepdim=True) * ch / T)
+
+    def run(remove_common):
+        return forward(P, seq, remove_common_part if remove_common else None)[1][1::2]  # the blocks' outputs
 
     if args.profile > 0:
-        profile(P, args.profile, L, T, d, pre, lam, beta, ln, attn, ffn)
+        profile(P, args.profile, L, T, d, V, pre, forward)
         return
     plain, removed = run(False), run(True)
     print(f"{'Pre' if pre else 'Post'}-LN, {L} blocks, width {d}, {T} tokens, β² = {beta_sq:.4g}")
@@ -141,13 +146,18 @@ def main():
               f"{(removed[l].grad ** 2).mean().item():25.4e}")
 
 
-def profile(P0, seeds, L, T, d, pre, lam, beta, ln, attn, ffn):
-    """--profile: α_k = Σ_tokens g(x_k)·ĉ(x_k) at every sublayer output x_k, summed over SEEDS redrawn networks."""
-    B = 4
+def profile(P0, seeds, L, T, d, V, pre, forward):
+    """--profile: α_k = Σ_tokens g(x_k)·ĉ(x_k) at every sublayer output x_k, summed over SEEDS redrawn networks of
+    4 sequences each (only ratios of these sums are printed, so the loss's scale does not matter)."""
+    batch = 4
     generator = torch.Generator().manual_seed(5)
-    V = P0["embed.token.weight"].shape[0]
     alpha = [0.0] * (2 * L)
-    norm_in, norm_out, norm_kept = [0.0] * (2 * L), [0.0] * (2 * L), [0.0] * (2 * L)
+    norm_in, norm_kept = [0.0] * (2 * L), [0.0] * (2 * L)
+
+    def unit_common(t):
+        c = t.detach().mean(1, keepdim=True)
+        return c / c.norm(dim=-1, keepdim=True)
+
     for seed in range(seeds):
         P = {}
         for key, value in P0.items():
@@ -158,36 +168,15 @@ def profile(P0, seeds, L, T, d, pre, lam, beta, ln, attn, ffn):
                 P[key] = torch.randn(value.shape, generator=generator) * value.std()
             else:
                 P[key] = value.clone()
-        seq = torch.randint(0, V, (B, T + 1), generator=generator)
-        x = (P["embed.token.weight"][seq[:, :T]] + P["embed.position.weight"][:T]).requires_grad_(True)
-        sums, outs = [], []
-        for l in range(L):
-            for kind in ("attn", "ffn"):
-                branch = attn if kind == "attn" else ffn
-                norm = (P[f"blocks.{l}.{kind}.norm.weight"], P[f"blocks.{l}.{kind}.norm.bias"])
-                s = lam * x + beta * branch(ln(x, *norm) if pre else x, l, P)
-                s.retain_grad()
-                x = s if pre else ln(s, *norm)
-                x.retain_grad()
-                sums.append(s)
-                outs.append(x)
-        head_in = ln(x, P["final_norm.weight"], P["final_norm.bias"]) if pre else x
-        logits = head_in @ P["embed.token.weight"].T
-        torch.nn.functional.cross_entropy(logits.reshape(-1, V), seq[:, 1:].reshape(-1), reduction="sum").backward()
-
-        def unit_common(t):
-            c = t.detach().mean(1, keepdim=True)
-            return c / c.norm(dim=-1, keepdim=True)
-
+        sums, outs = forward(P, torch.randint(0, V, (batch, T + 1), generator=generator))
         for k in range(2 * L):
-            alpha[k] += (outs[k].grad * unit_common(outs[k])).sum().item()
+            a_out = (outs[k].grad * unit_common(outs[k])).sum(-1)  # per sequence and token
+            alpha[k] += a_out.sum().item()
             if not pre:
                 s = sums[k].detach()
                 centred = s - s.mean(-1, keepdim=True)
                 cs = unit_common(sums[k])
                 cos = (centred * cs).sum(-1) / centred.norm(dim=-1)
-                a_out = (outs[k].grad * unit_common(outs[k])).sum(-1)
-                norm_out[k] += a_out.sum().item()
                 norm_in[k] += ((sums[k].grad * cs).sum(-1) * s.std(-1, unbiased=False)).sum().item()
                 norm_kept[k] += (a_out * (1 - cos ** 2)).sum().item()
         print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
@@ -205,7 +194,7 @@ def profile(P0, seeds, L, T, d, pre, lam, beta, ln, attn, ffn):
         print("  Post-LN norms, α at the input times its scale over α at the output (a removal of the output's own "
               "projection would leave 1 − cos²):")
         for k in sorted({2, L // 4, L, (3 * L) // 2, 2 * L - 6}):
-            print(f"    sublayer {k:3d}: {norm_in[k] / norm_out[k]:.4f} (1 − cos²: {norm_kept[k] / norm_out[k]:.4f})")
+            print(f"    sublayer {k:3d}: {norm_in[k] / alpha[k]:.4f} (1 − cos²: {norm_kept[k] / alpha[k]:.4f})")
 
 
 if __name__ == "__main__":

@@ -1313,17 +1313,19 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   }
   b.set_backward(probe_embed, g.signal());
   if (saturated_block >= 0) {
-    // Everything upstream of that attention's output: its own input and every probe below it.
-    const std::string cut = "blocks." + std::to_string(saturated_block) + ".attn.out";
+    // Everything upstream of that attention's output (the probes are in forward order): its own input and every
+    // probe below it.
+    const int cut = probes[static_cast<std::size_t>(2 * saturated_block)].branch;
     std::ostringstream why;
     why << std::setprecision(2) << "below block " << saturated_block
         << "'s saturated attention (logit spread √D = " << std::sqrt(saturated_spread) << " > " << kSaturatedRoot
         << ": one-hot softmax rows; docs/theory.md, \"Saturated softmax\")";
-    for (ProbeTheory& t : b.prediction.probes) {
-      if (t.name == cut) break;
+    const std::string reason = why.str();
+    for (int i = 0; i < cut; ++i) {
+      ProbeTheory& t = b.prediction.probes[static_cast<std::size_t>(i)];
       t.backward_var = kNaN;
       t.backward_corr = kNaN;
-      if (t.no_backward.empty()) t.no_backward = why.str();
+      if (t.no_backward.empty()) t.no_backward = reason;
     }
   }
 
