@@ -361,7 +361,9 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
       t.backward_var = kNaN;
       t.no_backward = "the logits' gradient stays inside the fused attention op";
     }
-    TokenField mixed = causal_mix_forward(s.v, s.weights);
+    // The input's tokens have a fixed length after a norm: the pre-norm's output, or a post-norm stream above the
+    // embedding.
+    TokenField mixed = causal_mix_forward(s.v, s.weights, ValueSource{d, pre || (post && index > 0)});
     branch = linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
     if (builder) s.mixed = std::move(mixed);
   } else {

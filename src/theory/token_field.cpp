@@ -464,13 +464,18 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   w.key_spread = k_stats.spread;
   w.logit_spread.resize(static_cast<std::size_t>(p));
   w.self_sq.resize(static_cast<std::size_t>(p));
+  w.tilt_sq.resize(static_cast<std::size_t>(p));
+  w.self_tilt.resize(static_cast<std::size_t>(p));
   std::vector<double> same_self(static_cast<std::size_t>(p)), root_spread(static_cast<std::size_t>(p));
   for (std::int64_t a = 0; a < p; ++a) {
     const double n = reps[static_cast<std::size_t>(a)].n;
     const double d = per_query * q.diag(a) * k_stats.spread[static_cast<std::size_t>(a)];
     w.logit_spread[static_cast<std::size_t>(a)] = d;
     root_spread[static_cast<std::size_t>(a)] = std::sqrt(d);
-    w.self_sq[static_cast<std::size_t>(a)] = softmax_weight_moments(n, n > 1.0 ? d * n / (n - 1.0) : 0.0).sum_sq;
+    const SoftmaxWeightMoments m = softmax_weight_moments(n, n > 1.0 ? d * n / (n - 1.0) : 0.0);
+    w.self_sq[static_cast<std::size_t>(a)] = m.sum_sq;
+    w.tilt_sq[static_cast<std::size_t>(a)] = m.tilt_sq;
+    w.self_tilt[static_cast<std::size_t>(a)] = m.self_tilt;
     same_self[static_cast<std::size_t>(a)] = w.self_sq[static_cast<std::size_t>(a)] / n;
   }
   w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
@@ -508,8 +513,9 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   return w;
 }
 
-TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w) {
+TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source) {
   PROPLAB_CHECK(v.layout == w.layout, "causal_mix_forward: layouts differ");
+  PROPLAB_CHECK(source.fan_in >= 0, "causal_mix_forward: needs fan_in >= 0");
   const std::int64_t p = v.buckets();
   const std::vector<Representative> reps = representatives(*v.layout);
   const RangeSums sums(block_totals(v.cov, v.within, reps), reps, false);
@@ -530,6 +536,14 @@ TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w) {
     const double total = sums.sum(a, a, v.diag(a) - v.within[static_cast<std::size_t>(a)]);
     out.within[static_cast<std::size_t>(a)] = w.same_within[static_cast<std::size_t>(a)] * shared +
                                               w.other_within[static_cast<std::size_t>(a)] * (total - shared);
+    // The values' share along the query's logit direction (header comment; docs/theory.md, "Values along the
+    // logits"): 1/fan_in of their spread (n/(n − 1) times the prefix's sample variance) is weighted by the logits.
+    const double n = reps[static_cast<std::size_t>(a)].n;
+    if (source.fan_in > 0 && n > 1.0) {
+      const std::size_t i = static_cast<std::size_t>(a);
+      const double aligned = w.tilt_sq[i] - (source.fixed_norm ? w.self_tilt[i] : w.self_sq[i]);
+      out.at(a, a) += stats.spread[i] * n / (n - 1.0) * aligned / static_cast<double>(source.fan_in);
+    }
   }
   return out;
 }
@@ -577,7 +591,9 @@ constexpr int kLogT = 600, kZ = 201;
 constexpr double kLogTLow = -40.0, kLogTHigh = 56.0;
 
 struct SpreadTable {
-  std::array<double, kLogT> log_phi{}, psi2{}, psi3{}, psi4{};
+  // chi = t·E[z e^z exp(−t e^z)] and psi2_zz = t²·E[z² e^{2z} exp(−t e^z)] (z the logit) give the weighted logits'
+  // moments E[(Σ_j P_j z_j)²] and E[Σ_j P_j² z_j²].
+  std::array<double, kLogT> log_phi{}, psi2{}, psi3{}, psi4{}, chi{}, psi2_zz{};
 };
 
 SpreadTable spread_table(double spread) {
@@ -591,7 +607,7 @@ SpreadTable spread_table(double spread) {
   }
   for (int k = 0; k < kLogT; ++k) {
     const double lt = kLogTLow + k * dlt;
-    double phi = 0.0, p2 = 0.0, p3 = 0.0, p4 = 0.0;
+    double phi = 0.0, p2 = 0.0, p3 = 0.0, p4 = 0.0, chi = 0.0, p2zz = 0.0;
     for (int i = 0; i < kZ; ++i) {
       const double u = lt + z[i];
       if (u > 700.0) continue;  // exp(−e^u) = 0
@@ -600,17 +616,19 @@ SpreadTable spread_table(double spread) {
       p2 += a * e * e;
       p3 += a * e * e * e;
       p4 += a * e * e * e * e;
+      chi += a * e * z[i];
+      p2zz += a * e * e * z[i] * z[i];
     }
     table.log_phi[k] = phi > 0.0 ? std::log(phi) : -1e300;
-    table.psi2[k] = p2, table.psi3[k] = p3, table.psi4[k] = p4;
+    table.psi2[k] = p2, table.psi3[k] = p3, table.psi4[k] = p4, table.chi[k] = chi, table.psi2_zz[k] = p2zz;
   }
   return table;
 }
 
-// The moments at one grid point for n keys.
-SoftmaxWeightMoments moments_at(const SpreadTable& table, double n) {
+// The moments at one grid point (logit variance `spread` > 0) for n keys.
+SoftmaxWeightMoments moments_at(const SpreadTable& table, double n, double spread) {
   const double dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
-  double p2 = 0.0, p3 = 0.0, p4 = 0.0, p22 = 0.0;
+  double p2 = 0.0, p3 = 0.0, p4 = 0.0, p22 = 0.0, pzz = 0.0, chi2 = 0.0;
   for (int k = 0; k < kLogT; ++k) {
     if (table.log_phi[k] < -1e299) continue;
     const double trap = (k == 0 || k == kLogT - 1 ? 0.5 : 1.0) * dlt;
@@ -620,9 +638,25 @@ SoftmaxWeightMoments moments_at(const SpreadTable& table, double n) {
     p3 += trap * table.psi3[k] * others / 2.0;
     p4 += trap * table.psi4[k] * others / 6.0;
     p22 += trap * table.psi2[k] * table.psi2[k] * others2 / 6.0;
+    pzz += trap * table.psi2_zz[k] * others;
+    chi2 += trap * table.chi[k] * table.chi[k] * others2;
   }
   const double sum_sq = n * p2, sum_cube = n * p3, sum_sq_sq = n * p4 + n * (n - 1.0) * p22;
-  return {std::clamp(sum_sq, 1.0 / n, 1.0), std::max(0.0, sum_sq - 2.0 * sum_cube + sum_sq_sq)};
+  const double self_tilt = n * pzz / spread, tilt_sq = self_tilt + n * (n - 1.0) * chi2 / spread;
+  return {std::clamp(sum_sq, 1.0 / n, 1.0), std::max(0.0, sum_sq - 2.0 * sum_cube + sum_sq_sq), tilt_sq, self_tilt};
+}
+
+// E[z_max²] for the largest of n i.i.d. N(0, 1): ∫ z²·n·φ(z)·Φ(z)^{n−1} dz (trapezoid on [−8, 12]).
+double max_square(double n) {
+  constexpr int steps = 4000;
+  const double low = -8.0, dz = 20.0 / steps;
+  double sum = 0.0;
+  for (int i = 0; i <= steps; ++i) {
+    const double z = low + i * dz, cdf = 0.5 * std::erfc(-z / std::numbers::sqrt2);
+    const double density = n * std::exp(-0.5 * z * z) / std::sqrt(2.0 * std::numbers::pi) * std::pow(cdf, n - 1.0);
+    sum += (i == 0 || i == steps ? 0.5 : 1.0) * dz * z * z * density;
+  }
+  return sum;
 }
 
 }  // namespace
@@ -630,12 +664,13 @@ SoftmaxWeightMoments moments_at(const SpreadTable& table, double n) {
 SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
   PROPLAB_CHECK(keys >= 1.0 && spread >= 0.0, "softmax_weight_moments: needs keys >= 1 and spread >= 0, got ", keys,
                 " and ", spread);
-  if (keys <= 1.0) return {1.0, 0.0};
+  if (keys <= 1.0) return {1.0, 0.0, 1.0, 1.0};
   static std::mutex mutex;
   static std::map<int, SpreadTable> tables;
   static std::map<std::pair<double, int>, SoftmaxWeightMoments> cache;
   auto at = [&](int index) {
-    if (index == 0) return SoftmaxWeightMoments{1.0 / keys, (1.0 / keys) * (1.0 - 1.0 / keys)};  // uniform weights
+    if (index == 0)  // uniform weights
+      return SoftmaxWeightMoments{1.0 / keys, (1.0 / keys) * (1.0 - 1.0 / keys), 1.0 / keys, 1.0 / keys};
     const std::lock_guard<std::mutex> lock(mutex);
     const auto found = cache.find({keys, index});
     if (found != cache.end()) return found->second;
@@ -644,7 +679,8 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
       const double r = index * kRootStep;
       table = tables.emplace(index, spread_table(r * r)).first;
     }
-    const SoftmaxWeightMoments m = moments_at(table->second, keys);
+    const double r = index * kRootStep;
+    const SoftmaxWeightMoments m = moments_at(table->second, keys, r * r);
     cache.emplace(std::make_pair(keys, index), m);
     return m;
   };
@@ -657,12 +693,19 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
     const SoftmaxWeightMoments edge = at(kRootSteps);
     const double gap = (1.0 - edge.sum_sq) * table_root / root;
     const double correction = table_root * table_root * ((1.0 - edge.sum_sq) / 3.0 - edge.jacobian);
-    return {std::clamp(1.0 - gap, 1.0 / keys, 1.0), std::clamp(gap / 3.0 - correction / spread, 0.0, edge.jacobian)};
+    // The weighted logits: E[Σ P² z²] tends to E[z_max²] as the top weight does to 1, closing its gap at the
+    // table's edge as 1/√spread; the pairs' part of E[(Σ P z)²] falls with the second weight, as 1 − E[ΣP²] does.
+    const double top = max_square(keys), self = top - (top - edge.self_tilt) * table_root / root;
+    const double pairs = (edge.tilt_sq - edge.self_tilt) * table_root / root;
+    return {std::clamp(1.0 - gap, 1.0 / keys, 1.0), std::clamp(gap / 3.0 - correction / spread, 0.0, edge.jacobian),
+            self + pairs, self};
   }
   const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
   const double frac = root / kRootStep - below;
   const SoftmaxWeightMoments lo = at(below), hi = at(below + 1);
-  return {lo.sum_sq + frac * (hi.sum_sq - lo.sum_sq), lo.jacobian + frac * (hi.jacobian - lo.jacobian)};
+  auto mix = [&](double SoftmaxWeightMoments::*field) { return lo.*field + frac * (hi.*field - lo.*field); };
+  return {mix(&SoftmaxWeightMoments::sum_sq), mix(&SoftmaxWeightMoments::jacobian), mix(&SoftmaxWeightMoments::tilt_sq),
+          mix(&SoftmaxWeightMoments::self_tilt)};
 }
 
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,

@@ -133,14 +133,28 @@ struct CausalWeights {
   std::vector<double> key_spread;    // spread_k: the variance of k over the representative query's keys
   std::vector<double> logit_spread;  // D
   std::vector<double> self_sq;       // s = E[Σ_k w_k²]
+  std::vector<double> tilt_sq, self_tilt;  // E[(Σ_k w_k z_k)²] and E[Σ_k w_k² z_k²], z the standardised logits
   std::vector<double> same_key, other_keys;
   std::vector<double> same_within, other_within;
   double logit_var = 0.0;  // scale²·d_head·E[q²]·E[k²] (the logits' variance)
 };
 // From the query and key fields of one head: scale_sq·head_dim·E[q_i²]·spread_k(i) is query i's logit spread.
 CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim);
-// out_i = Σ_k w_ik v_k.
-TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w);
+// Where the values come from, for the finite-width term of causal_mix_forward: the fan-in of the projection that made
+// v, k and q from one input x (0: leave the term out), and whether every token of x has the same norm (x leaves a
+// norm) rather than a Gaussian one.
+struct ValueSource {
+  std::int64_t fan_in = 0;
+  bool fixed_norm = false;
+};
+// out_i = Σ_k w_ik v_k. With source.fan_in = d > 0, query i's variance also gains the part of the values that lies
+// along its logit direction (docs/theory.md, "Values along the logits"): its logits are x̃_k·u_i over the keys' own
+// parts x̃_k, and each value feature x̃_k·w shares 1/d of its variance with them, so the keys the softmax picks carry
+// larger values. Per query, K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k²])/d for a Gaussian x (K_v the values' spread, z the
+// standardised logits); for a normed x, whose tokens' length is fixed, the picked keys' other directions are that much
+// shorter and the term is K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k² z_k²])/d. The pair terms (two queries' logit directions
+// share their correlation) are left out: under 0.2% of the output's covariance at d = 512.
+TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source = {});
 // d_v_k = Σ_i w_ik d_out_i.
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
 // Moments of the softmax weights P over n keys whose logits are i.i.d. N(0, spread): sum_sq = E[Σ_j P_j²] and
@@ -155,8 +169,14 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
 // 1 − E[ΣP²] ∝ 1/√spread from the table's last point, and the Jacobian → (1 − E[ΣP²])/3 with a 1/spread correction
 // that meets the table, capped by its value there (docs/theory.md, "Saturated softmax"; within 4.2% of Monte Carlo
 // up to √spread = 50 for 8 and 64 keys).
+// tilt_sq = E[(Σ_j P_j z_j)²] and self_tilt = E[Σ_j P_j² z_j²] for the standardised logits z_j (logit/√spread):
+//   E[(ΣPz)²] = n·∫ t²ψ_zz(t) φ^{n−1} d(log t) + n(n − 1)·∫ (tχ(t))² φ^{n−2} d(log t), over spread,
+//   ψ_zz(t) = E[z² e^{2z} exp(−t e^z)],   χ(t) = E[z e^z exp(−t e^z)]   (z here the logit);
+// uniform weights give 1/n for both. Beyond the table self_tilt closes its gap to E[z_max²] (its one-hot limit) as
+// 1/√spread and tilt_sq's pair part falls as 1/√spread (within 1.5% of Monte Carlo at √spread = 8, 20 and 50, 8 and
+// 64 keys).
 struct SoftmaxWeightMoments {
-  double sum_sq = 1.0, jacobian = 0.0;
+  double sum_sq = 1.0, jacobian = 0.0, tilt_sq = 1.0, self_tilt = 1.0;
 };
 SoftmaxWeightMoments softmax_weight_moments(double keys, double spread);
 
