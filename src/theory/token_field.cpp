@@ -452,132 +452,6 @@ TokenGrad scaled(const TokenGrad& g, double factor) {
   return out;
 }
 
-CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim) {
-  PROPLAB_CHECK(q.layout == k.layout, "causal_weights: layouts differ");
-  const std::int64_t p = q.buckets();
-  const std::vector<Representative> reps = representatives(*q.layout);
-  const RangeSums k_sums(block_totals(k.cov, k.within, reps), reps, false);
-  const PrefixStats k_stats = prefix_stats(k, reps, k_sums);
-  const double per_query = scale_sq * static_cast<double>(head_dim);
-  CausalWeights w;
-  w.layout = q.layout;
-  w.key_spread = k_stats.spread;
-  w.logit_spread.resize(static_cast<std::size_t>(p));
-  w.self_sq.resize(static_cast<std::size_t>(p));
-  w.tilt_sq.resize(static_cast<std::size_t>(p));
-  w.self_tilt.resize(static_cast<std::size_t>(p));
-  std::vector<double> same_self(static_cast<std::size_t>(p)), root_spread(static_cast<std::size_t>(p));
-  for (std::int64_t a = 0; a < p; ++a) {
-    const double n = reps[static_cast<std::size_t>(a)].n;
-    const double d = per_query * q.diag(a) * k_stats.spread[static_cast<std::size_t>(a)];
-    w.logit_spread[static_cast<std::size_t>(a)] = d;
-    root_spread[static_cast<std::size_t>(a)] = std::sqrt(d);
-    const SoftmaxWeightMoments m = softmax_weight_moments(n, n > 1.0 ? d * n / (n - 1.0) : 0.0);
-    w.self_sq[static_cast<std::size_t>(a)] = m.sum_sq;
-    w.tilt_sq[static_cast<std::size_t>(a)] = m.tilt_sq;
-    w.self_tilt[static_cast<std::size_t>(a)] = m.self_tilt;
-    same_self[static_cast<std::size_t>(a)] = w.self_sq[static_cast<std::size_t>(a)] / n;
-  }
-  w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
-  // Two different queries with key counts n_a <= n_b and correlation rho share n_a keys.
-  auto pair_weights = [&](std::int64_t a, std::int64_t b, double rho, double& same, double& other) {
-    const double na = reps[static_cast<std::size_t>(a)].n, nb = reps[static_cast<std::size_t>(b)].n;
-    const double shared = std::min(na, nb);
-    const double boost = std::exp(
-        std::min(rho * root_spread[static_cast<std::size_t>(a)] * root_spread[static_cast<std::size_t>(b)], 700.0));
-    same = std::min(boost / (na * nb),
-                    std::sqrt(same_self[static_cast<std::size_t>(a)] * same_self[static_cast<std::size_t>(b)]));
-    const double others = na * nb - shared;
-    other = others > 0.0 ? std::max(0.0, (1.0 - shared * same) / others) : 0.0;
-  };
-  w.same_key.assign(cells(p), 0.0);
-  w.other_keys.assign(cells(p), 0.0);
-  w.same_within.assign(static_cast<std::size_t>(p), 0.0);
-  w.other_within.assign(static_cast<std::size_t>(p), 0.0);
-  for (std::int64_t a = 0; a < p; ++a) {
-    const double n = reps[static_cast<std::size_t>(a)].n;
-    for (std::int64_t b = 0; b < p; ++b) {
-      double same = 0.0, other = 0.0;
-      if (a == b) {
-        same = same_self[static_cast<std::size_t>(a)];
-        other = n > 1.0 ? (1.0 - w.self_sq[static_cast<std::size_t>(a)]) / (n * (n - 1.0)) : 0.0;
-      } else {
-        pair_weights(a, b, pair_r(q.at(a, b), q.diag(a), q.diag(b)), same, other);
-      }
-      w.same_key[at_index(a, b, p)] = same;
-      w.other_keys[at_index(a, b, p)] = other;
-    }
-    pair_weights(a, a, pair_r(q.within[static_cast<std::size_t>(a)], q.diag(a), q.diag(a)),
-                 w.same_within[static_cast<std::size_t>(a)], w.other_within[static_cast<std::size_t>(a)]);
-  }
-  return w;
-}
-
-TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source) {
-  PROPLAB_CHECK(v.layout == w.layout, "causal_mix_forward: layouts differ");
-  PROPLAB_CHECK(source.fan_in >= 0, "causal_mix_forward: needs fan_in >= 0");
-  const std::int64_t p = v.buckets();
-  const std::vector<Representative> reps = representatives(*v.layout);
-  const RangeSums sums(block_totals(v.cov, v.within, reps), reps, false);
-  const PrefixStats stats = prefix_stats(v, reps, sums);
-  TokenField out;
-  out.layout = v.layout;
-  out.mean = v.mean;
-  out.cov.assign(cells(p), 0.0);
-  out.within.assign(static_cast<std::size_t>(p), 0.0);
-  for (std::int64_t a = 0; a < p; ++a) {
-    for (std::int64_t b = 0; b < p; ++b) {
-      // The shared keys are the shorter prefix's; their diagonal sum pairs with the same-key weight.
-      const double shared = stats.diagonal[static_cast<std::size_t>(std::min(a, b))];
-      const double total = sums.sum(a, b, v.diag(a) - v.within[static_cast<std::size_t>(a)]);
-      out.at(a, b) = w.same_key[at_index(a, b, p)] * shared + w.other_keys[at_index(a, b, p)] * (total - shared);
-    }
-    const double shared = stats.diagonal[static_cast<std::size_t>(a)];
-    const double total = sums.sum(a, a, v.diag(a) - v.within[static_cast<std::size_t>(a)]);
-    out.within[static_cast<std::size_t>(a)] = w.same_within[static_cast<std::size_t>(a)] * shared +
-                                              w.other_within[static_cast<std::size_t>(a)] * (total - shared);
-    // The values' share along the query's logit direction (header comment; docs/theory.md, "Values along the
-    // logits"): 1/fan_in of their spread (n/(n − 1) times the prefix's sample variance) is weighted by the logits.
-    const double n = reps[static_cast<std::size_t>(a)].n;
-    if (source.fan_in > 0 && n > 1.0) {
-      const std::size_t i = static_cast<std::size_t>(a);
-      const double aligned = w.tilt_sq[i] - (source.fixed_norm ? w.self_tilt[i] : w.self_sq[i]);
-      out.at(a, a) += stats.spread[i] * n / (n - 1.0) * aligned / static_cast<double>(source.fan_in);
-    }
-  }
-  return out;
-}
-
-TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
-  PROPLAB_CHECK(d_out.layout == w.layout, "causal_mix_backward: layouts differ");
-  const std::int64_t p = d_out.buckets();
-  const std::vector<Representative> reps = representatives(*d_out.layout);
-  // The weighted query-pair gradients, for keys that differ (other) and for the same key (same).
-  std::vector<double> other(cells(p)), same(cells(p)), other_within(static_cast<std::size_t>(p)),
-      same_within(static_cast<std::size_t>(p));
-  for (std::size_t i = 0; i < other.size(); ++i) {
-    other[i] = w.other_keys[i] * d_out.cov[i];
-    same[i] = w.same_key[i] * d_out.cov[i];
-  }
-  for (std::size_t a = 0; a < other_within.size(); ++a) {
-    other_within[a] = w.other_within[a] * d_out.within[a];
-    same_within[a] = w.same_within[a] * d_out.within[a];
-  }
-  const RangeSums other_sums(block_totals(other, other_within, reps), reps, true);
-  const RangeSums same_sums(block_totals(same, same_within, reps), reps, true);
-  TokenGrad g;
-  g.layout = d_out.layout;
-  g.cov.assign(cells(p), 0.0);
-  g.within.assign(static_cast<std::size_t>(p), 0.0);
-  for (std::int64_t c = 0; c < p; ++c) {
-    const double other_correction = other[at_index(c, c, p)] - other_within[static_cast<std::size_t>(c)];
-    for (std::int64_t d = 0; d < p; ++d) g.at(c, d) = other_sums.sum(c, d, other_correction);
-    g.at(c, c) = same_sums.sum(c, c, same[at_index(c, c, p)] - same_within[static_cast<std::size_t>(c)]);
-    g.within[static_cast<std::size_t>(c)] = other_sums.sum(c, c, other_correction);
-  }
-  return g;
-}
-
 namespace {
 
 // softmax_weight_moments' tables: per √spread grid point, on a grid of log t, log φ(t), t²ψ_2, t³ψ_3 and t⁴ψ_4
@@ -593,7 +467,7 @@ constexpr double kLogTLow = -40.0, kLogTHigh = 56.0;
 struct SpreadTable {
   // chi = t·E[z e^z exp(−t e^z)] and psi2_zz = t²·E[z² e^{2z} exp(−t e^z)] (z the logit) give the weighted logits'
   // moments E[(Σ_j P_j z_j)²] and E[Σ_j P_j² z_j²].
-  std::array<double, kLogT> log_phi{}, psi2{}, psi3{}, psi4{}, chi{}, psi2_zz{};
+  std::array<double, kLogT> log_phi{}, psi1{}, psi2{}, psi3{}, psi4{}, chi{}, psi2_zz{};
 };
 
 SpreadTable spread_table(double spread) {
@@ -602,17 +476,19 @@ SpreadTable spread_table(double spread) {
   std::array<double, kZ> z{}, w{};
   for (int i = 0; i < kZ; ++i) {
     z[i] = -8.0 * sd + i * dz;
-    w[i] = std::exp(-0.5 * z[i] * z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
-           (i == 0 || i == kZ - 1 ? 0.5 : 1.0);
+    w[i] = spread > 0.0 ? std::exp(-0.5 * z[i] * z[i] / spread) / std::sqrt(2.0 * std::numbers::pi * spread) * dz *
+                              (i == 0 || i == kZ - 1 ? 0.5 : 1.0)
+                        : (i == 0 ? 1.0 : 0.0);  // every logit 0
   }
   for (int k = 0; k < kLogT; ++k) {
     const double lt = kLogTLow + k * dlt;
-    double phi = 0.0, p2 = 0.0, p3 = 0.0, p4 = 0.0, chi = 0.0, p2zz = 0.0;
+    double phi = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0, p4 = 0.0, chi = 0.0, p2zz = 0.0;
     for (int i = 0; i < kZ; ++i) {
       const double u = lt + z[i];
       if (u > 700.0) continue;  // exp(−e^u) = 0
       const double e = std::exp(u), a = w[i] * std::exp(-e);
       phi += a;
+      p1 += a * e;
       p2 += a * e * e;
       p3 += a * e * e * e;
       p4 += a * e * e * e * e;
@@ -620,9 +496,27 @@ SpreadTable spread_table(double spread) {
       p2zz += a * e * e * z[i] * z[i];
     }
     table.log_phi[k] = phi > 0.0 ? std::log(phi) : -1e300;
-    table.psi2[k] = p2, table.psi3[k] = p3, table.psi4[k] = p4, table.chi[k] = chi, table.psi2_zz[k] = p2zz;
+    table.psi1[k] = p1;
+    table.psi2[k] = p2;
+    table.psi3[k] = p3;
+    table.psi4[k] = p4;
+    table.chi[k] = chi;
+    table.psi2_zz[k] = p2zz;
   }
   return table;
+}
+
+// The table at grid point `index` (√spread = index·kRootStep), built on first use and kept.
+const SpreadTable& table_at(int index) {
+  static std::mutex mutex;
+  static std::map<int, SpreadTable> tables;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto table = tables.find(index);
+  if (table == tables.end()) {
+    const double r = index * kRootStep;
+    table = tables.emplace(index, spread_table(r * r)).first;
+  }
+  return table->second;  // std::map keeps its elements in place
 }
 
 // The moments at one grid point (logit variance `spread` > 0) for n keys.
@@ -666,21 +560,18 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
                 " and ", spread);
   if (keys <= 1.0) return {1.0, 0.0, 1.0, 1.0};
   static std::mutex mutex;
-  static std::map<int, SpreadTable> tables;
   static std::map<std::pair<double, int>, SoftmaxWeightMoments> cache;
   auto at = [&](int index) {
     if (index == 0)  // uniform weights
       return SoftmaxWeightMoments{1.0 / keys, (1.0 / keys) * (1.0 - 1.0 / keys), 1.0 / keys, 1.0 / keys};
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto found = cache.find({keys, index});
-    if (found != cache.end()) return found->second;
-    auto table = tables.find(index);
-    if (table == tables.end()) {
-      const double r = index * kRootStep;
-      table = tables.emplace(index, spread_table(r * r)).first;
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      const auto found = cache.find({keys, index});
+      if (found != cache.end()) return found->second;
     }
     const double r = index * kRootStep;
-    const SoftmaxWeightMoments m = moments_at(table->second, keys, r * r);
+    const SoftmaxWeightMoments m = moments_at(table_at(index), keys, r * r);
+    const std::lock_guard<std::mutex> lock(mutex);
     cache.emplace(std::make_pair(keys, index), m);
     return m;
   };
@@ -706,6 +597,275 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
   auto mix = [&](double SoftmaxWeightMoments::*field) { return lo.*field + frac * (hi.*field - lo.*field); };
   return {mix(&SoftmaxWeightMoments::sum_sq), mix(&SoftmaxWeightMoments::jacobian), mix(&SoftmaxWeightMoments::tilt_sq),
           mix(&SoftmaxWeightMoments::self_tilt)};
+}
+
+namespace {
+
+// Per key bucket x of one query's prefix (counts[x] keys of logit variance spreads[x], independent): one key's mean
+// weight E[w_k] and mean square weight E[w_k²], E[w_k^j] = ∫ t^j ψ_j(t; D_k)·Π_{m≠k} φ(t; D_m) d(log t)
+// (softmax_weight_moments' representation, Γ(1) = Γ(2) = 1), the tables interpolated linearly in √D. False when a
+// spread lies beyond the table (the caller then takes equal weights).
+bool own_spread_weights(const std::vector<double>& counts, const std::vector<double>& spreads,
+                        std::vector<double>& mean, std::vector<double>& sq) {
+  const std::size_t nx = counts.size();
+  const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  std::vector<std::array<double, kLogT>> log_phi(nx), psi1(nx), psi2(nx);
+  std::array<double, kLogT> log_all{};
+  double keys = 0.0, top = 0.0;
+  for (std::size_t x = 0; x < nx; ++x) {
+    if (counts[x] <= 0.0) continue;
+    const double root = std::sqrt(std::max(spreads[x], 0.0));
+    if (root > table_root) return false;
+    const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
+    const double frac = root / kRootStep - below;
+    const SpreadTable &lo = table_at(below), &hi = table_at(below + 1);
+    for (int k = 0; k < kLogT; ++k) {
+      log_phi[x][k] = lo.log_phi[k] + frac * (hi.log_phi[k] - lo.log_phi[k]);
+      psi1[x][k] = lo.psi1[k] + frac * (hi.psi1[k] - lo.psi1[k]);
+      psi2[x][k] = lo.psi2[k] + frac * (hi.psi2[k] - lo.psi2[k]);
+      log_all[k] += counts[x] * log_phi[x][k];
+    }
+    keys += counts[x];
+    top = std::max(top, spreads[x]);
+  }
+  // Below this log t every weight's integrand is under e^{−25} of its peak (near −log n − D/2).
+  const double low = -std::log(keys) - 0.5 * top - 25.0;
+  mean.assign(nx, 0.0);
+  sq.assign(nx, 0.0);
+  double total = 0.0;
+  for (std::size_t x = 0; x < nx; ++x) {
+    if (counts[x] <= 0.0) continue;
+    for (int k = 0; k < kLogT; ++k) {
+      const double others = log_all[k] - log_phi[x][k];  // log Π_{m≠k} φ_m
+      if (kLogTLow + k * dlt < low || others < -60.0) continue;
+      const double f = (k == 0 || k == kLogT - 1 ? 0.5 : 1.0) * dlt * std::exp(others);
+      mean[x] += f * psi1[x][k];
+      sq[x] += f * psi2[x][k];
+    }
+    total += counts[x] * mean[x];
+  }
+  if (!(total > 0.0)) return false;
+  for (std::size_t x = 0; x < nx; ++x) mean[x] /= total;  // Σ_k E[w_k] = 1 (the quadrature's drift)
+  return true;
+}
+
+// How many keys of bucket x the representative query of bucket a reads (all of a bucket before it, h of its own).
+double key_count(const std::vector<Representative>& reps, std::int64_t a, std::int64_t x) {
+  return x < a ? reps[static_cast<std::size_t>(x)].m : x == a ? reps[static_cast<std::size_t>(a)].h : 0.0;
+}
+
+// The weight products of two representative queries (a, b), as causal_mix_forward and causal_mix_backward read them:
+// E[w_ak w_bk] = same(x) for a key k of bucket x both read, and E[w_ak w_bm] = κ·E[w_ak]·E[w_bm] for k ≠ m, κ
+// such that Σ_{k,m} E[w_ak w_bm] = 1. `kind`: the same query (a = b), two queries of bucket a (within), or two
+// queries of different buckets.
+enum class QueryPair { same, within, different };
+struct PairProducts {
+  std::vector<double> shared, same;  // per key bucket: keys both read, and their product
+  double kappa = 0.0;
+};
+PairProducts pair_products(const CausalWeights& w, const std::vector<Representative>& reps, std::int64_t a,
+                           std::int64_t b, QueryPair kind) {
+  const std::int64_t p = static_cast<std::int64_t>(reps.size());
+  PairProducts out{std::vector<double>(static_cast<std::size_t>(p), 0.0),
+                   std::vector<double>(static_cast<std::size_t>(p), 0.0), 0.0};
+  const double rho = kind == QueryPair::within      ? w.query_corr_within[static_cast<std::size_t>(a)]
+                     : kind == QueryPair::different ? w.query_corr[at_index(a, b, p)]
+                                                    : 1.0;
+  double same_mass = 0.0, mean_mass = 0.0;
+  for (std::int64_t x = 0; x <= std::min(a, b); ++x) {
+    const std::size_t ax = at_index(a, x, p), bx = at_index(b, x, p), ix = static_cast<std::size_t>(x);
+    out.shared[ix] = std::min(key_count(reps, a, x), key_count(reps, b, x));
+    if (kind == QueryPair::same) {
+      out.same[ix] = w.key_sq[ax];
+    } else {
+      const double boost = std::exp(std::min(rho * std::sqrt(w.key_logit[ax] * w.key_logit[bx]), 700.0));
+      out.same[ix] = std::min(boost * w.key_mean[ax] * w.key_mean[bx], std::sqrt(w.key_sq[ax] * w.key_sq[bx]));
+    }
+    same_mass += out.shared[ix] * out.same[ix];
+    mean_mass += out.shared[ix] * w.key_mean[ax] * w.key_mean[bx];
+  }
+  out.kappa = 1.0 - mean_mass > 1e-12 ? std::max(0.0, (1.0 - same_mass) / (1.0 - mean_mass)) : 0.0;
+  return out;
+}
+
+}  // namespace
+
+CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim) {
+  PROPLAB_CHECK(q.layout == k.layout, "causal_weights: layouts differ");
+  const std::int64_t p = q.buckets();
+  const std::vector<Representative> reps = representatives(*q.layout);
+  const RangeSums k_sums(block_totals(k.cov, k.within, reps), reps, false);
+  const PrefixStats k_stats = prefix_stats(k, reps, k_sums);
+  const double per_query = scale_sq * static_cast<double>(head_dim);
+  const std::size_t pp = static_cast<std::size_t>(p);
+  CausalWeights w;
+  w.layout = q.layout;
+  w.key_spread = k_stats.spread;
+  w.logit_spread.assign(pp, 0.0);
+  w.self_sq.assign(pp, 0.0);
+  w.aligned_gaussian.assign(pp, 0.0);
+  w.aligned_fixed.assign(pp, 0.0);
+  w.key_mean.assign(cells(p), 0.0);
+  w.key_sq.assign(cells(p), 0.0);
+  w.key_logit.assign(cells(p), 0.0);
+  w.query_corr.assign(cells(p), 0.0);
+  w.query_corr_within.assign(pp, 0.0);
+  std::vector<double> counts(pp), rows(pp), spreads(pp), mean, sq;
+  for (std::int64_t a = 0; a < p; ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    const double n = reps[ia].n;
+    const double d = per_query * q.diag(a) * k_stats.spread[ia];
+    w.logit_spread[ia] = d;
+    const double unbias = n > 1.0 ? n / (n - 1.0) : 0.0;
+    const SoftmaxWeightMoments m = softmax_weight_moments(n, d * unbias);
+    w.aligned_gaussian[ia] = m.tilt_sq - m.sum_sq;
+    w.aligned_fixed[ia] = m.tilt_sq - m.self_tilt;
+    // Each key's own spread: its deviation from the prefix's mean key, Var(k_k − k̄) = C_kk − 2·mean_m C_km + mean C,
+    // whose mean over the keys is the prefix's spread.
+    double all = 0.0;
+    for (std::int64_t x = 0; x < p; ++x) {
+      const std::size_t ix = static_cast<std::size_t>(x);
+      counts[ix] = key_count(reps, a, x);
+      if (counts[ix] <= 0.0) continue;
+      double row = k.diag(x) + (counts[ix] - 1.0) * k.within[ix];
+      for (std::int64_t y = 0; y <= a; ++y)
+        if (y != x) row += key_count(reps, a, y) * k.at(x, y);
+      rows[ix] = row / n;
+      all += counts[ix] * row;
+    }
+    all /= n * n;
+    for (std::int64_t x = 0; x <= a; ++x) {
+      const std::size_t ix = static_cast<std::size_t>(x);
+      const double own = per_query * q.diag(a) * std::max(0.0, k.diag(x) - 2.0 * rows[ix] + all);
+      w.key_logit[at_index(a, x, p)] = own;
+      spreads[ix] = own * unbias;
+    }
+    for (std::int64_t x = a + 1; x < p; ++x) counts[static_cast<std::size_t>(x)] = 0.0;
+    const bool own_spreads = n > 1.0 && own_spread_weights(counts, spreads, mean, sq);
+    for (std::int64_t x = 0; x <= a; ++x) {
+      const std::size_t ax = at_index(a, x, p);
+      w.key_mean[ax] = own_spreads ? mean[static_cast<std::size_t>(x)] : 1.0 / n;
+      w.key_sq[ax] = own_spreads ? sq[static_cast<std::size_t>(x)] : m.sum_sq / n;
+      if (!own_spreads) w.key_logit[ax] = d;
+      w.self_sq[ia] += counts[static_cast<std::size_t>(x)] * w.key_sq[ax];
+    }
+    for (std::int64_t b = 0; b < p; ++b) w.query_corr[at_index(a, b, p)] = pair_r(q.at(a, b), q.diag(a), q.diag(b));
+    w.query_corr_within[ia] = pair_r(q.within[ia], q.diag(a), q.diag(a));
+  }
+  w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
+  return w;
+}
+
+TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source) {
+  PROPLAB_CHECK(v.layout == w.layout, "causal_mix_forward: layouts differ");
+  PROPLAB_CHECK(source.fan_in >= 0, "causal_mix_forward: needs fan_in >= 0");
+  const std::int64_t p = v.buckets();
+  const std::vector<Representative> reps = representatives(*v.layout);
+  // u(b, x) = Σ_{y ≠ x} n_b(y)·E[w_by]·cov(x, y): what a key of bucket x shares with query b's other key buckets.
+  std::vector<double> u(cells(p), 0.0);
+  for (std::int64_t b = 0; b < p; ++b)
+    for (std::int64_t x = 0; x < p; ++x)
+      for (std::int64_t y = 0; y <= b; ++y)
+        if (y != x) u[at_index(b, x, p)] += key_count(reps, b, y) * w.key_mean[at_index(b, y, p)] * v.at(x, y);
+  auto mix = [&](std::int64_t a, std::int64_t b, QueryPair kind) {
+    const PairProducts pr = pair_products(w, reps, a, b, kind);
+    double same = 0.0, other = 0.0;
+    for (std::int64_t x = 0; x <= std::max(a, b); ++x) {
+      const std::size_t ix = static_cast<std::size_t>(x);
+      const double ca = key_count(reps, a, x), cb = key_count(reps, b, x);
+      const double ma = w.key_mean[at_index(a, x, p)], mb = w.key_mean[at_index(b, x, p)];
+      same += pr.shared[ix] * pr.same[ix] * v.diag(x);
+      other += ca * ma * u[at_index(b, x, p)] + ma * mb * (ca * cb - pr.shared[ix]) * v.within[ix];
+    }
+    return same + pr.kappa * other;
+  };
+  const PrefixStats stats = source.fan_in > 0
+                                ? prefix_stats(v, reps, RangeSums(block_totals(v.cov, v.within, reps), reps, false))
+                                : PrefixStats{};
+  TokenField out;
+  out.layout = v.layout;
+  out.mean = v.mean;
+  out.cov.assign(cells(p), 0.0);
+  out.within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    for (std::int64_t b = 0; b < p; ++b) out.at(a, b) = mix(a, b, a == b ? QueryPair::same : QueryPair::different);
+    out.within[static_cast<std::size_t>(a)] = mix(a, a, QueryPair::within);
+    // The values' share along the query's logit direction (header comment; docs/theory.md, "Values along the
+    // logits"): 1/fan_in of their spread (n/(n − 1) times the prefix's sample variance) is weighted by the logits.
+    const double n = reps[static_cast<std::size_t>(a)].n;
+    if (source.fan_in > 0 && n > 1.0) {
+      const std::size_t i = static_cast<std::size_t>(a);
+      const double aligned = source.fixed_norm ? w.aligned_fixed[i] : w.aligned_gaussian[i];
+      out.at(a, a) += stats.spread[i] * n / (n - 1.0) * aligned / static_cast<double>(source.fan_in);
+    }
+  }
+  return out;
+}
+
+TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
+  PROPLAB_CHECK(d_out.layout == w.layout, "causal_mix_backward: layouts differ");
+  const std::int64_t p = d_out.buckets();
+  const std::vector<Representative> reps = representatives(*d_out.layout);
+  // d_v_k = Σ_{i ≥ k} w_ik d_out_i. The queries of bucket a that read a key of bucket x: all of a later bucket, h_x of
+  // its own.
+  auto readers = [&](std::int64_t x, std::int64_t a) {
+    return a > x ? reps[static_cast<std::size_t>(a)].m : a == x ? reps[static_cast<std::size_t>(x)].h : 0.0;
+  };
+  std::vector<PairProducts> pairs(cells(p)), within(static_cast<std::size_t>(p));
+  for (std::int64_t a = 0; a < p; ++a) {
+    for (std::int64_t b = 0; b < p; ++b)
+      pairs[at_index(a, b, p)] = pair_products(w, reps, a, b, a == b ? QueryPair::same : QueryPair::different);
+    within[static_cast<std::size_t>(a)] = pair_products(w, reps, a, a, QueryPair::within);
+  }
+  // M(a, y) = Σ_{b ≠ a} n_y(b)·E[w_by]·κ_ab·G(a, b) over the queries b that read keys of bucket y.
+  std::vector<double> m(cells(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a)
+    for (std::int64_t y = 0; y < p; ++y)
+      for (std::int64_t b = y; b < p; ++b)
+        if (b != a)
+          m[at_index(a, y, p)] +=
+              readers(y, b) * w.key_mean[at_index(b, y, p)] * pairs[at_index(a, b, p)].kappa * d_out.at(a, b);
+  // Two different keys of buckets x and y (x = y: two keys of one bucket).
+  auto other_keys = [&](std::int64_t x, std::int64_t y) {
+    double g = 0.0;
+    for (std::int64_t a = x; a < p; ++a) {
+      const double qx = readers(x, a), qy = readers(y, a);
+      if (qx <= 0.0) continue;
+      const double mx = w.key_mean[at_index(a, x, p)], my = w.key_mean[at_index(a, y, p)];
+      const double both = std::min(qx, qy);  // the queries of bucket a that read both keys
+      const double own = qy > 0.0 ? my * (both * pairs[at_index(a, a, p)].kappa * d_out.diag(a) +
+                                          (qx * qy - both) * within[static_cast<std::size_t>(a)].kappa *
+                                              d_out.within[static_cast<std::size_t>(a)])
+                                  : 0.0;
+      g += qx * mx * (m[at_index(a, y, p)] + own / qx);
+    }
+    return g;
+  };
+  // One key with itself: pairs of queries that both read it.
+  auto same_key = [&](std::int64_t x) {
+    double g = 0.0;
+    const std::size_t ix = static_cast<std::size_t>(x);
+    for (std::int64_t a = x; a < p; ++a) {
+      const double qa = readers(x, a), m = reps[static_cast<std::size_t>(a)].m;
+      // Ordered pairs of different readers: q(q − 1), averaged over the bucket's keys when they are its own ((m² − 1)/3
+      // for the m keys' m, m − 1, ..., 1 readers).
+      const double distinct = a == x ? (m * m - 1.0) / 3.0 : qa * qa - qa;
+      g += qa * pairs[at_index(a, a, p)].same[ix] * d_out.diag(a) +
+           distinct * within[static_cast<std::size_t>(a)].same[ix] * d_out.within[static_cast<std::size_t>(a)];
+      for (std::int64_t b = x; b < p; ++b)
+        if (b != a) g += qa * readers(x, b) * pairs[at_index(a, b, p)].same[ix] * d_out.at(a, b);
+    }
+    return g;
+  };
+  TokenGrad g;
+  g.layout = d_out.layout;
+  g.cov.assign(cells(p), 0.0);
+  g.within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t x = 0; x < p; ++x) {
+    for (std::int64_t y = 0; y < p; ++y) g.at(x, y) = x == y ? same_key(x) : other_keys(x, y);
+    g.within[static_cast<std::size_t>(x)] = other_keys(x, x);
+  }
+  return g;
 }
 
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,

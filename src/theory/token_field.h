@@ -125,17 +125,23 @@ TokenField residual_forward(const TokenField& skip, const TokenField& branch, do
 TokenGrad residual_backward(const TokenGrad& d_y, const TokenGrad& d_x_branch, double lambda);
 TokenGrad scaled(const TokenGrad& g, double factor);
 
-// The expected pair products of the causal softmax weights of one head for the buckets' representative queries
-// (see the header comment). [buckets, buckets] matrices: a ≠ b for queries in different buckets, the diagonal
-// for a query with itself; *_within for two different queries of one bucket.
+// The causal softmax weights of one head for the buckets' representative queries (see the header comment). Per query
+// bucket a and key bucket x ≤ a ([buckets, buckets], 0 beyond): one key's mean weight E[w_ak] and mean square weight
+// E[w_ak²] and its own logit spread, for independent logits whose spreads are each key's deviation from the prefix's
+// mean key (docs/theory.md, "Keys of unequal spread"; equal spreads give 1/n and s/n). Two queries' products:
+// E[w_ak w_bk] = min(e^{ρ_ab·√(D_ak D_bk)}·E[w_ak]E[w_bk], √(E[w_ak²]E[w_bk²])) on a key both read, and
+// κ_ab·E[w_ak]E[w_bm] on different keys, κ_ab such that they sum to 1.
 struct CausalWeights {
   std::shared_ptr<const TokenLayout> layout;
   std::vector<double> key_spread;    // spread_k: the variance of k over the representative query's keys
   std::vector<double> logit_spread;  // D
   std::vector<double> self_sq;       // s = E[Σ_k w_k²]
-  std::vector<double> tilt_sq, self_tilt;  // E[(Σ_k w_k z_k)²] and E[Σ_k w_k² z_k²], z the standardised logits
-  std::vector<double> same_key, other_keys;
-  std::vector<double> same_within, other_within;
+  // (E[(Σ_k w_k z_k)²] − E[Σ_k w_k²]) and (E[(Σ_k w_k z_k)²] − E[Σ_k w_k² z_k²]) for n i.i.d. logits of spread D, z
+  // the standardised logits: causal_mix_forward's finite-width term for Gaussian and fixed-length tokens.
+  std::vector<double> aligned_gaussian, aligned_fixed;
+  std::vector<double> key_mean, key_sq, key_logit;  // [buckets, buckets]: query bucket × key bucket
+  std::vector<double> query_corr;                   // [buckets, buckets]: the queries' correlation ρ_ab
+  std::vector<double> query_corr_within;            // two queries of one bucket
   double logit_var = 0.0;  // scale²·d_head·E[q²]·E[k²] (the logits' variance)
 };
 // From the query and key fields of one head: scale_sq·head_dim·E[q_i²]·spread_k(i) is query i's logit spread.
