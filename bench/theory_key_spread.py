@@ -54,6 +54,9 @@ def main():
     parser.add_argument("--beta-sq", type=float, default=None, help="β² per sublayer (default 1/layers)")
     parser.add_argument("--samples", type=int, default=3000, help="logit draws per query for the two key models")
     args = parser.parse_args()
+    for name in ("seeds", "draws", "samples"):
+        if getattr(args, name) < 1:
+            fail(f"--{name}: {getattr(args, name)}; needs at least 1")
     try:
         f = h5py.File(args.checkpoint, "r")
         std = {k: float(np.std(f["tensors/param/" + k][:])) for k in f["tensors/param"].keys() if k.endswith("weight")}

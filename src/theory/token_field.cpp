@@ -541,7 +541,7 @@ SoftmaxWeightMoments moments_at(const SpreadTable& table, double n, double sprea
 }
 
 // E[z_max²] for the largest of n i.i.d. N(0, 1): ∫ z²·n·φ(z)·Φ(z)^{n−1} dz (trapezoid on [−8, 12]).
-double max_square(double n) {
+double max_square_uncached(double n) {
   constexpr int steps = 4000;
   const double low = -8.0, dz = 20.0 / steps;
   double sum = 0.0;
@@ -551,6 +551,14 @@ double max_square(double n) {
     sum += (i == 0 || i == steps ? 0.5 : 1.0) * dz * z * z * density;
   }
   return sum;
+}
+
+double max_square(double n) {
+  static std::mutex mutex;
+  static std::map<double, double> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(n);
+  return found != cache.end() ? found->second : cache.emplace(n, max_square_uncached(n)).first->second;
 }
 
 }  // namespace
@@ -741,11 +749,17 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
       spreads[ix] = own * unbias;
     }
     for (std::int64_t x = a + 1; x < p; ++x) counts[static_cast<std::size_t>(x)] = 0.0;
-    const bool own_spreads = n > 1.0 && own_spread_weights(counts, spreads, mean, sq);
+    // The same integrals at the prefix's one spread (interpolated alike) calibrate the mean squares: their
+    // interpolation in √D errs by up to a few percent for thousands of keys, and equal spreads give exactly s/n.
+    std::vector<double> equal_mean, equal_sq;
+    const bool own_spreads = n > 1.0 && own_spread_weights(counts, spreads, mean, sq) &&
+                             own_spread_weights(counts, std::vector<double>(pp, d * unbias), equal_mean, equal_sq) &&
+                             equal_sq[static_cast<std::size_t>(a)] > 0.0;
+    const double calibration = own_spreads ? m.sum_sq / n / equal_sq[static_cast<std::size_t>(a)] : 1.0;
     for (std::int64_t x = 0; x <= a; ++x) {
       const std::size_t ax = at_index(a, x, p);
       w.key_mean[ax] = own_spreads ? mean[static_cast<std::size_t>(x)] : 1.0 / n;
-      w.key_sq[ax] = own_spreads ? sq[static_cast<std::size_t>(x)] : m.sum_sq / n;
+      w.key_sq[ax] = own_spreads ? calibration * sq[static_cast<std::size_t>(x)] : m.sum_sq / n;
       if (!own_spreads) w.key_logit[ax] = d;
       w.self_sq[ia] += counts[static_cast<std::size_t>(x)] * w.key_sq[ax];
     }
@@ -846,12 +860,9 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
     double g = 0.0;
     const std::size_t ix = static_cast<std::size_t>(x);
     for (std::int64_t a = x; a < p; ++a) {
-      const double qa = readers(x, a), m = reps[static_cast<std::size_t>(a)].m;
-      // Ordered pairs of different readers: q(q − 1), averaged over the bucket's keys when they are its own ((m² − 1)/3
-      // for the m keys' m, m − 1, ..., 1 readers).
-      const double distinct = a == x ? (m * m - 1.0) / 3.0 : qa * qa - qa;
+      const double qa = readers(x, a);
       g += qa * pairs[at_index(a, a, p)].same[ix] * d_out.diag(a) +
-           distinct * within[static_cast<std::size_t>(a)].same[ix] * d_out.within[static_cast<std::size_t>(a)];
+           (qa * qa - qa) * within[static_cast<std::size_t>(a)].same[ix] * d_out.within[static_cast<std::size_t>(a)];
       for (std::int64_t b = x; b < p; ++b)
         if (b != a) g += qa * readers(x, b) * pairs[at_index(a, b, p)].same[ix] * d_out.at(a, b);
     }
