@@ -710,7 +710,6 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   w.layout = q.layout;
   w.key_spread = k_stats.spread;
   w.logit_spread.assign(pp, 0.0);
-  w.self_sq.assign(pp, 0.0);
   w.aligned_gaussian.assign(pp, 0.0);
   w.aligned_fixed.assign(pp, 0.0);
   w.key_mean.assign(cells(p), 0.0);
@@ -748,7 +747,6 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
       w.key_logit[at_index(a, x, p)] = own;
       spreads[ix] = own * unbias;
     }
-    for (std::int64_t x = a + 1; x < p; ++x) counts[static_cast<std::size_t>(x)] = 0.0;
     // The same integrals at the prefix's one spread (interpolated alike) calibrate the mean squares: their
     // interpolation in √D errs by up to a few percent for thousands of keys, and equal spreads give exactly s/n.
     std::vector<double> equal_mean, equal_sq;
@@ -761,7 +759,6 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
       w.key_mean[ax] = own_spreads ? mean[static_cast<std::size_t>(x)] : 1.0 / n;
       w.key_sq[ax] = own_spreads ? calibration * sq[static_cast<std::size_t>(x)] : m.sum_sq / n;
       if (!own_spreads) w.key_logit[ax] = d;
-      w.self_sq[ia] += counts[static_cast<std::size_t>(x)] * w.key_sq[ax];
     }
     for (std::int64_t b = 0; b < p; ++b) w.query_corr[at_index(a, b, p)] = pair_r(q.at(a, b), q.diag(a), q.diag(b));
     w.query_corr_within[ia] = pair_r(q.within[ia], q.diag(a), q.diag(a));

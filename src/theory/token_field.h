@@ -135,7 +135,6 @@ struct CausalWeights {
   std::shared_ptr<const TokenLayout> layout;
   std::vector<double> key_spread;    // spread_k: the variance of k over the representative query's keys
   std::vector<double> logit_spread;  // D
-  std::vector<double> self_sq;       // s = E[Σ_k w_k²]
   // (E[(Σ_k w_k z_k)²] − E[Σ_k w_k²]) and (E[(Σ_k w_k z_k)²] − E[Σ_k w_k² z_k²]) for n i.i.d. logits of spread D, z
   // the standardised logits: causal_mix_forward's finite-width term for Gaussian and fixed-length tokens.
   std::vector<double> aligned_gaussian, aligned_fixed;
