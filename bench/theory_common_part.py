@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The gradient along the stream's common part, measured in a float64 replica of an initialised transformer.
 
-Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B] [--profile SEEDS]
+Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B] [--profile SEEDS | --factors SEEDS]
 
 CHECKPOINT is a proplab checkpoint of a tied-head GELU transformer with affine LayerNorm, Pre-LN or Post-LN, and the
 `deepscalelm` rule (its study is read from the checkpoint), written after one step at a negligible learning rate,
@@ -21,6 +21,14 @@ part α_k = Σ_tokens g·ĉ at every sublayer's output changes across the sublay
 attention and per FFN sublayer over ranges of depth, and (Post-LN) what each norm's backward does to it (α at the
 norm's input times its scale over α at its output, against the 1 − cos² a removal of its own projection would
 leave).
+
+With --factors SEEDS (Post-LN) it redraws the weights the same way and takes each sublayer apart (sublayer k from
+its input x = Norm(s_{k-1}) to its sum s_k): α_s = Σ_t g(s_k)_t·ĉ_s, and what reaches ĉ_x at the input through the
+skip (λ·Σ_t g_t·ĉ_x) and through the branch (β·Σ_t g_t·dF_t, dF_t the branch's response to a shift of every token
+along ĉ_x, by central differences), each for the whole gradient and for the part alone (g_t replaced by α_t·ĉ_s,
+what proplab's bookkeeping carries; the branch's response averaged over the positions, and per position), per
+unit of α_s; and what each norm's backward keeps of the part, α at its input over α at its output (sublayers over
+ranges of depth, summed over SEEDS networks of 4 sequences).
 
 docs/theory.md ("The gradient along the stream's common part") reads these figures against `proplab theory`.
 """
@@ -48,9 +56,14 @@ def main():
     parser.add_argument("checkpoint")
     parser.add_argument("--tokens-seed", type=int, default=0)
     parser.add_argument("--beta-sq", type=float, default=None, help="β² per sublayer (default 1/layers)")
-    parser.add_argument("--profile", type=int, default=0, metavar="SEEDS",
-                        help="the common part's change per sublayer, averaged over SEEDS redrawn networks")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--profile", type=int, default=0, metavar="SEEDS",
+                       help="the common part's change per sublayer, averaged over SEEDS redrawn networks")
+    modes.add_argument("--factors", type=int, default=0, metavar="SEEDS",
+                       help="each Post-LN sublayer's skip, branch and norm factors on the common part (SEEDS networks)")
     args = parser.parse_args()
+    if args.profile < 0 or args.factors < 0:
+        fail("--profile and --factors take a positive number of networks")
     try:
         f = h5py.File(args.checkpoint, "r")
         P = {k: torch.tensor(f["tensors/param/" + k][:]) for k in f["tensors/param"].keys()}
@@ -135,6 +148,11 @@ def main():
     if args.profile > 0:
         profile(P, args.profile, L, T, d, V, pre, forward)
         return
+    if args.factors > 0:
+        if pre:
+            fail(f"{args.checkpoint}: --factors takes a Post-LN model")
+        factors(P, args.factors, L, T, d, V, lam, beta, forward, {"attn": attn, "ffn": ffn})
+        return
     plain, removed = run(False), run(True)
     print(f"{'Pre' if pre else 'Post'}-LN, {L} blocks, width {d}, {T} tokens, β² = {beta_sq:.4g}")
     print(f"{'probe':14s} {'grad var':>10s} {'grad corr':>9s} {'cos(ḡ, c)':>9s} {'var, common part removed':>25s}")
@@ -159,15 +177,7 @@ def profile(P0, seeds, L, T, d, V, pre, forward):
         return c / c.norm(dim=-1, keepdim=True)
 
     for seed in range(seeds):
-        P = {}
-        for key, value in P0.items():
-            if key.endswith(".qkv.weight"):
-                P[key] = torch.cat([torch.randn(part.shape, generator=generator) * part.std()
-                                    for part in value.split(d)])
-            elif key.endswith(".weight") and "norm" not in key:
-                P[key] = torch.randn(value.shape, generator=generator) * value.std()
-            else:
-                P[key] = value.clone()
+        P = redraw(P0, d, generator)
         sums, outs = forward(P, torch.randint(0, V, (batch, T + 1), generator=generator))
         for k in range(2 * L):
             a_out = (outs[k].grad * unit_common(outs[k])).sum(-1)  # per sequence and token
@@ -195,6 +205,68 @@ def profile(P0, seeds, L, T, d, V, pre, forward):
               "projection would leave 1 − cos²):")
         for k in sorted({2, L // 4, L, (3 * L) // 2, 2 * L - 6}):
             print(f"    sublayer {k:3d}: {norm_in[k] / alpha[k]:.4f} (1 − cos²: {norm_kept[k] / alpha[k]:.4f})")
+
+
+def redraw(P0, d, generator):
+    """The checkpoint's tensors redrawn: each weight normal with the checkpoint tensor's std (the packed QKV by
+    thirds); norms and biases kept."""
+    P = {}
+    for key, value in P0.items():
+        if key.endswith(".qkv.weight"):
+            P[key] = torch.cat([torch.randn(part.shape, generator=generator) * part.std() for part in value.split(d)])
+        elif key.endswith(".weight") and "norm" not in key:
+            P[key] = torch.randn(value.shape, generator=generator) * value.std()
+        else:
+            P[key] = value.clone()
+    return P
+
+
+def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
+    """--factors: per sublayer k ≥ 1 (Post-LN), sums over SEEDS networks of: α_s; λ·Σ g·ĉ_x (skip) and β·Σ g·dF
+    (branch) for the whole gradient g at the sum; the same for the part α_t·ĉ_s alone, the branch's response both
+    averaged over the positions and per position; and α at the norm's output and input."""
+    batch, eps = 4, 1e-4
+    generator = torch.Generator().manual_seed(5)
+    acc = torch.zeros(2 * L, 7, dtype=torch.float64)
+
+    def unit_common(t):
+        c = t.detach().mean(1, keepdim=True)
+        return c / c.norm(dim=-1, keepdim=True)
+
+    for seed in range(seeds):
+        P = redraw(P0, d, generator)
+        sums, outs = forward(P, torch.randint(0, V, (batch, T + 1), generator=generator))
+        with torch.no_grad():
+            for k in range(1, 2 * L):
+                x, s, g = outs[k - 1].detach(), sums[k].detach(), sums[k].grad
+                branch = branches["attn" if k % 2 == 0 else "ffn"]
+                cx, cs = unit_common(x), unit_common(s)
+                dF = (branch(x + eps * cx, k // 2, P) - branch(x - eps * cx, k // 2, P)) / (2 * eps)
+                alpha = (g * cs).sum(-1)  # per sequence and position
+                response = (dF * cs).sum(-1)
+                acc[k] += torch.tensor([
+                    alpha.sum().item(),
+                    lam * (g * cx).sum().item(), beta * (g * dF).sum().item(),
+                    lam * (alpha * (cs * cx).sum(-1)).sum().item(),
+                    beta * (alpha.sum(1) * response.mean(1)).sum().item(), beta * (alpha * response).sum().item(),
+                    (outs[k - 1].grad * unit_common(outs[k - 1])).sum().item()])
+        print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
+    print(f"Post-LN, {L} blocks, width {d}, {seeds} networks of 4 sequences: per sublayer, per unit of α at its sum, "
+          "what reaches the common part at its input (means over the sublayers of each range), and what the norm "
+          "below keeps (α at its input over α at its output)")
+    print(f"  {'sublayers':10s} {'kind':4s} {'skip: part':>10s} {'whole':>7s} {'branch: part':>12s} {'per position':>12s} "
+          f"{'whole':>7s} {'norm keeps':>10s}")
+    edges = sorted({1, 4, 8, max(9, L // 3), max(10, L), max(11, (3 * L) // 2), 2 * L})
+    for lo, hi in zip(edges, edges[1:]):
+        for kind, name in ((0, "attn"), (1, "ffn")):
+            rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
+            if not rows:
+                continue
+            mean = lambda j: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
+            keeps = [acc[k - 1][0].item() / acc[k][6].item() for k in range(lo, hi) if k % 2 == kind and k > 1]
+            keep = sum(keeps) / len(keeps) if keeps else float("nan")
+            print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(3):10.4f} {mean(1):7.4f} {mean(4):12.4f} {mean(5):12.4f} "
+                  f"{mean(2):7.4f} {keep:10.4f}")
 
 
 if __name__ == "__main__":

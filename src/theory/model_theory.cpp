@@ -473,6 +473,36 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
   return std::max(0.0, moved_out / moved_in - rn.lambda * rn.lambda);
 }
 
+// Post-LN: what the stream norm below sublayer `index` (whose output is the sublayer's input x) removes from the
+// part α·ĉ (docs/theory.md, "The gradient along the stream's common part", "The norm below removes a little").
+// Norm(·)'s backward takes out each token's projection on its own output, (g_t·x_t)·x_t/d, which gradient
+// independence takes as zero. With the norm above the sum s = λx + β·F(x), g_s ⟂ s_t per token, so
+// g_t·x_t = β·((Jᵀg_s)_t·x_t − g_s,t·F_t): zero only for a branch homogeneous of degree 1. The part α'·ĉ_s of g_s,
+// with ĉ_s holding β·F̄, gives Σ_t of it β²·(½·dC_F/dε − C_F)·|c|/|c_s| per unit of α' (ε a relative scaling of
+// every input token, C_F the branch output's pair mean), and the projection reaches ĉ with x_t·ĉ/d = m_t/|c|
+// (m_t = row_means). The scaling response is the key side (the value path collects it at the keys, `collected`),
+// the branch's own output the query side (α'_t). Returns the amount to subtract from α at x, per bucket.
+std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, const Sublayer& s,
+                                 const std::vector<double>& alpha, const std::vector<double>& collected,
+                                 double common_in, double common_out, double lambda_sq, ActivationPairMaps& rule) {
+  const double step = 1e-4;  // relative scaling of the input
+  TokenField grown = s.input;
+  const double factor = (1.0 + step) * (1.0 + step);
+  for (double& v : grown.cov) v *= factor;
+  for (double& v : grown.within) v *= factor;
+  grown.mean *= 1.0 + step;
+  const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr);
+  const double grown_out = t.sum.pair_mean() + t.sum.mean * t.sum.mean;
+  const double response = (grown_out - common_out) / (2.0 * step) - lambda_sq * common_in;  // β²·½·dC_F/dε
+  const double own = common_out - lambda_sq * common_in;                                    // β²·C_F
+  const std::vector<double> rows = row_means(s.input);
+  std::vector<double> removed(alpha.size(), 0.0);
+  const double unit = 1.0 / std::sqrt(common_in * common_out);
+  for (std::size_t a = 0; a < alpha.size(); ++a)
+    removed[a] = rows[a] * unit * (response * collected[a] - own * alpha[a]);
+  return removed;
+}
+
 // The backward pass of one sublayer: g arrives at its output; returns the gradient at its input. `norm_reads`
 // (Post-LN's last sublayer): what its norm's backward reads in place of g_out (loss_gradient: g_out less a tied
 // head's removed self direction; g_out itself otherwise).
@@ -487,8 +517,8 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
 // α_t reaches the input as √(C_x/C_s)·(λ²·α_t + β²·Γ·w_t) (docs/theory.md, "The gradient along the stream's common
 // part").
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
-                            const TokenGrad* norm_reads, std::vector<double>* aligned, ActivationPairMaps& rule,
-                            Builder& b, const SublayerProbes& p) {
+                            const TokenGrad* norm_reads, std::vector<double>* aligned, bool norm_removes_part,
+                            ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
   const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
@@ -546,8 +576,14 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
       }
       g.within[ia] += cross * 2.0 * alpha[ia] * collected[ia];
     }
+    // Post-LN: the input is the norm's output below (the first sublayer's is the embedding's).
+    const std::vector<double> removed =
+        post && index > 0 && norm_removes_part && ratio > 0.0
+            ? norm_removal(numbers, index, s, alpha, collected, common_in, common_out, lambda_sq, rule)
+            : std::vector<double>(alpha.size(), 0.0);
     const double keep = std::sqrt(ratio);
-    for (std::size_t a = 0; a < alpha.size(); ++a) alpha[a] = keep * (lambda_sq * alpha[a] + branch * collected[a]);
+    for (std::size_t a = 0; a < alpha.size(); ++a)
+      alpha[a] = keep * (lambda_sq * alpha[a] + branch * collected[a]) - removed[a];
   }
   b.set_backward(p.input, g.signal());
   return g;
@@ -1308,8 +1344,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     for (int i = end - 1; i >= start; --i) {
       const TokenGrad* norm_reads = i == sublayers - 1 && c.norm == NormPlacement::post ? &first_norm_reads : nullptr;
       g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads,
-                            aligned_share > 0.0 && inputs.common_part_gradient ? &aligned : nullptr, rule, b,
-                            probes[static_cast<std::size_t>(i)]);
+                            aligned_share > 0.0 && inputs.common_part_gradient ? &aligned : nullptr,
+                            inputs.norm_removes_part, rule, b, probes[static_cast<std::size_t>(i)]);
       states.pop_back();
     }
   }

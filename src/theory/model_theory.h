@@ -102,6 +102,10 @@ struct TheoryInputs {
   // blocks amplify beyond gradient independence (docs/theory.md, "The gradient along the stream's common part").
   // Off only to measure what the term does.
   bool common_part_gradient = true;
+  // Post-LN, with common_part_gradient: each stream norm's backward removes a little of that part, because the
+  // sublayer above it is not homogeneous of degree 1 (GELU, the softmax) (docs/theory.md, "The norm below removes
+  // a little"). Off only to measure what the term does.
+  bool norm_removes_part = true;
 };
 
 // The prediction for one probe.
