@@ -27,8 +27,8 @@ its input x = Norm(s_{k-1}) to its sum s_k): α_s = Σ_t g(s_k)_t·ĉ_s, and wha
 skip (λ·Σ_t g_t·ĉ_x) and through the branch (β·Σ_t g_t·dF_t, dF_t the branch's response to a shift of every token
 along ĉ_x, by central differences), each for the whole gradient and for the part alone (g_t replaced by α_t·ĉ_s,
 what proplab's bookkeeping carries; the branch's response averaged over the positions, and per position), per
-unit of α_s; and what each norm's backward keeps of the part, α at its input over α at its output (sublayers over
-ranges of depth, summed over SEEDS networks of 4 sequences).
+unit of α_s; and what each norm's backward keeps of the part, α at its input times the sum's scale σ (per token)
+over α at its output (sublayers over ranges of depth, summed over SEEDS networks of 4 sequences).
 
 docs/theory.md ("The gradient along the stream's common part") reads these figures against `proplab theory`.
 """
@@ -224,10 +224,11 @@ def redraw(P0, d, generator):
 def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
     """--factors: per sublayer k ≥ 1 (Post-LN), sums over SEEDS networks of: α_s; λ·Σ g·ĉ_x (skip) and β·Σ g·dF
     (branch) for the whole gradient g at the sum; the same for the part α_t·ĉ_s alone, the branch's response both
-    averaged over the positions and per position; and α at the norm's output and input."""
+    averaged over the positions and per position; α at the output of the norm below; and α_s times the sum's scale
+    σ per token (what the norm above it divides by)."""
     batch, eps = 4, 1e-4
     generator = torch.Generator().manual_seed(5)
-    acc = torch.zeros(2 * L, 7, dtype=torch.float64)
+    acc = torch.zeros(2 * L, 8, dtype=torch.float64)
 
     def unit_common(t):
         c = t.detach().mean(1, keepdim=True)
@@ -249,21 +250,22 @@ def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
                     lam * (g * cx).sum().item(), beta * (g * dF).sum().item(),
                     lam * (alpha * (cs * cx).sum(-1)).sum().item(),
                     beta * (alpha.sum(1) * response.mean(1)).sum().item(), beta * (alpha * response).sum().item(),
-                    (outs[k - 1].grad * unit_common(outs[k - 1])).sum().item()])
+                    (outs[k - 1].grad * unit_common(outs[k - 1])).sum().item(),
+                    ((sums[k].grad * cs).sum(-1) * s.std(-1, unbiased=False)).sum().item()])
         print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
     print(f"Post-LN, {L} blocks, width {d}, {seeds} networks of 4 sequences: per sublayer, per unit of α at its sum, "
           "what reaches the common part at its input (means over the sublayers of each range), and what the norm "
-          "below keeps (α at its input over α at its output)")
+          "below keeps (α at its input times the sum's scale σ, over α at its output)")
     print(f"  {'sublayers':10s} {'kind':4s} {'skip: part':>10s} {'whole':>7s} {'branch: part':>12s} {'per position':>12s} "
           f"{'whole':>7s} {'norm keeps':>10s}")
-    edges = sorted({1, 4, 8, max(9, L // 3), max(10, L), max(11, (3 * L) // 2), 2 * L})
+    edges = sorted(e for e in {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L} if 1 <= e <= 2 * L)
     for lo, hi in zip(edges, edges[1:]):
         for kind, name in ((0, "attn"), (1, "ffn")):
             rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
             if not rows:
                 continue
             mean = lambda j: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
-            keeps = [acc[k - 1][0].item() / acc[k][6].item() for k in range(lo, hi) if k % 2 == kind and k > 1]
+            keeps = [acc[k - 1][7].item() / acc[k][6].item() for k in range(lo, hi) if k % 2 == kind and k > 1]
             keep = sum(keeps) / len(keeps) if keeps else float("nan")
             print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(3):10.4f} {mean(1):7.4f} {mean(4):12.4f} {mean(5):12.4f} "
                   f"{mean(2):7.4f} {keep:10.4f}")

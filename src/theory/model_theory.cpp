@@ -477,15 +477,18 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
 // part α·ĉ (docs/theory.md, "The gradient along the stream's common part", "The norm below removes a little").
 // Norm(·)'s backward takes out each token's projection on its own output, (g_t·x_t)·x_t/d, which gradient
 // independence takes as zero. With the norm above the sum s = λx + β·F(x), g_s ⟂ s_t per token, so
-// g_t·x_t = β·((Jᵀg_s)_t·x_t − g_s,t·F_t): zero only for a branch homogeneous of degree 1. The part α'·ĉ_s of g_s,
-// with ĉ_s holding β·F̄, gives Σ_t of it β²·(½·dC_F/dε − C_F)·|c|/|c_s| per unit of α' (ε a relative scaling of
-// every input token, C_F the branch output's pair mean), and the projection reaches ĉ with x_t·ĉ/d = m_t/|c|
-// (m_t = row_means). The scaling response is the key side (the value path collects it at the keys, `collected`),
-// the branch's own output the query side (α'_t). Returns the amount to subtract from α at x, per bucket.
+// g_t·x_t = β·((Jᵀg_s)_t·x_t − g_s,t·F_t), whose sum over the tokens vanishes for a branch homogeneous of degree 1
+// (Euler) but not for GELU or the softmax. For the part α'·ĉ_s of g_s, with ĉ_s holding β·F̄/|c_s|, that sum is
+// β²·(½·dC_F/dε − C_F)·d/|c_s| per unit of α' (ε a relative scaling of every input token, C_F the branch output's
+// pair mean), and x_t·ĉ/d = m_t/|c| (m_t = row_means plus the mean's square), so α at x loses
+// β²·(½·dC_F/dε − C_F)·m_t/√(C_x·C_s) per unit. The scaling response is the key side (the value path collects it
+// at the keys, `collected`), the branch's own output the query side (α'_t). Returns the amount to subtract from α
+// at x, per bucket. The step, 10⁻³, is well above the variance tolerance within which ActivationPairMaps reuses a
+// table, so the activation's pair maps are rebuilt at the scaled input.
 std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, const Sublayer& s,
                                  const std::vector<double>& alpha, const std::vector<double>& collected,
                                  double common_in, double common_out, double lambda_sq, ActivationPairMaps& rule) {
-  const double step = 1e-4;  // relative scaling of the input
+  const double step = 1e-3;  // relative scaling of the input
   TokenField grown = s.input;
   const double factor = (1.0 + step) * (1.0 + step);
   for (double& v : grown.cov) v *= factor;
@@ -493,13 +496,14 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
   grown.mean *= 1.0 + step;
   const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr);
   const double grown_out = t.sum.pair_mean() + t.sum.mean * t.sum.mean;
-  const double response = (grown_out - common_out) / (2.0 * step) - lambda_sq * common_in;  // β²·½·dC_F/dε
-  const double own = common_out - lambda_sq * common_in;                                    // β²·C_F
+  const double own = common_out - lambda_sq * common_in;                                      // β²·C_F
+  const double response = (grown_out - factor * lambda_sq * common_in - own) / (2.0 * step);  // β²·½·dC_F/dε
   const std::vector<double> rows = row_means(s.input);
+  const double shared = s.input.mean * s.input.mean;
   std::vector<double> removed(alpha.size(), 0.0);
   const double unit = 1.0 / std::sqrt(common_in * common_out);
   for (std::size_t a = 0; a < alpha.size(); ++a)
-    removed[a] = rows[a] * unit * (response * collected[a] - own * alpha[a]);
+    removed[a] = (rows[a] + shared) * unit * (response * collected[a] - own * alpha[a]);
   return removed;
 }
 
@@ -514,8 +518,8 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
 // pair means of the input and of the sum). The branch collects α at position t as w_t = α_t (FFN) or
 // Σ_{i ≥ t} α_i/(i + 1) (attention's value path, which sums every later query's gradient at key t); the skip and
 // the branch then add λ²β²·Γ·(C_x/C_s)·(α_i·w_j + α_j·w_i) to the gradient's covariance of positions i and j, and
-// α_t reaches the input as √(C_x/C_s)·(λ²·α_t + β²·Γ·w_t) (docs/theory.md, "The gradient along the stream's common
-// part").
+// α_t reaches the input as √(C_x/C_s)·(λ²·α_t + β²·Γ·w_t), less (Post-LN, `norm_removes_part`) what the stream
+// norm below removes (norm_removal) (docs/theory.md, "The gradient along the stream's common part").
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
                             const TokenGrad* norm_reads, std::vector<double>* aligned, bool norm_removes_part,
                             ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
