@@ -172,10 +172,6 @@ def profile(P0, seeds, L, T, d, V, pre, forward):
     alpha = [0.0] * (2 * L)
     norm_in, norm_kept = [0.0] * (2 * L), [0.0] * (2 * L)
 
-    def unit_common(t):
-        c = t.detach().mean(1, keepdim=True)
-        return c / c.norm(dim=-1, keepdim=True)
-
     for seed in range(seeds):
         P = redraw(P0, d, generator)
         sums, outs = forward(P, torch.randint(0, V, (batch, T + 1), generator=generator))
@@ -207,6 +203,12 @@ def profile(P0, seeds, L, T, d, V, pre, forward):
             print(f"    sublayer {k:3d}: {norm_in[k] / alpha[k]:.4f} (1 − cos²: {norm_kept[k] / alpha[k]:.4f})")
 
 
+def unit_common(t):
+    """ĉ: the unit vector along the tokens' mean, per sequence ([batch, 1, width])."""
+    c = t.detach().mean(1, keepdim=True)
+    return c / c.norm(dim=-1, keepdim=True)
+
+
 def redraw(P0, d, generator):
     """The checkpoint's tensors redrawn: each weight normal with the checkpoint tensor's std (the packed QKV by
     thirds); norms and biases kept."""
@@ -229,10 +231,6 @@ def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
     batch, eps = 4, 1e-4
     generator = torch.Generator().manual_seed(5)
     acc = torch.zeros(2 * L, 8, dtype=torch.float64)
-
-    def unit_common(t):
-        c = t.detach().mean(1, keepdim=True)
-        return c / c.norm(dim=-1, keepdim=True)
 
     for seed in range(seeds):
         P = redraw(P0, d, generator)
