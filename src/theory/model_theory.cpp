@@ -627,9 +627,10 @@ void walk_attention_branches(TransformerNumbers& numbers, const TheoryInputs& in
 namespace {
 
 // How predict_transformer computes, for the run file's /theory formulae attribute.
-// `token_pairs`: where the loss gradient's token covariance takes its coincidence rates from.
+// `token_pairs`: where the loss gradient's token covariance takes its coincidence rates from; `common_part`: whether
+// the gradient's part along the stream's common part is carried (a tied head above a norm).
 std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs,
-                                 const std::string& token_pairs) {
+                                 const std::string& token_pairs, bool common_part) {
   std::ostringstream formulae;
   formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
               "r_0 "
@@ -645,6 +646,12 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
            << " and the logits' row correlation; linear/activation/norm/dropout/residual "
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
               "(per position, the softmax Jacobian's exact trace)";
+  if (common_part)
+    formulae << "; the gradient's part along the stream's common part, seeded by the tied head's first norm, grown by "
+                "each branch's response to a common shift"
+             << (c.norm == NormPlacement::post && inputs.norm_removes_part
+                     ? " and reduced by each stream norm's removal of its projection on the token"
+                     : "");
   return formulae.str();
 }
 
@@ -1371,7 +1378,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     }
   }
 
-  b.prediction.formulae = transformer_formulae(c, inputs, coincidences.describe());
+  b.prediction.formulae =
+      transformer_formulae(c, inputs, coincidences.describe(), aligned_share > 0.0 && inputs.common_part_gradient);
   return b.prediction;
 }
 
