@@ -637,8 +637,10 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
            << (inputs.input_corr ? "(given)" : "(uniform tokens)") << "; linear_forward; "
            << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
            << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
-           << ") per token pair; causal attention (per query E[Σw²] of n i.i.d. N(0, D) "
-              "logits, exact; log-normal shared-key products for query pairs); dropout_forward; residual_forward; tied "
+           << ") per token pair; causal attention (per key of each query's prefix E[w] and E[w²] of independent "
+              "N(0, D_k) logits, each key with its own spread, by one-dimensional integrals; log-normal shared-key "
+              "products for query pairs; the values' share along the logits, O(1/width)); dropout_forward; "
+              "residual_forward; tied "
               "head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
               "(near-uniform, plus the tied self logit by quadrature), its token covariance from "
