@@ -106,7 +106,7 @@ Measured measure(const Case& run, std::uint64_t seed = 7) {
 }
 
 // `tokens`: whether the prediction reads the batch's token ids (as a run's does) or assumes independent uniform
-// tokens; `common_part`: TheoryInputs::common_part_gradient.
+// tokens; `common_part`: TheoryInputs::common_part_gradient; `norm_removal`: TheoryInputs::norm_removes_part.
 theory::ProbePrediction predict(const Case& run, const Measured& measured, bool tokens = true, bool common_part = true,
                                 bool norm_removal = true) {
   theory::TheoryInputs inputs;
@@ -472,8 +472,8 @@ TEST(ModelTheory, PostLnDeepScaleLmGradientFollowsTheCommonPart) {
   // term). Over seeds 1-6 the growth is 3.1-4.2 against about 2.35 predicted, while blocks.12.in over blocks.23.out is
   // 0.82 ± 0.02 against 0.79: what the bookkeeping misses at this shape is in the lowest blocks (at width 512 and 48
   // blocks the input is 6.0% over the prediction with seeds 1-4, 7.4% with the accuracy table's 16, docs/theory.md).
-  // The seed is short here too: just below the first norm the measured correlation is +0.0047 against −0.0012 predicted
-  // (blocks.23.ffn.sum; the removal's covariance, "Tied head"), and 0.0097 against 0.0022 at blocks.23.in.
+  // The seed is short here too: just below the first norm the measured correlation is +0.0047 against −0.0012
+  // predicted (blocks.23.ffn.sum; the removal's covariance, "Tied head"), and 0.0097 against 0.0022 at blocks.23.in.
   EXPECT_GT(predicted, 0.65 * growth);
   EXPECT_LT(independent_growth, 0.4 * growth);
   EXPECT_GT(p.find("blocks.0.in")->backward_corr, 1.5 * q.find("blocks.0.in")->backward_corr);
@@ -485,16 +485,16 @@ TEST(ModelTheory, PostLnDeepScaleLmGradientFollowsTheCommonPart) {
 // Each Post-LN stream norm's backward removes a little of the gradient's part along the common part, because the
 // sublayer above it is not homogeneous of degree 1 (GELU's mean grows with the square of its input's scale; the
 // softmax sharpens): 0.25% per norm below an FFN and 0.02% below an attention at DeepScaleLM's branches, which 96
-// norms compound into the 11-14% by which
-// the gradient of the accuracy table's Post-LN deepscalelm row was predicted high at its lower blocks (docs/theory.md,
-// "The norm below removes a little"). The table's shape (width 512, 48 blocks, 64 tokens), seeds 1-4: the
-// gradient at blocks.36/24/12.in over blocks.47.out is measured 0.820 / 0.865 / 1.233 against 0.847 / 0.859 / 1.210
-// predicted (0.850 / 0.891 / 1.366 without the removal); at blocks.0.in 3.74 against 3.53 (4.21 without).
+// norms compound into the 11-14% by which the gradient of the accuracy table's Post-LN deepscalelm row was predicted
+// high at its lower blocks (docs/theory.md, "The norm below removes a little"). The table's shape (width 512, 48
+// blocks, 64 tokens), seeds 1-4: the gradient at blocks.36/24/12.in over blocks.47.out is measured 0.820 / 0.865 /
+// 1.233 against 0.847 / 0.859 / 1.210 predicted (0.850 / 0.891 / 1.366 without the removal); at blocks.0.in 3.74
+// against 3.53 (4.21 without).
 TEST(ModelTheory, PostLnNormsRemoveALittleOfTheCommonPart) {
   const char* names[] = {"blocks.36.in", "blocks.24.in", "blocks.12.in", "blocks.0.in"};
   double measured[4] = {}, predicted[4] = {}, without[4] = {};
   const int seeds = 4;
-  for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
+  for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
     const Case run = tied_deepscalelm(48, 512, NormPlacement::post);
     const Measured m = measure(run, seed);
     const theory::ProbePrediction p = predict(run, m), q = predict(run, m, true, true, false);
