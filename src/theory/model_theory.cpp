@@ -408,6 +408,9 @@ std::vector<double> row_means(const TokenCov& x) {
   return out;
 }
 
+// The square of the part every token of the field shares, per feature: the pair mean plus the mean's square.
+double common_square(const TokenField& x) { return x.pair_mean() + x.mean * x.mean; }
+
 // A norm's backward on the per-position coefficients of sublayer_backward's `aligned`: each divided by its
 // position's scale, as norm_backward divides the covariance.
 void divide_by_norm_scale(NormKind kind, const TokenField& x, double eps, std::vector<double>& alpha) {
@@ -449,11 +452,12 @@ std::vector<double> causal_column_sums(const TokenLayout& layout, const std::vec
 // 2ε·|c|/width. Computed by the forward maps themselves (a Pre-LN branch's norm, the attention weights' and the
 // activation's response included): the sublayer once more on the input so moved, its sum's pair mean less λ² times
 // the input's.
-double branch_common_gain(const TransformerNumbers& numbers, int index, const Sublayer& s, ActivationPairMaps& rule) {
+// `rows`: row_means(s.input).
+double branch_common_gain(const TransformerNumbers& numbers, int index, const Sublayer& s,
+                          const std::vector<double>& rows, ActivationPairMaps& rule) {
   const TransformerConfig& c = numbers.config;
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
   const ResidualNumbers& rn = index % 2 == 0 ? bn.attn_residual : bn.ffn_residual;
-  const std::vector<double> rows = row_means(s.input);
   const double common = s.input.pair_mean();
   if (!(common > 0.0) || !(rn.beta > 0.0)) return 0.0;
   const double step = 1e-4;  // relative to the pair mean
@@ -486,8 +490,9 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
 // at x, per bucket. The step, 10⁻³, is well above the variance tolerance within which ActivationPairMaps reuses a
 // table, so the activation's pair maps are rebuilt at the scaled input.
 std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, const Sublayer& s,
-                                 const std::vector<double>& alpha, const std::vector<double>& collected,
-                                 double common_in, double common_out, double lambda_sq, ActivationPairMaps& rule) {
+                                 const std::vector<double>& rows, const std::vector<double>& alpha,
+                                 const std::vector<double>& collected, double common_in, double common_out,
+                                 double lambda_sq, ActivationPairMaps& rule) {
   const double step = 1e-3;  // relative scaling of the input
   TokenField grown = s.input;
   const double factor = (1.0 + step) * (1.0 + step);
@@ -495,10 +500,9 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
   for (double& v : grown.within) v *= factor;
   grown.mean *= 1.0 + step;
   const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr);
-  const double grown_out = t.sum.pair_mean() + t.sum.mean * t.sum.mean;
+  const double grown_out = common_square(t.sum);
   const double own = common_out - lambda_sq * common_in;                                      // β²·C_F
   const double response = (grown_out - factor * lambda_sq * common_in - own) / (2.0 * step);  // β²·½·dC_F/dε
-  const std::vector<double> rows = row_means(s.input);
   const double shared = s.input.mean * s.input.mean;
   std::vector<double> removed(alpha.size(), 0.0);
   const double unit = 1.0 / std::sqrt(common_in * common_out);
@@ -564,11 +568,11 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
   if (aligned) {
     const TokenField& summed = post ? s.sum : s.out;
-    const double common_in = s.input.pair_mean() + s.input.mean * s.input.mean,
-                 common_out = summed.pair_mean() + summed.mean * summed.mean;
+    const double common_in = common_square(s.input), common_out = common_square(summed);
     const double ratio = common_in > 0.0 && common_out > 0.0 ? common_in / common_out : 0.0;
     const double lambda_sq = rn.lambda * rn.lambda;
-    const double branch = ratio > 0.0 ? branch_common_gain(numbers, index, s, rule) : 0.0;
+    const std::vector<double> rows = row_means(s.input);
+    const double branch = ratio > 0.0 ? branch_common_gain(numbers, index, s, rows, rule) : 0.0;
     std::vector<double>& alpha = *aligned;
     const std::vector<double> collected = attention ? causal_column_sums(*g.layout, alpha) : alpha;
     const double cross = lambda_sq * branch * ratio;
@@ -583,7 +587,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     // Post-LN: the input is the norm's output below (the first sublayer's is the embedding's).
     const std::vector<double> removed =
         post && index > 0 && norm_removes_part && ratio > 0.0
-            ? norm_removal(numbers, index, s, alpha, collected, common_in, common_out, lambda_sq, rule)
+            ? norm_removal(numbers, index, s, rows, alpha, collected, common_in, common_out, lambda_sq, rule)
             : std::vector<double>(alpha.size(), 0.0);
     const double keep = std::sqrt(ratio);
     for (std::size_t a = 0; a < alpha.size(); ++a)
