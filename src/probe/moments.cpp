@@ -1,7 +1,9 @@
 #include "probe/moments.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <utility>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -36,6 +38,8 @@ constexpr int kLanes = 16;
 constexpr std::uint32_t kAbsMask = 0x7fffffffu;
 constexpr std::uint32_t kExponentMask = 0x7f800000u;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// Elements the shift is chosen from (kernels/moments.cu samples the same).
+constexpr std::int64_t kShiftSamples = 64;
 
 using Index = std::int64_t;
 using detail::Needs;
@@ -210,6 +214,14 @@ CallBuffers& call_buffers() {
   return buffers;
 }
 
+// The calling thread's buffers for ChunkedAccumulation slot `slot` (apart from accumulate()'s).
+CallBuffers& chunked_buffers(int slot) {
+  PROPLAB_CHECK(slot >= 0 && slot < kChunkedSlots, "ChunkedAccumulation slot ", slot, " out of [0, ", kChunkedSlots,
+                ")");
+  thread_local std::array<CallBuffers, kChunkedSlots> buffers;
+  return buffers[static_cast<std::size_t>(slot)];
+}
+
 struct Problem {
   const float* x;
   Index sequences, tokens, features, padded;
@@ -367,19 +379,25 @@ std::int64_t count_nonfinite(const float* x, Index n) {
   return total;
 }
 
-// A reference point near the mean: the mean of up to 64 finite elements spread evenly over x.
-double choose_shift(const float* x, Index n) {
-  const Index samples = std::min<Index>(n, 64);
+// A reference point near the mean: the mean of up to kShiftSamples finite elements spread evenly over the n
+// elements value_at(i) gives.
+template <typename ValueAt>
+double choose_shift(ValueAt value_at, Index n) {
+  const Index samples = std::min<Index>(n, kShiftSamples);
   double total = 0.0;
   Index used = 0;
   for (Index k = 0; k < samples; ++k) {
-    const float v = x[k * n / samples];
+    const float v = value_at(k * n / samples);
     if (std::isfinite(v)) {
       total += v;
       ++used;
     }
   }
   return used > 0 ? total / static_cast<double>(used) : 0.0;
+}
+
+double choose_shift(const float* x, Index n) {
+  return choose_shift([x](Index i) { return x[i]; }, n);
 }
 
 void add_sums(ChunkSums& total, const ChunkSums& part) {
@@ -391,10 +409,10 @@ void add_sums(ChunkSums& total, const ChunkSums& part) {
   total.max_bits = std::max(total.max_bits, part.max_bits);
 }
 
-// One pass over x as [sequences, tokens, features]: the scalar sums, combined in chunk order; per-feature sums
-// (needs.features) are added into `into`'s arrays.
-ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
-               MomentSums& into) {
+// The problem of summing x as [sequences, tokens, features] about `shift` into `buffers` (per-feature sums, when
+// needed, into `into`'s arrays).
+Problem prepare(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
+                MomentSums& into, CallBuffers& buffers) {
   Problem p{};
   p.x = x;
   p.sequences = sequences;
@@ -405,7 +423,6 @@ ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, do
   p.needs = needs;
   p.plan = plan_chunks(sequences, tokens, features);
   p.keep_partials = needs.sums && (needs.features || (p.plan.split && needs.seq));
-  CallBuffers& buffers = call_buffers();
   buffers.chunk_sums.resize(static_cast<std::size_t>(p.plan.chunks));
   p.chunk_sums = buffers.chunk_sums.data();
   if (p.keep_partials) {
@@ -419,18 +436,43 @@ ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, do
     p.feature_sum = into.feature_sum.data();
     p.feature_sum_sq = into.feature_sum_sq.data();
   }
-  const bool block_norms = p.keep_partials && p.plan.split && needs.seq;
-  if (block_norms) {
+  if (p.keep_partials && p.plan.split && needs.seq) {
     buffers.block_norms.resize(static_cast<std::size_t>(sequences * p.merge_blocks));
     p.block_norms = buffers.block_norms.data();
   }
-  dispatch_chunks(p);
+  return p;
+}
 
+// The scalar sums of a problem whose chunks (and merge) have run, combined in chunk order.
+ChunkSums collect(const Problem& p) {
   ChunkSums total;
   for (Index c = 0; c < p.plan.chunks; ++c) add_sums(total, p.chunk_sums[c]);
-  if (block_norms)
-    for (Index i = 0; i < sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
+  if (p.block_norms != nullptr)
+    for (Index i = 0; i < p.sequences * p.merge_blocks; ++i) total.seq_sum_norm_sq += p.block_norms[i];
   return total;
+}
+
+// One pass over x as [sequences, tokens, features]: the scalar sums, combined in chunk order; per-feature sums
+// (needs.features) are added into `into`'s arrays.
+ChunkSums scan(const float* x, Index sequences, Index tokens, Index features, double shift, const Needs& needs,
+               MomentSums& into) {
+  const Problem p = prepare(x, sequences, tokens, features, shift, needs, into, call_buffers());
+  dispatch_chunks(p);
+  return collect(p);
+}
+
+// run_chunk for chunk c alone, with the kernel the needs select (ChunkedAccumulation::add).
+void run_one_chunk(const Problem& p, Index c) {
+  const Needs& n = p.needs;
+  if (n.sums) {
+    if (n.higher) {
+      n.max ? run_chunk<true, true, true>(p, c) : run_chunk<true, true, false>(p, c);
+    } else {
+      n.max ? run_chunk<true, false, true>(p, c) : run_chunk<true, false, false>(p, c);
+    }
+  } else if (n.max) {
+    run_chunk<false, false, true>(p, c);
+  }
 }
 
 // max of two max_abs values, NaN when either is NaN.
@@ -478,6 +520,86 @@ void add_totals(MomentSums& into, Index n, Index sequences, const ChunkSums& tot
   into.seq_sum_norm_sq += total.seq_sum_norm_sq;
   if (needs.max) into.max_abs = max_abs_merge(into.max_abs, std::bit_cast<float>(total.max_bits));
   into.nonfinite += nonfinite;
+}
+
+// add_totals for a tensor x of n elements scanned as rows (accumulate(), ChunkedAccumulation): its non-finite
+// elements are counted only when the scan's sums or maximum show some, or when nothing else was scanned.
+void add_scanned(MomentSums& into, const float* x, Index n, Index sequences, const ChunkSums& total,
+                 const Needs& needs) {
+  std::int64_t nonfinite = 0;
+  if (needs.nonfinite) {
+    const bool suspicious = (!needs.sums && !needs.max) || (needs.sums && !std::isfinite(total.sum)) ||
+                            (needs.max && is_nonfinite_bits(total.max_bits));
+    if (suspicious) nonfinite = count_nonfinite(x, n);
+  }
+  add_totals(into, n, sequences, total, nonfinite, needs);
+}
+
+// One (sample, channel) plane's sums (accumulate_planes): kLanes interleaved partial sums, a fixed order whatever
+// the threads, combined in lane order.
+ChunkSums sum_plane(const float* v, Index pixels, double shift, const Needs& needs) {
+  double s1[kLanes] = {}, s2[kLanes] = {}, s3[kLanes] = {}, s4[kLanes] = {};
+  std::uint32_t m[kLanes] = {};
+  Index i = 0;
+  for (; i + kLanes <= pixels; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const double d = static_cast<double>(v[i + j]) - shift, q = d * d;
+      s1[j] += d;
+      s2[j] += q;
+      if (needs.higher) {
+        s3[j] = mul_add(q, d, s3[j]);
+        s4[j] = mul_add(q, q, s4[j]);
+      }
+      m[j] = std::max(m[j], abs_bits(v[i + j]));
+    }
+  for (int j = 0; i < pixels; ++i, ++j) {
+    const double d = static_cast<double>(v[i]) - shift, q = d * d;
+    s1[j] += d;
+    s2[j] += q;
+    if (needs.higher) {
+      s3[j] = mul_add(q, d, s3[j]);
+      s4[j] = mul_add(q, q, s4[j]);
+    }
+    m[j] = std::max(m[j], abs_bits(v[i]));
+  }
+  ChunkSums out;
+  for (int j = 0; j < kLanes; ++j) {
+    out.sum += s1[j];
+    out.sum_sq += s2[j];
+    out.sum_cube += s3[j];
+    out.sum_quad += s4[j];
+    out.max_bits = std::max(out.max_bits, m[j]);
+  }
+  return out;
+}
+
+// Adds the planes' sums of an NCHW tensor x (accumulate_planes), combined in (sample, channel) order, to `into`.
+void add_planes(const ChunkSums* plane_sums, const float* x, Index samples, Index channels, Index pixels,
+                const Needs& needs, MomentSums& into) {
+  ChunkSums total;
+  for (Index b = 0; b < samples; ++b) {
+    double seq_norm = 0.0;
+    for (Index c = 0; c < channels; ++c) {
+      const ChunkSums& plane = plane_sums[b * channels + c];
+      add_sums(total, plane);
+      seq_norm += plane.sum * plane.sum;  // ‖S_b‖²: S_b's entry for channel c is the plane's sum
+      if (needs.features) {
+        into.feature_sum[static_cast<std::size_t>(c)] += plane.sum;
+        into.feature_sum_sq[static_cast<std::size_t>(c)] += plane.sum_sq;
+      }
+    }
+    total.seq_sum_norm_sq += seq_norm;
+  }
+  if (!needs.seq) total.seq_sum_norm_sq = 0.0;
+  if (!needs.higher) total.sum_cube = total.sum_quad = 0.0;
+  if (!needs.sums) total.sum = total.sum_sq = 0.0;
+  const Index n = samples * channels * pixels;
+  std::int64_t nonfinite = 0;
+  if (needs.nonfinite) {
+    const bool suspicious = !std::isfinite(total.sum) || is_nonfinite_bits(total.max_bits) || !needs.sums;
+    if (suspicious) nonfinite = count_nonfinite(x, n);
+  }
+  add_totals(into, n, samples, total, nonfinite, needs);
 }
 
 #ifdef PROPLAB_WITH_CUDA
@@ -614,14 +736,7 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
     }
   }
 
-  std::int64_t nonfinite = 0;
-  if (needs.nonfinite) {
-    const bool suspicious = (!needs.sums && !needs.max) || (needs.sums && !std::isfinite(total.sum)) ||
-                            (needs.max && is_nonfinite_bits(total.max_bits));
-    if (suspicious) nonfinite = count_nonfinite(x, n);
-  }
-
-  add_totals(into, n, sequences, total, nonfinite, needs);
+  add_scanned(into, x, n, sequences, total, needs);
 }
 
 void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
@@ -633,70 +748,13 @@ void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channe
   if (started && needs.sums) into.shift = choose_shift(x, n);
   const double shift = into.shift;
   const Index planes = samples * channels;
-  // Each (sample, channel) plane's sums, in kLanes interleaved partial sums (a fixed order whatever the threads),
-  // kept per plane and combined below in (sample, channel) order.
   thread_local std::vector<ChunkSums> plane_buffer;
   plane_buffer.assign(static_cast<std::size_t>(planes), ChunkSums{});
   ChunkSums* plane_sums = plane_buffer.data();
 #pragma omp parallel for schedule(static) if (n > kChunkElements)
-  for (Index plane = 0; plane < planes; ++plane) {
-    const float* v = x + plane * pixels;
-    double s1[kLanes] = {}, s2[kLanes] = {}, s3[kLanes] = {}, s4[kLanes] = {};
-    std::uint32_t m[kLanes] = {};
-    Index i = 0;
-    for (; i + kLanes <= pixels; i += kLanes)
-      for (int j = 0; j < kLanes; ++j) {
-        const double d = static_cast<double>(v[i + j]) - shift, q = d * d;
-        s1[j] += d;
-        s2[j] += q;
-        if (needs.higher) {
-          s3[j] = mul_add(q, d, s3[j]);
-          s4[j] = mul_add(q, q, s4[j]);
-        }
-        m[j] = std::max(m[j], abs_bits(v[i + j]));
-      }
-    for (int j = 0; i < pixels; ++i, ++j) {
-      const double d = static_cast<double>(v[i]) - shift, q = d * d;
-      s1[j] += d;
-      s2[j] += q;
-      if (needs.higher) {
-        s3[j] = mul_add(q, d, s3[j]);
-        s4[j] = mul_add(q, q, s4[j]);
-      }
-      m[j] = std::max(m[j], abs_bits(v[i]));
-    }
-    ChunkSums& out = plane_sums[plane];
-    for (int j = 0; j < kLanes; ++j) {
-      out.sum += s1[j];
-      out.sum_sq += s2[j];
-      out.sum_cube += s3[j];
-      out.sum_quad += s4[j];
-      out.max_bits = std::max(out.max_bits, m[j]);
-    }
-  }
-  ChunkSums total;
-  for (Index b = 0; b < samples; ++b) {
-    double seq_norm = 0.0;
-    for (Index c = 0; c < channels; ++c) {
-      const ChunkSums& plane = plane_sums[b * channels + c];
-      add_sums(total, plane);
-      seq_norm += plane.sum * plane.sum;  // ‖S_b‖²: S_b's entry for channel c is the plane's sum
-      if (needs.features) {
-        into.feature_sum[static_cast<std::size_t>(c)] += plane.sum;
-        into.feature_sum_sq[static_cast<std::size_t>(c)] += plane.sum_sq;
-      }
-    }
-    total.seq_sum_norm_sq += seq_norm;
-  }
-  if (!needs.seq) total.seq_sum_norm_sq = 0.0;
-  if (!needs.higher) total.sum_cube = total.sum_quad = 0.0;
-  if (!needs.sums) total.sum = total.sum_sq = 0.0;
-  std::int64_t nonfinite = 0;
-  if (needs.nonfinite) {
-    const bool suspicious = !std::isfinite(total.sum) || is_nonfinite_bits(total.max_bits) || !needs.sums;
-    if (suspicious) nonfinite = count_nonfinite(x, n);
-  }
-  add_totals(into, n, samples, total, nonfinite, needs);
+  for (Index plane = 0; plane < planes; ++plane)
+    plane_sums[plane] = sum_plane(x + plane * pixels, pixels, shift, needs);
+  add_planes(plane_sums, x, samples, channels, pixels, needs, into);
 }
 
 void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const StatSelection& which) {
@@ -716,6 +774,128 @@ void accumulate(const Tensor& x, std::int64_t sequences, MomentSums& into, const
 #endif
   }
   accumulate(x.f32(), sequences, rows / sequences, features, into, which);
+}
+
+struct ChunkedAccumulation::State {
+  Problem problem;  // rows of [B, T, F]
+  MomentSums* into;
+  Needs needs;
+  Index n;
+  // Image planes (accumulate_planes): the planes' sums, planes_per_chunk planes a chunk.
+  bool images = false;
+  Index samples = 0, channels = 0, pixels = 0, planes_per_chunk = 1;
+  ChunkSums* plane_sums = nullptr;
+};
+
+ChunkedAccumulation::ChunkedAccumulation(const float* x, std::int64_t sequences, std::int64_t tokens,
+                                         std::int64_t features, MomentSums& into, const StatSelection& which,
+                                         const std::function<float(std::int64_t)>& value_at, int slot) {
+  CallBuffers& buffers = chunked_buffers(slot);
+  const Needs needs = needs_for(which);
+  const Index n = sequences * tokens * features;
+  // accumulate() reads such tensors as rows of kFlatWidth, another chunking.
+  const bool flat = (needs.sums || needs.max) && !needs.seq && !needs.features && features > kFlatWidth;
+  if (n == 0 || flat) return;
+  const bool started = start_accumulate(sequences, tokens, features, into, which, needs);
+  if (started && needs.sums) into.shift = choose_shift(value_at, n);
+  state_ = std::make_unique<State>();
+  state_->problem = prepare(x, sequences, tokens, features, into.shift, needs, into, buffers);
+  state_->into = &into;
+  state_->needs = needs;
+  state_->n = n;
+}
+
+ChunkedAccumulation::ChunkedAccumulation(Images, const float* x, std::int64_t samples, std::int64_t channels,
+                                         std::int64_t pixels, MomentSums& into, const StatSelection& which,
+                                         const std::function<float(std::int64_t)>& value_at, int slot) {
+  std::vector<ChunkSums>& buffer = chunked_buffers(slot).chunk_sums;
+  const Needs needs = needs_for(which);
+  const Index n = samples * channels * pixels;
+  if (n == 0) return;
+  const bool started = start_accumulate(samples, pixels, channels, into, which, needs);
+  if (started && needs.sums) into.shift = choose_shift(value_at, n);
+  state_ = std::make_unique<State>();
+  State& st = *state_;
+  st.problem.x = x;
+  st.into = &into;
+  st.needs = needs;
+  st.n = n;
+  st.images = true;
+  st.samples = samples;
+  st.channels = channels;
+  st.pixels = pixels;
+  st.planes_per_chunk = std::max<Index>(1, kChunkElements / pixels);
+  buffer.assign(static_cast<std::size_t>(samples * channels), ChunkSums{});
+  st.plane_sums = buffer.data();
+}
+
+ChunkedAccumulation::~ChunkedAccumulation() = default;
+
+std::int64_t ChunkedAccumulation::chunks() const {
+  if (!state_) return 0;
+  if (state_->images) {
+    const Index planes = state_->samples * state_->channels;
+    return (planes + state_->planes_per_chunk - 1) / state_->planes_per_chunk;
+  }
+  return state_->problem.plan.chunks;
+}
+
+namespace {
+
+// Chunk c's elements [first, last) of the flat tensor: whole planes (images), whole sequences or a piece of one.
+std::pair<Index, Index> chunk_elements(const ChunkedAccumulation::State& st, Index chunk) {
+  if (st.images) {
+    const Index planes = st.samples * st.channels;
+    return {std::min(planes, chunk * st.planes_per_chunk) * st.pixels,
+            std::min(planes, (chunk + 1) * st.planes_per_chunk) * st.pixels};
+  }
+  const Problem& p = st.problem;
+  const Index row = p.tokens * p.features;
+  if (!p.plan.split)
+    return {std::min(p.sequences, chunk * p.plan.sequences_per_chunk) * row,
+            std::min(p.sequences, (chunk + 1) * p.plan.sequences_per_chunk) * row};
+  const Index b = chunk / p.plan.pieces_per_sequence;
+  const Index first_row = (chunk % p.plan.pieces_per_sequence) * p.plan.rows_per_piece;
+  const Index last_row = std::min(p.tokens, first_row + p.plan.rows_per_piece);
+  return {b * row + first_row * p.features, b * row + last_row * p.features};
+}
+
+}  // namespace
+
+std::int64_t ChunkedAccumulation::begin(std::int64_t chunk) const { return chunk_elements(*state_, chunk).first; }
+
+std::int64_t ChunkedAccumulation::end(std::int64_t chunk) const { return chunk_elements(*state_, chunk).second; }
+
+void ChunkedAccumulation::add(std::int64_t chunk) const {
+  const State& st = *state_;
+  if (st.images) {
+    const Index first = chunk * st.planes_per_chunk;
+    const Index last = std::min(st.samples * st.channels, first + st.planes_per_chunk);
+    for (Index plane = first; plane < last; ++plane)
+      st.plane_sums[plane] = sum_plane(st.problem.x + plane * st.pixels, st.pixels, st.into->shift, st.needs);
+    return;
+  }
+  const Problem& p = st.problem;
+  if (p.needs.sums || p.needs.max)
+    run_one_chunk(p, chunk);
+  else
+    p.chunk_sums[chunk] = ChunkSums{};  // only nonfinite: counted in finish()
+}
+
+void ChunkedAccumulation::finish() {
+  if (!state_) return;
+  const State& st = *state_;
+  if (st.images) {
+    add_planes(st.plane_sums, st.problem.x, st.samples, st.channels, st.pixels, st.needs, *st.into);
+    state_.reset();
+    return;
+  }
+  const Problem& p = st.problem;
+  if (p.keep_partials)
+    for (Index block = 0; block < p.merge_blocks; ++block) merge_block(p, block);
+  const ChunkSums total = collect(p);
+  add_scanned(*st.into, p.x, st.n, p.sequences, total, st.needs);
+  state_.reset();
 }
 
 }  // namespace proplab::probe

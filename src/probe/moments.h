@@ -30,6 +30,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +122,54 @@ MomentSums moment_sums(const LogitSums& sums, const StatSelection& which);
 // bitwise independent of the thread count; it saves the channels-last copy, a pass over memory per probe.
 void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
                        MomentSums& into, const StatSelection& which);
+
+// accumulate() of a tensor that an op writes (or reads) chunk by chunk inside its own parallel loop, so the sums are
+// taken while each chunk is in cache and in the op's parallel region rather than in a pass and a region of their
+// own. The chunks are accumulate()'s (a function of the shape only); the sums are bitwise those accumulate(x, ...)
+// gives for the finished tensor, whatever the thread count, given the same shift: when `into` is empty the shift is
+// chosen from value_at(i), which must return the element i the tensor will hold (the op's own arithmetic, read at
+// the up to 64 positions accumulate() samples), before any chunk is written.
+//
+//   ChunkedAccumulation sums(y, B, T, F, into, which, [&](std::int64_t i) { return op(x[i]); });
+//   #pragma omp parallel for schedule(static)
+//   for (c = 0; c < sums.chunks(); ++c) { write y[sums.begin(c), sums.end(c)); sums.add(c); }
+//   sums.finish();
+//
+// `slot` (0 to kChunkedSlots − 1) names the calling thread's buffers: sums in flight at the same time on one thread
+// need different slots. Tensors whose layout accumulate() would change (only layout-free statistics over rows of
+// more than 1024 features) are not taken: supported() is false, and the op accumulates the finished tensor instead.
+constexpr int kChunkedSlots = 2;
+class ChunkedAccumulation {
+ public:
+  ChunkedAccumulation(const float* x, std::int64_t sequences, std::int64_t tokens, std::int64_t features,
+                      MomentSums& into, const StatSelection& which, const std::function<float(std::int64_t)>& value_at,
+                      int slot = 0);
+  // The same for an NCHW image tensor [samples, channels, pixels], summed as accumulate_planes() sums it (its
+  // channels-last view): bitwise accumulate_planes' sums given the same shift; the chunks are whole planes.
+  struct Images {};
+  ChunkedAccumulation(Images, const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
+                      MomentSums& into, const StatSelection& which, const std::function<float(std::int64_t)>& value_at,
+                      int slot = 0);
+  ~ChunkedAccumulation();
+  ChunkedAccumulation(const ChunkedAccumulation&) = delete;
+  ChunkedAccumulation& operator=(const ChunkedAccumulation&) = delete;
+
+  // Whether the tensor is taken in chunks (until finish()).
+  bool supported() const { return state_ != nullptr; }
+  // Chunks, and chunk c's elements [begin(c), end(c)) of the flat tensor (consecutive, covering it in order).
+  std::int64_t chunks() const;
+  std::int64_t begin(std::int64_t chunk) const;
+  std::int64_t end(std::int64_t chunk) const;
+  // Sums chunk c (its elements must hold their final values); from any thread, each chunk once.
+  void add(std::int64_t chunk) const;
+  // After every chunk: merges the chunks' sums in chunk order and adds them to `into` (the calling thread).
+  void finish();
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;  // null when not supported, and after finish()
+};
 
 // Finished statistics; NaN for statistics the sums were not accumulated for (nonfinite is a count).
 struct Moments {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -15,6 +16,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "probe/moments.h"
+#include "support/moments_equal.h"
 
 namespace proplab::probe {
 namespace {
@@ -319,25 +321,6 @@ TEST(Moments, MergeRejectsDifferentShapesAndSelections) {
   EXPECT_THROW(accumulate(x.data(), 2, s.tokens, s.features, a, StatSelection::parse({"mean"})), InternalError);
 }
 
-void expect_bitwise_equal(const MomentSums& a, const MomentSums& b, const std::string& what) {
-  auto same = [](double u, double v) { return std::memcmp(&u, &v, sizeof u) == 0; };
-  EXPECT_EQ(a.count, b.count) << what;
-  EXPECT_EQ(a.nonfinite, b.nonfinite) << what;
-  EXPECT_TRUE(same(a.shift, b.shift)) << what;
-  EXPECT_TRUE(same(a.sum, b.sum)) << what << " sum";
-  EXPECT_TRUE(same(a.sum_sq, b.sum_sq)) << what << " sum_sq";
-  EXPECT_TRUE(same(a.sum_cube, b.sum_cube)) << what << " sum_cube";
-  EXPECT_TRUE(same(a.sum_quad, b.sum_quad)) << what << " sum_quad";
-  EXPECT_TRUE(same(a.max_abs, b.max_abs)) << what << " max_abs";
-  EXPECT_TRUE(same(a.seq_sum_norm_sq, b.seq_sum_norm_sq)) << what << " seq_sum_norm_sq";
-  ASSERT_EQ(a.feature_sum.size(), b.feature_sum.size()) << what;
-  if (a.feature_sum.empty()) return;
-  EXPECT_EQ(std::memcmp(a.feature_sum.data(), b.feature_sum.data(), a.feature_sum.size() * sizeof(double)), 0)
-      << what << " feature_sum";
-  EXPECT_EQ(std::memcmp(a.feature_sum_sq.data(), b.feature_sum_sq.data(), a.feature_sum.size() * sizeof(double)), 0)
-      << what << " feature_sum_sq";
-}
-
 TEST(Moments, BitwiseIdenticalForAnyThreadCount) {
   std::uint64_t seed = 70;
   for (const Shape3& s : kShapes) {
@@ -539,6 +522,109 @@ TEST(Moments, TensorOverloadViewsRowsAsSequences) {
 // accumulate_planes reads an NCHW image in place and must give accumulate()'s sums of its channels-last view, up to
 // rounding: every statistic, per-feature sums, ‖S_b‖², max and non-finite count, over two accumulated tensors
 // (so the merge of a second image into started sums too), and bitwise the same on 1 and 2 threads.
+// Adds every chunk of `chunked`: in order (order 0), reversed (1), or the even ones here and the odd ones from a
+// second thread at the same time (2).
+void add_chunks(const ChunkedAccumulation& chunked, int order) {
+  const std::int64_t chunks = chunked.chunks();
+  if (order == 2) {
+    std::thread odd([&] {
+      for (std::int64_t c = 1; c < chunks; c += 2) chunked.add(c);
+    });
+    for (std::int64_t c = 0; c < chunks; c += 2) chunked.add(c);
+    odd.join();
+  } else {
+    for (std::int64_t c = 0; c < chunks; ++c) chunked.add(order == 1 ? chunks - 1 - c : c);
+  }
+}
+
+// Sums taken chunk by chunk, as an op takes them inside its own loop (ops::OpMoments), are bitwise accumulate()'s:
+// into empty and into non-empty sums, with the chunks added in order, in reverse and from two threads at once, with
+// the pool at 1 and 2 threads; the chunks tile the tensor in order. Layout-free statistics over rows of more than
+// 1024 features are not taken (accumulate() reads those as other rows).
+TEST(Moments, ChunkedAccumulationIsBitwiseAccumulate) {
+  std::uint64_t seed = 300;
+  std::vector<Shape3> shapes = kShapes;
+  shapes.push_back({2, 3, 2000});
+  for (const Shape3& s : shapes) {
+    const std::vector<float> x = make_tensor(s, seed++, 0.3, 1.0, 0.5);
+    const std::vector<float> y = make_tensor(s, seed++, -2.0, 3.0, 0.1);
+    for (const StatSelection& which :
+         {StatSelection::all(), StatSelection::parse({"corr"}), StatSelection::parse({"max_abs", "kurtosis"}),
+          StatSelection::parse({"chan_var"}), StatSelection::parse({"nonfinite"}), StatSelection::parse({"mean"})}) {
+      MomentSums expected;
+      accumulate(x.data(), s.sequences, s.tokens, s.features, expected, which);
+      accumulate(y.data(), s.sequences, s.tokens, s.features, expected, which);
+      const bool layout_free = !which.has(Stat::corr) && !which.has(Stat::chan_mean_sq) && !which.has(Stat::chan_var);
+      const bool scanned = which.has(Stat::mean) || which.has(Stat::max_abs) || which.has(Stat::corr) ||
+                           which.has(Stat::chan_var) || which.has(Stat::kurtosis);
+      for (int pool : {1, 2}) {
+        for (int order = 0; order < 3; ++order) {  // in order, reversed, from two threads
+          ScopedThreads scoped(pool);
+          MomentSums got;
+          for (const std::vector<float>* t : {&x, &y}) {
+            ChunkedAccumulation chunked(t->data(), s.sequences, s.tokens, s.features, got, which,
+                                        [t](std::int64_t i) { return (*t)[static_cast<std::size_t>(i)]; });
+            const std::string what = s.str() + " " + which.names().front() + " pool " + std::to_string(pool) +
+                                     " order " + std::to_string(order);
+            if (!chunked.supported()) {
+              EXPECT_TRUE(layout_free && scanned && s.features > 1024) << what;
+              accumulate(t->data(), s.sequences, s.tokens, s.features, got, which);
+              continue;
+            }
+            const std::int64_t chunks = chunked.chunks();
+            ASSERT_GE(chunks, 1) << what;
+            EXPECT_EQ(chunked.begin(0), 0) << what;
+            EXPECT_EQ(chunked.end(chunks - 1), s.numel()) << what;
+            for (std::int64_t c = 0; c + 1 < chunks; ++c) EXPECT_EQ(chunked.end(c), chunked.begin(c + 1)) << what;
+            add_chunks(chunked, order);
+            chunked.finish();
+          }
+          expect_bitwise_equal(got, expected, s.str() + " pool " + std::to_string(pool));
+        }
+      }
+    }
+  }
+}
+
+// Image planes taken chunk by chunk (ChunkedAccumulation::Images) are bitwise accumulate_planes()'s, into empty
+// and non-empty sums, chunks in order, reversed and from two threads; the chunks are whole planes tiling the tensor.
+TEST(Moments, ChunkedImagePlanesAreBitwiseAccumulatePlanes) {
+  struct Image {
+    std::int64_t samples, channels, pixels;
+  };
+  std::uint64_t seed = 400;
+  for (const Image& im : {Image{16, 8, 784}, Image{3, 5, 7}, Image{2, 2, 70001}}) {
+    const Shape3 s{im.samples, im.pixels, im.channels};
+    const std::vector<float> x = make_tensor(s, seed++, 0.3, 1.0, 0.5), y = make_tensor(s, seed++, -1.0, 2.0, 0.2);
+    for (const StatSelection& which :
+         {StatSelection::all(), StatSelection::parse({"corr"}), StatSelection::parse({"nonfinite"})}) {
+      MomentSums expected;
+      accumulate_planes(x.data(), im.samples, im.channels, im.pixels, expected, which);
+      accumulate_planes(y.data(), im.samples, im.channels, im.pixels, expected, which);
+      for (int order = 0; order < 3; ++order) {
+        MomentSums got;
+        for (const std::vector<float>* t : {&x, &y}) {
+          ChunkedAccumulation chunked(ChunkedAccumulation::Images{}, t->data(), im.samples, im.channels, im.pixels, got,
+                                      which, [t](std::int64_t i) { return (*t)[static_cast<std::size_t>(i)]; });
+          ASSERT_TRUE(chunked.supported());
+          const std::int64_t chunks = chunked.chunks();
+          EXPECT_EQ(chunked.begin(0), 0);
+          EXPECT_EQ(chunked.end(chunks - 1), s.numel());
+          for (std::int64_t c = 0; c < chunks; ++c) {
+            EXPECT_EQ(chunked.begin(c) % im.pixels, 0);
+            if (c + 1 < chunks) {
+              EXPECT_EQ(chunked.end(c), chunked.begin(c + 1));
+            }
+          }
+          add_chunks(chunked, order);
+          chunked.finish();
+        }
+        expect_bitwise_equal(got, expected, "planes order " + std::to_string(order));
+      }
+    }
+  }
+}
+
 TEST(Moments, PlanesOfAnImageMatchItsChannelsLastView) {
   const std::int64_t n = 5, c = 19, pixels = 7 * 11;
   std::vector<float> images[2], views[2];
