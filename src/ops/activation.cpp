@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "ops/dispatch.h"
+#include "ops/gather.h"
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
@@ -167,15 +169,68 @@ void expect_pointwise(const char* op, const Tensor& x, const Tensor& other, cons
   expect_shape(op, other_name, other, x.shape());
 }
 
+// φ(x) and d_y·φ'(x) of one element, as every CPU loop below computes them (and the shift samples of a gathered
+// output: ops::OpMoments).
+template <Activation kKind>
+inline float forward_one(float x) {
+  if constexpr (kKind == Activation::identity) {
+    return x;
+  } else if constexpr (kKind == Activation::relu) {
+    return x < 0.0f ? 0.0f : x;  // relu(NaN) = NaN: a diverging run stays visible
+  } else if constexpr (kKind == Activation::tanh) {
+    return tanh_approx(x);
+  } else if constexpr (kKind == Activation::gelu_tanh) {
+    return gelu_tanh(x);
+  } else {
+    return gelu_erf(x);
+  }
+}
+
+template <Activation kKind>
+inline float backward_one(float x, float d_y) {
+  if constexpr (kKind == Activation::identity) {
+    return d_y;
+  } else if constexpr (kKind == Activation::relu) {
+    return x > 0.0f ? d_y : 0.0f;  // φ'(0) = 0 (the subgradient that keeps dead units dead)
+  } else if constexpr (kKind == Activation::tanh) {
+    const float t = tanh_approx(x);
+    return d_y * (1.0f - t * t);
+  } else if constexpr (kKind == Activation::gelu_tanh) {
+    return d_y * gelu_tanh_grad(x);
+  } else {
+    return d_y * gelu_erf_grad(x);
+  }
+}
+
+// f(std::integral_constant<Activation, kind>) for the runtime kind.
+template <typename F>
+void with_kind(const char* op, Activation kind, F f) {
+  switch (kind) {
+    case Activation::identity:
+      return f(std::integral_constant<Activation, Activation::identity>{});
+    case Activation::relu:
+      return f(std::integral_constant<Activation, Activation::relu>{});
+    case Activation::tanh:
+      return f(std::integral_constant<Activation, Activation::tanh>{});
+    case Activation::gelu_tanh:
+      return f(std::integral_constant<Activation, Activation::gelu_tanh>{});
+    case Activation::gelu_erf:
+      return f(std::integral_constant<Activation, Activation::gelu_erf>{});
+  }
+  PROPLAB_CHECK(false, "op '", op, "': unknown activation ", static_cast<int>(kind));
+}
+
 }  // namespace
 
-void activation_forward(Activation kind, const Tensor& x, Tensor& y) {
+void activation_forward(Activation kind, const Tensor& x, Tensor& y, const OpMoments* moments) {
   constexpr const char* op = "activation_forward";
   expect_pointwise(op, x, y, "y");
   const Device device = common_device(op, {&x, &y});
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
+    accumulate_input(moments, x);
     kernels::activation_forward(device_kind(op, kind), x.f32(), y.f32(), x.numel());
+    accumulate_output(moments, y);
     return;
 #else
     missing_device_impl(op, device);
@@ -185,40 +240,29 @@ void activation_forward(Activation kind, const Tensor& x, Tensor& y) {
   const float* in = x.f32();
   float* out = y.f32();
   const std::int64_t n = x.numel();
-  switch (kind) {
-    case Activation::identity:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = in[i];
+  with_kind(op, kind, [&](auto k) {
+    constexpr Activation kKind = decltype(k)::value;
+    auto compute = [in, out](std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+      for (std::int64_t i = begin; i < end; ++i) out[i] = forward_one<kKind>(in[i]);
+    };
+    if (gather_moments(moments, x, y, kParallelMin, compute,
+                       [in](std::int64_t i) { return forward_one<kKind>(in[i]); }))
       return;
-    case Activation::relu:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      // Written so that relu(NaN) = NaN: a diverging run stays visible.
-      for (std::int64_t i = 0; i < n; ++i) out[i] = in[i] < 0.0f ? 0.0f : in[i];
-      return;
-    case Activation::tanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = tanh_approx(in[i]);
-      return;
-    case Activation::gelu_tanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_tanh(in[i]);
-      return;
-    case Activation::gelu_erf:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = gelu_erf(in[i]);
-      return;
-  }
-  PROPLAB_CHECK(false, "op '", op, "': unknown activation ", static_cast<int>(kind));
+    in_thread_ranges(n, kParallelMin, compute);
+  });
 }
 
-void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x) {
+void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x, const OpMoments* moments) {
   constexpr const char* op = "activation_backward";
   expect_pointwise(op, x, d_y, "d_y");
   expect_shape(op, "d_x", d_x, x.shape());
   const Device device = common_device(op, {&x, &d_y, &d_x});
   if (device == Device::cuda) {
 #ifdef PROPLAB_WITH_CUDA
+    accumulate_input(moments, d_y);  // (d_x may alias d_y)
     kernels::activation_backward(device_kind(op, kind), x.f32(), d_y.f32(), d_x.f32(), x.numel());
+    accumulate_output(moments, d_x);
     return;
 #else
     missing_device_impl(op, device);
@@ -230,35 +274,19 @@ void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Te
   const float* grad_out = d_y.f32();
   float* grad_in = d_x.f32();
   const std::int64_t n = x.numel();
-  switch (kind) {
-    case Activation::identity:
-      if (grad_in != grad_out) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-        for (std::int64_t i = 0; i < n; ++i) grad_in[i] = grad_out[i];
-      }
+  with_kind(op, kind, [&](auto k) {
+    constexpr Activation kKind = decltype(k)::value;
+    const bool nothing_to_write = kKind == Activation::identity && grad_in == grad_out;  // d_x = d_y in place
+    auto compute = [in, grad_out, grad_in, nothing_to_write](std::int64_t begin, std::int64_t end) {
+      if (nothing_to_write) return;
+#pragma omp simd
+      for (std::int64_t i = begin; i < end; ++i) grad_in[i] = backward_one<kKind>(in[i], grad_out[i]);
+    };
+    if (gather_moments(moments, d_y, d_x, kParallelMin, compute,
+                       [in, grad_out](std::int64_t i) { return backward_one<kKind>(in[i], grad_out[i]); }))
       return;
-    case Activation::relu:
-      // φ'(0) = 0 (the subgradient that keeps dead units dead).
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) grad_in[i] = in[i] > 0.0f ? grad_out[i] : 0.0f;
-      return;
-    case Activation::tanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float t = tanh_approx(in[i]);
-        grad_in[i] = grad_out[i] * (1.0f - t * t);
-      }
-      return;
-    case Activation::gelu_tanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) grad_in[i] = grad_out[i] * gelu_tanh_grad(in[i]);
-      return;
-    case Activation::gelu_erf:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (std::int64_t i = 0; i < n; ++i) grad_in[i] = grad_out[i] * gelu_erf_grad(in[i]);
-      return;
-  }
-  PROPLAB_CHECK(false, "op '", op, "': unknown activation ", static_cast<int>(kind));
+    if (!nothing_to_write) in_thread_ranges(n, kParallelMin, compute);
+  });
 }
 
 }  // namespace proplab::ops

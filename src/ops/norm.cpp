@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/dispatch.h"
+#include "ops/gather.h"
 #include "ops/ops.h"
 
 #ifdef PROPLAB_WITH_CUDA
@@ -86,36 +87,88 @@ void combine_partials(const double* partial, std::int64_t chunks, std::int64_t f
   }
 }
 
+// One row of layernorm_forward: y_row, and the row's mean and rstd.
 template <bool kGamma, bool kBeta>
-void layernorm_forward_rows(const float* x, const float* gamma, const float* beta, float eps, RowShape shape, float* y,
-                            float* mean, float* rstd) {
-  const std::int64_t d = shape.features;
+inline void layernorm_forward_row(const float* x_row, const float* gamma, const float* beta, float eps, std::int64_t d,
+                                  float* y_row, float& mean, float& rstd) {
   const float inv_d = 1.0f / static_cast<float>(d);
-#pragma omp parallel for schedule(static) if (shape.rows * d > kParallelMin)
-  for (std::int64_t r = 0; r < shape.rows; ++r) {
-    const float* x_row = x + r * d;
-    float* y_row = y + r * d;
-    float sum = 0.0f;
+  float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (std::int64_t j = 0; j < d; ++j) sum += x_row[j];
-    const float row_mean = sum * inv_d;
-    float sum_sq = 0.0f;
+  for (std::int64_t j = 0; j < d; ++j) sum += x_row[j];
+  const float row_mean = sum * inv_d;
+  float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
-    for (std::int64_t j = 0; j < d; ++j) {
-      const float centered = x_row[j] - row_mean;
-      sum_sq += centered * centered;
-    }
-    const float row_rstd = 1.0f / std::sqrt(sum_sq * inv_d + eps);
-    mean[r] = row_mean;
-    rstd[r] = row_rstd;
-#pragma omp simd
-    for (std::int64_t j = 0; j < d; ++j) {
-      float value = (x_row[j] - row_mean) * row_rstd;
-      if constexpr (kGamma) value *= gamma[j];
-      if constexpr (kBeta) value += beta[j];
-      y_row[j] = value;
-    }
+  for (std::int64_t j = 0; j < d; ++j) {
+    const float centered = x_row[j] - row_mean;
+    sum_sq += centered * centered;
   }
+  const float row_rstd = 1.0f / std::sqrt(sum_sq * inv_d + eps);
+  mean = row_mean;
+  rstd = row_rstd;
+#pragma omp simd
+  for (std::int64_t j = 0; j < d; ++j) {
+    float value = (x_row[j] - row_mean) * row_rstd;
+    if constexpr (kGamma) value *= gamma[j];
+    if constexpr (kBeta) value += beta[j];
+    y_row[j] = value;
+  }
+}
+
+// One row of rmsnorm_forward: y_row and the row's rstd.
+template <bool kGamma>
+inline void rmsnorm_forward_row(const float* x_row, const float* gamma, float eps, std::int64_t d, float* y_row,
+                                float& rstd) {
+  const float inv_d = 1.0f / static_cast<float>(d);
+  float sum_sq = 0.0f;
+#pragma omp simd reduction(+ : sum_sq)
+  for (std::int64_t j = 0; j < d; ++j) sum_sq += x_row[j] * x_row[j];
+  const float row_rstd = 1.0f / std::sqrt(sum_sq * inv_d + eps);
+  rstd = row_rstd;
+#pragma omp simd
+  for (std::int64_t j = 0; j < d; ++j) {
+    float value = x_row[j] * row_rstd;
+    if constexpr (kGamma) value *= gamma[j];
+    y_row[j] = value;
+  }
+}
+
+// A norm's forward over its rows: row(r) computes row r (and saves its statistics). With `moments`, the output's
+// statistics are gathered as the rows are computed (ops::OpMoments; the input is not a norm's to gather: null);
+// `output_row(r, buffer)` computes row r into `buffer` alone (the output's shift samples), as row(r) would.
+template <typename Row, typename OutputRow>
+void norm_forward_rows(const Tensor& x, Tensor& y, RowShape shape, const OpMoments* moments, Row row,
+                       OutputRow output_row) {
+  const std::int64_t d = shape.features;
+  auto compute = [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin / d; r < end / d; ++r) row(r);
+  };
+  auto output_at = [&](std::int64_t i) {
+    thread_local std::vector<float> buffer;
+    buffer.resize(static_cast<std::size_t>(d));
+    output_row(i / d, buffer.data());
+    return buffer[static_cast<std::size_t>(i % d)];
+  };
+  PROPLAB_CHECK(moments == nullptr || moments->input == nullptr, "a norm gathers its output's moments only");
+  if (gather_moments(moments, x, y, kParallelMin, compute, output_at, true, true)) return;
+#pragma omp parallel for schedule(static) if (shape.rows * d > kParallelMin)
+  for (std::int64_t r = 0; r < shape.rows; ++r) row(r);
+}
+
+template <bool kGamma, bool kBeta>
+void layernorm_forward_rows(const Tensor& x, const float* gamma, const float* beta, float eps, RowShape shape,
+                            Tensor& y, float* mean, float* rstd, const OpMoments* moments) {
+  const std::int64_t d = shape.features;
+  const float* x_data = x.f32();
+  float* y_data = y.f32();
+  norm_forward_rows(
+      x, y, shape, moments,
+      [=](std::int64_t r) {
+        layernorm_forward_row<kGamma, kBeta>(x_data + r * d, gamma, beta, eps, d, y_data + r * d, mean[r], rstd[r]);
+      },
+      [=](std::int64_t r, float* buffer) {
+        float row_mean, row_rstd;
+        layernorm_forward_row<kGamma, kBeta>(x_data + r * d, gamma, beta, eps, d, buffer, row_mean, row_rstd);
+      });
 }
 
 // d_x (overwrite) and, when d_gamma_partial/d_beta_partial are given, the per-chunk parameter partials.
@@ -166,25 +219,18 @@ void layernorm_backward_rows(const float* x, const float* gamma, const float* me
 }
 
 template <bool kGamma>
-void rmsnorm_forward_rows(const float* x, const float* gamma, float eps, RowShape shape, float* y, float* rstd) {
+void rmsnorm_forward_rows(const Tensor& x, const float* gamma, float eps, RowShape shape, Tensor& y, float* rstd,
+                          const OpMoments* moments) {
   const std::int64_t d = shape.features;
-  const float inv_d = 1.0f / static_cast<float>(d);
-#pragma omp parallel for schedule(static) if (shape.rows * d > kParallelMin)
-  for (std::int64_t r = 0; r < shape.rows; ++r) {
-    const float* x_row = x + r * d;
-    float* y_row = y + r * d;
-    float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-    for (std::int64_t j = 0; j < d; ++j) sum_sq += x_row[j] * x_row[j];
-    const float row_rstd = 1.0f / std::sqrt(sum_sq * inv_d + eps);
-    rstd[r] = row_rstd;
-#pragma omp simd
-    for (std::int64_t j = 0; j < d; ++j) {
-      float value = x_row[j] * row_rstd;
-      if constexpr (kGamma) value *= gamma[j];
-      y_row[j] = value;
-    }
-  }
+  const float* x_data = x.f32();
+  float* y_data = y.f32();
+  norm_forward_rows(
+      x, y, shape, moments,
+      [=](std::int64_t r) { rmsnorm_forward_row<kGamma>(x_data + r * d, gamma, eps, d, y_data + r * d, rstd[r]); },
+      [=](std::int64_t r, float* buffer) {
+        float row_rstd;
+        rmsnorm_forward_row<kGamma>(x_data + r * d, gamma, eps, d, buffer, row_rstd);
+      });
 }
 
 template <bool kGamma>
@@ -227,7 +273,7 @@ void rmsnorm_backward_rows(const float* x, const float* gamma, const float* rstd
 }  // namespace
 
 void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y, Tensor& mean,
-                       Tensor& rstd) {
+                       Tensor& rstd, const OpMoments* moments) {
   constexpr const char* op = "layernorm_forward";
   const RowShape shape = row_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {shape.features});
@@ -241,6 +287,7 @@ void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
 #ifdef PROPLAB_WITH_CUDA
     kernels::layernorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, beta ? beta->f32() : nullptr, eps, shape.rows,
                                shape.features, y.f32(), mean.f32(), rstd.f32());
+    accumulate_output(moments, y);
     return;
 #else
     missing_device_impl(op, device);
@@ -251,13 +298,13 @@ void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta,
   const float* g = gamma ? gamma->f32() : nullptr;
   const float* b = beta ? beta->f32() : nullptr;
   if (g && b)
-    layernorm_forward_rows<true, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+    layernorm_forward_rows<true, true>(x, g, b, eps, shape, y, mean.f32(), rstd.f32(), moments);
   else if (g)
-    layernorm_forward_rows<true, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+    layernorm_forward_rows<true, false>(x, g, b, eps, shape, y, mean.f32(), rstd.f32(), moments);
   else if (b)
-    layernorm_forward_rows<false, true>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+    layernorm_forward_rows<false, true>(x, g, b, eps, shape, y, mean.f32(), rstd.f32(), moments);
   else
-    layernorm_forward_rows<false, false>(x.f32(), g, b, eps, shape, y.f32(), mean.f32(), rstd.f32());
+    layernorm_forward_rows<false, false>(x, g, b, eps, shape, y, mean.f32(), rstd.f32(), moments);
 }
 
 void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
@@ -300,7 +347,8 @@ void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean
   if (d_beta) combine_partials(beta_partial, chunks.count, shape.features, d_beta->f32());
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd) {
+void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd,
+                     const OpMoments* moments) {
   constexpr const char* op = "rmsnorm_forward";
   const RowShape shape = row_shape(op, x);
   if (gamma) expect_shape(op, "gamma", *gamma, {shape.features});
@@ -312,6 +360,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y,
 #ifdef PROPLAB_WITH_CUDA
     kernels::rmsnorm_forward(x.f32(), gamma ? gamma->f32() : nullptr, eps, shape.rows, shape.features, y.f32(),
                              rstd.f32());
+    accumulate_output(moments, y);
     return;
 #else
     missing_device_impl(op, device);
@@ -320,9 +369,9 @@ void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y,
   if (shape.features == 0) return;
 
   if (gamma)
-    rmsnorm_forward_rows<true>(x.f32(), gamma->f32(), eps, shape, y.f32(), rstd.f32());
+    rmsnorm_forward_rows<true>(x, gamma->f32(), eps, shape, y, rstd.f32(), moments);
   else
-    rmsnorm_forward_rows<false>(x.f32(), nullptr, eps, shape, y.f32(), rstd.f32());
+    rmsnorm_forward_rows<false>(x, nullptr, eps, shape, y, rstd.f32(), moments);
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, const Tensor& d_y, Tensor& d_x,

@@ -48,22 +48,40 @@ void embedding_forward(const Tensor& tokens, const Tensor& token_table, const Te
 // d_token_table (+=), d_pos_table (+=, skipped when null). Deterministic (no scatter races).
 void embedding_backward(const Tensor& tokens, const Tensor& d_y, Tensor& d_token_table, Tensor* d_pos_table);
 
+// ---- moments gathered inside an op (probe recording) -------------------------------------------------------------
+// Sums an op adds its input's and its output's statistics to while it runs, each tensor viewed as [sequences,
+// rows / sequences, last dimension] (an NCHW image as its channels-last view, sequences = samples, as
+// probe::accumulate_planes sums it; on the CPU only): bitwise what probe::accumulate of the finished tensor adds (on
+// the CPU the op sums each chunk of probe::ChunkedAccumulation inside its own loop while the chunk is in cache; on a
+// GPU it accumulates the finished tensors). Null sums are not taken.
+struct OpMoments {
+  probe::MomentSums* input = nullptr;
+  probe::StatSelection input_stats;
+  probe::MomentSums* output = nullptr;
+  probe::StatSelection output_stats;
+  std::int64_t sequences = 1;
+};
+
 // ---- normalisation over the last dimension; x [rows, D] -------------------------------------------------------
 // LayerNorm: y = (x - mean) * rstd (* gamma + beta). Saves mean [rows], rstd [rows] for backward.
+// With `moments`, the statistics of y (output; a norm takes no input sums).
 void layernorm_forward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float eps, Tensor& y, Tensor& mean,
-                       Tensor& rstd);
+                       Tensor& rstd, const OpMoments* moments = nullptr);
 void layernorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& mean, const Tensor& rstd, const Tensor& d_y,
                         Tensor& d_x, Tensor* d_gamma, Tensor* d_beta);
 // RMSNorm: y = x * rstd (* gamma), rstd = 1/sqrt(mean(x²) + eps). Saves rstd [rows].
-void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd);
+void rmsnorm_forward(const Tensor& x, const Tensor* gamma, float eps, Tensor& y, Tensor& rstd,
+                     const OpMoments* moments = nullptr);
 void rmsnorm_backward(const Tensor& x, const Tensor* gamma, const Tensor& rstd, const Tensor& d_y, Tensor& d_x,
                       Tensor* d_gamma);
 
 // ---- pointwise activations ------------------------------------------------------------------------------------
 using ::proplab::Activation;  // (spec/model.h)
-void activation_forward(Activation kind, const Tensor& x, Tensor& y);
-// d_x = d_y * φ'(x) (overwrite). d_x may alias d_y.
-void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x);
+// y = φ(x); with `moments`, the statistics of x (input) and y (output).
+void activation_forward(Activation kind, const Tensor& x, Tensor& y, const OpMoments* moments = nullptr);
+// d_x = d_y * φ'(x) (overwrite). d_x may alias d_y. With `moments`, the statistics of d_y (input) and d_x (output).
+void activation_backward(Activation kind, const Tensor& x, const Tensor& d_y, Tensor& d_x,
+                         const OpMoments* moments = nullptr);
 
 // ---- causal multi-head self-attention ---------------------------------------------------------------------------
 // qkv [B, T, 3D] holds q, k, v side by side (each [B, T, D], head h at features h*Dh..(h+1)*Dh), D = heads*Dh.
@@ -79,19 +97,25 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_
                         Tensor& d_qkv);
 
 // ---- residual combine: y = lambda * x + beta * f ------------------------------------------------------------------
-void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y);
+// With `moments`, the statistics of f (input) and y (output).
+void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y,
+                      const OpMoments* moments = nullptr);
 // d_x = lambda*d_y, d_f = beta*d_y (overwrite; each skipped when null; d_x may alias d_y);
 // d_lambda += Σ d_y·x, d_beta += Σ d_y·f (each skipped when null; learnable scalars).
+// With `moments`, the statistics of d_y (input) and d_f (output; then d_f must be given).
 void residual_backward(const Tensor& x, const Tensor& f, const Tensor& d_y, float lambda, float beta, Tensor* d_x,
-                       Tensor* d_f, double* d_lambda, double* d_beta);
+                       Tensor* d_f, double* d_lambda, double* d_beta, const OpMoments* moments = nullptr);
 // y = relu(lambda * x + beta * f) in one pass (bitwise residual_forward then activation_forward(relu); on a GPU it
 // is those two calls).
-void residual_relu_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y);
+void residual_relu_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y,
+                           const OpMoments* moments = nullptr);
 // Its backward from y: d_y is dL/dy on entry and dL/d(lambda * x + beta * f) on return (masked by y > 0, which holds
 // exactly where the sum is > 0); then as residual_backward (d_x may alias d_y). Bitwise activation_backward(relu)
-// then residual_backward.
+// then residual_backward. With `moments` (as residual_forward's and residual_backward's), the statistics of f and y
+// forward, of d_y as it enters (unmasked) and d_f backward.
 void residual_relu_backward(const Tensor& x, const Tensor& f, const Tensor& y, Tensor& d_y, float lambda, float beta,
-                            Tensor* d_x, Tensor* d_f, double* d_lambda, double* d_beta);
+                            Tensor* d_x, Tensor* d_f, double* d_lambda, double* d_beta,
+                            const OpMoments* moments = nullptr);
 
 // ---- dropout with a counter-based mask ----------------------------------------------------------------------------
 // Element i is dropped when CounterRng(seed, stream).uniform(i) < p; kept ones are scaled by 1/(1-p).

@@ -9,6 +9,7 @@
 #include "ops/ops.h"
 #include "ops_testing.h"
 #include "support/gradcheck.h"
+#include "support/moments_equal.h"
 
 namespace proplab {
 namespace {
@@ -159,6 +160,70 @@ TEST(Activation, BackwardOverwritesAndMayAliasGradient) {
     Tensor shared = d_y.clone();
     ops::activation_backward(kind, x, shared, shared);
     EXPECT_TRUE(testing::bitwise_equal(shared, d_x)) << name(kind) << ": d_x aliasing d_y";
+  }
+}
+
+// Statistics gathered inside the op (ops::OpMoments) are bitwise probe::accumulate of the finished tensors, and the
+// op's result is bitwise the same with and without them: every activation, forward and backward (d_x apart from d_y
+// and aliasing it), with 1 and 2 threads, on shapes split into whole sequences ([8, 128, 256]), into pieces of
+// sequences ([4, 128, 1024]) and under the parallel threshold; a selection the op does not take in chunks
+// (layout-free statistics over 2000 features) is summed after the op, and so are sums already holding a tensor.
+TEST(Activation, GatheredMomentsAreBitwiseAccumulateOfTheResult) {
+  struct Case {
+    std::int64_t sequences, tokens, features;
+    probe::StatSelection input_stats, output_stats;
+  };
+  const probe::StatSelection all = probe::StatSelection::all();
+  const probe::StatSelection layout_free = probe::StatSelection::parse({"mean", "kurtosis", "max_abs"});
+  const std::vector<Case> cases = {{8, 128, 256, all, all},
+                                   {4, 128, 1024, all, probe::StatSelection::parse({"corr", "nonfinite"})},
+                                   {3, 5, 7, all, all},
+                                   {2, 16, 2000, layout_free, all}};
+  std::uint64_t seed = 40;
+  for (const Case& c : cases) {
+    const Shape shape{c.sequences * c.tokens, c.features};
+    const Tensor x = random_tensor(shape, seed++), d_y = random_tensor(shape, seed++);
+    for (Activation kind : kAll) {
+      for (int threads : {1, 2}) {
+        testing::ScopedThreads scoped(threads);
+        const std::string what = name(kind) + " [" + std::to_string(c.sequences) + ", " + std::to_string(c.tokens) +
+                                 ", " + std::to_string(c.features) + "] threads " + std::to_string(threads);
+        for (bool prefilled : {false, true}) {
+          // Forward: the statistics of x and y.
+          Tensor y = Tensor::empty(shape, DType::f32), y_plain = Tensor::empty(shape, DType::f32);
+          probe::MomentSums x_sums, y_sums, x_expected, y_expected;
+          if (prefilled) {
+            for (probe::MomentSums* sums : {&x_sums, &x_expected})
+              probe::accumulate(d_y, c.sequences, *sums, c.input_stats);
+            for (probe::MomentSums* sums : {&y_sums, &y_expected})
+              probe::accumulate(x, c.sequences, *sums, c.output_stats);
+          }
+          ops::OpMoments moments{&x_sums, c.input_stats, &y_sums, c.output_stats, c.sequences};
+          ops::activation_forward(kind, x, y, &moments);
+          ops::activation_forward(kind, x, y_plain);
+          EXPECT_TRUE(testing::bitwise_equal(y, y_plain)) << what << ": forward result";
+          probe::accumulate(x, c.sequences, x_expected, c.input_stats);
+          probe::accumulate(y_plain, c.sequences, y_expected, c.output_stats);
+          probe::expect_bitwise_equal(x_sums, x_expected, what + " forward input");
+          probe::expect_bitwise_equal(y_sums, y_expected, what + " forward output");
+        }
+        for (bool aliased : {false, true}) {
+          // Backward: the statistics of d_y and d_x.
+          Tensor d_plain = Tensor::empty(shape, DType::f32);
+          ops::activation_backward(kind, x, d_y, d_plain);
+          Tensor d_in = aliased ? d_y.clone() : Tensor::empty(shape, DType::f32);
+          const Tensor d_out = aliased ? d_in : d_y;
+          probe::MomentSums d_y_sums, d_x_sums, d_y_expected, d_x_expected;
+          ops::OpMoments moments{&d_y_sums, c.input_stats, &d_x_sums, c.output_stats, c.sequences};
+          ops::activation_backward(kind, x, d_out, d_in, &moments);
+          EXPECT_TRUE(testing::bitwise_equal(d_in, d_plain)) << what << ": backward result, aliased " << aliased;
+          probe::accumulate(d_y, c.sequences, d_y_expected, c.input_stats);
+          probe::accumulate(d_plain, c.sequences, d_x_expected, c.output_stats);
+          probe::expect_bitwise_equal(d_y_sums, d_y_expected, what + " backward input");
+          probe::expect_bitwise_equal(d_x_sums, d_x_expected, what + " backward output");
+        }
+      }
+    }
   }
 }
 

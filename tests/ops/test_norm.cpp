@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "ops/ops.h"
 #include "ops_testing.h"
 #include "support/gradcheck.h"
+#include "support/moments_equal.h"
 
 namespace proplab {
 namespace {
@@ -192,6 +194,55 @@ TEST(RmsNorm, ParameterGradsAccumulateActivationGradsOverwrite) {
     ops::rmsnorm_backward(x, &gamma, rstd, d_y, d_x, &d_gamma2);
   }
   EXPECT_TRUE(testing::bitwise_equal(d_gamma1, d_gamma2));
+}
+
+// The output's statistics gathered inside the norm (ops::OpMoments) are bitwise probe::accumulate of y, and y, the
+// saved mean and rstd are bitwise the same with and without them: LayerNorm with and without gain and shift, RMSNorm
+// with and without gain, 1 and 2 threads, rows split into whole sequences, into pieces of sequences and under the
+// parallel threshold, and 2000-feature rows with layout-free statistics (not taken in chunks: the rows are then
+// computed in whole-row ranges and y summed after).
+TEST(Norm, GatheredMomentsAreBitwiseAccumulateOfTheOutput) {
+  const probe::StatSelection all = probe::StatSelection::all();
+  const probe::StatSelection layout_free = probe::StatSelection::parse({"mean", "kurtosis", "max_abs"});
+  struct Case {
+    std::int64_t sequences, tokens, features;
+    probe::StatSelection stats;
+  };
+  std::uint64_t seed = 80;
+  for (const Case& c :
+       {Case{8, 128, 256, all}, Case{4, 128, 1024, all}, Case{3, 5, 7, all}, Case{2, 16, 2000, layout_free}}) {
+    const Shape shape{c.sequences * c.tokens, c.features};
+    const Tensor x = random_tensor(shape, seed++, 1.5, 0.3);
+    const Tensor gain = random_tensor({c.features}, seed++, 0.2, 1.0), shift = random_tensor({c.features}, seed++);
+    for (int threads : {1, 2}) {
+      testing::ScopedThreads scoped(threads);
+      for (int variant = 0; variant < 6; ++variant) {  // LayerNorm: none, gain, shift, both; RMSNorm: none, gain
+        const bool rms = variant >= 4;
+        const Tensor* g = (variant == 1 || variant == 3 || variant == 5) ? &gain : nullptr;
+        const Tensor* b = (variant == 2 || variant == 3) ? &shift : nullptr;
+        const std::string what = "[" + std::to_string(c.sequences) + ", " + std::to_string(c.tokens) + ", " +
+                                 std::to_string(c.features) + "] threads " + std::to_string(threads) + " variant " +
+                                 std::to_string(variant);
+        Tensor y = Tensor::empty(shape, DType::f32), y_plain = Tensor::empty(shape, DType::f32);
+        Tensor mean = Tensor::empty({shape[0]}, DType::f32), mean_plain = Tensor::empty({shape[0]}, DType::f32);
+        Tensor rstd = Tensor::empty({shape[0]}, DType::f32), rstd_plain = Tensor::empty({shape[0]}, DType::f32);
+        probe::MomentSums sums, expected;
+        ops::OpMoments moments{nullptr, {}, &sums, c.stats, c.sequences};
+        if (rms) {
+          ops::rmsnorm_forward(x, g, 1e-5f, y, rstd, &moments);
+          ops::rmsnorm_forward(x, g, 1e-5f, y_plain, rstd_plain);
+        } else {
+          ops::layernorm_forward(x, g, b, 1e-5f, y, mean, rstd, &moments);
+          ops::layernorm_forward(x, g, b, 1e-5f, y_plain, mean_plain, rstd_plain);
+          EXPECT_TRUE(testing::bitwise_equal(mean, mean_plain)) << what << ": mean";
+        }
+        EXPECT_TRUE(testing::bitwise_equal(y, y_plain)) << what << ": y";
+        EXPECT_TRUE(testing::bitwise_equal(rstd, rstd_plain)) << what << ": rstd";
+        probe::accumulate(y_plain, c.sequences, expected, c.stats);
+        probe::expect_bitwise_equal(sums, expected, what);
+      }
+    }
+  }
 }
 
 TEST(Norm, BadShapesAreInternalErrors) {

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "ops/ops.h"
 #include "ops_testing.h"
 #include "support/gradcheck.h"
+#include "support/moments_equal.h"
 
 namespace proplab {
 namespace {
@@ -136,6 +138,127 @@ TEST(Residual, ReluFusedGradients) {
   EXPECT_GRAD_OK(check_gradient(loss, f, d_f));
   EXPECT_GRAD_OK(check_gradient(loss, lambda, Tensor::from_vector({1}, {static_cast<float>(d_lambda)})));
   EXPECT_GRAD_OK(check_gradient(loss, beta, Tensor::from_vector({1}, {static_cast<float>(d_beta)})));
+}
+
+// Statistics gathered inside the combine (ops::OpMoments: f and y forward, d_y and d_f backward) are bitwise
+// probe::accumulate of the tensors, and every result is bitwise the same with and without them: with 1 and 2
+// threads, d_x apart from d_y and aliasing it, with and without the learnable scalars' sums (which keep their own
+// chunks, the tensors then summed whole), on shapes split into whole sequences and into pieces of sequences.
+TEST(Residual, GatheredMomentsAreBitwiseAccumulateOfTheTensors) {
+  const probe::StatSelection all = probe::StatSelection::all();
+  struct Case {
+    std::int64_t sequences, tokens, features;
+  };
+  std::uint64_t seed = 60;
+  for (const Case& c : {Case{8, 128, 256}, Case{4, 128, 1024}, Case{3, 5, 7}}) {
+    const Shape shape{c.sequences * c.tokens, c.features};
+    const Tensor x = random_tensor(shape, seed++), f = random_tensor(shape, seed++), d_y = random_tensor(shape, seed++);
+    for (int threads : {1, 2}) {
+      testing::ScopedThreads scoped(threads);
+      const std::string what = "[" + std::to_string(c.sequences) + ", " + std::to_string(c.tokens) + ", " +
+                               std::to_string(c.features) + "] threads " + std::to_string(threads);
+      Tensor y = Tensor::empty(shape, DType::f32), y_plain = Tensor::empty(shape, DType::f32);
+      probe::MomentSums f_sums, y_sums, f_expected, y_expected;
+      ops::OpMoments moments{&f_sums, all, &y_sums, all, c.sequences};
+      ops::residual_forward(x, f, 0.8f, 0.6f, y, &moments);
+      ops::residual_forward(x, f, 0.8f, 0.6f, y_plain);
+      EXPECT_TRUE(testing::bitwise_equal(y, y_plain)) << what << ": forward result";
+      probe::accumulate(f, c.sequences, f_expected, all);
+      probe::accumulate(y_plain, c.sequences, y_expected, all);
+      probe::expect_bitwise_equal(f_sums, f_expected, what + " forward f");
+      probe::expect_bitwise_equal(y_sums, y_expected, what + " forward y");
+      for (bool aliased : {false, true}) {
+        for (bool scalars : {false, true}) {
+          const std::string case_what = what + (aliased ? " aliased" : "") + (scalars ? " scalars" : "");
+          Tensor d_x_plain = Tensor::empty(shape, DType::f32), d_f_plain = Tensor::empty(shape, DType::f32);
+          double d_lambda_plain = 0.0, d_beta_plain = 0.0;
+          ops::residual_backward(x, f, d_y, 0.8f, 0.6f, &d_x_plain, &d_f_plain, scalars ? &d_lambda_plain : nullptr,
+                                 scalars ? &d_beta_plain : nullptr);
+          Tensor d_x = aliased ? d_y.clone() : Tensor::empty(shape, DType::f32);
+          const Tensor d_in = aliased ? d_x : d_y;
+          Tensor d_f = Tensor::empty(shape, DType::f32);
+          double d_lambda = 0.0, d_beta = 0.0;
+          probe::MomentSums d_y_sums, d_f_sums, d_y_expected, d_f_expected;
+          ops::OpMoments back{&d_y_sums, all, &d_f_sums, all, c.sequences};
+          ops::residual_backward(x, f, d_in, 0.8f, 0.6f, &d_x, &d_f, scalars ? &d_lambda : nullptr,
+                                 scalars ? &d_beta : nullptr, &back);
+          EXPECT_TRUE(testing::bitwise_equal(d_x, d_x_plain)) << case_what << ": d_x";
+          EXPECT_TRUE(testing::bitwise_equal(d_f, d_f_plain)) << case_what << ": d_f";
+          EXPECT_EQ(d_lambda, d_lambda_plain) << case_what;
+          EXPECT_EQ(d_beta, d_beta_plain) << case_what;
+          probe::accumulate(d_y, c.sequences, d_y_expected, all);
+          probe::accumulate(d_f_plain, c.sequences, d_f_expected, all);
+          probe::expect_bitwise_equal(d_y_sums, d_y_expected, case_what + " backward d_y");
+          probe::expect_bitwise_equal(d_f_sums, d_f_expected, case_what + " backward d_f");
+        }
+      }
+    }
+  }
+}
+
+// The same for NCHW images, summed as their channels-last view (probe::accumulate_planes), through the combine and
+// through its fused ReLU form (the ResNet's block ends): forward f and y, backward d_y as it enters (before the ReLU
+// form masks it) and d_f; with 1 and 2 threads, with and without the learnable scalars' sums, on planes of 28×28 (a
+// chunk of several planes) and 3×5 (under the parallel threshold).
+TEST(Residual, GatheredImageMomentsAreBitwiseAccumulatePlanes) {
+  const probe::StatSelection all = probe::StatSelection::all();
+  auto planes = [&](const Tensor& t, probe::MomentSums& sums) {
+    probe::accumulate_planes(t.f32(), t.dim(0), t.dim(1), t.dim(2) * t.dim(3), sums, all);
+  };
+  std::uint64_t seed = 90;
+  for (const Shape& shape : {Shape{16, 8, 28, 28}, Shape{2, 3, 3, 5}}) {
+    const Tensor x = random_tensor(shape, seed++), f = random_tensor(shape, seed++), d_y = random_tensor(shape, seed++);
+    for (int threads : {1, 2}) {
+      testing::ScopedThreads scoped(threads);
+      for (bool relu : {false, true}) {
+        const std::string what = shape_string(shape) + " threads " + std::to_string(threads) + (relu ? " relu" : "");
+        Tensor y = Tensor::empty(shape, DType::f32), y_plain = Tensor::empty(shape, DType::f32);
+        probe::MomentSums f_sums, y_sums, f_expected, y_expected;
+        ops::OpMoments moments{&f_sums, all, &y_sums, all, shape[0]};
+        if (relu) {
+          ops::residual_relu_forward(x, f, 0.8f, 0.6f, y, &moments);
+          ops::residual_relu_forward(x, f, 0.8f, 0.6f, y_plain);
+        } else {
+          ops::residual_forward(x, f, 0.8f, 0.6f, y, &moments);
+          ops::residual_forward(x, f, 0.8f, 0.6f, y_plain);
+        }
+        EXPECT_TRUE(testing::bitwise_equal(y, y_plain)) << what << ": forward result";
+        planes(f, f_expected);
+        planes(y_plain, y_expected);
+        probe::expect_bitwise_equal(f_sums, f_expected, what + " forward f");
+        probe::expect_bitwise_equal(y_sums, y_expected, what + " forward y");
+        for (bool scalars : {false, true}) {
+          const std::string case_what = what + (scalars ? " scalars" : "");
+          Tensor d_in_plain = d_y.clone(), d_x_plain = Tensor::empty(shape, DType::f32);
+          Tensor d_f_plain = Tensor::empty(shape, DType::f32);
+          Tensor d_in = d_y.clone(), d_x = Tensor::empty(shape, DType::f32), d_f = Tensor::empty(shape, DType::f32);
+          double d_lambda_plain = 0.0, d_beta_plain = 0.0, d_lambda = 0.0, d_beta = 0.0;
+          probe::MomentSums d_y_sums, d_f_sums, d_y_expected, d_f_expected;
+          ops::OpMoments back{&d_y_sums, all, &d_f_sums, all, shape[0]};
+          if (relu) {
+            ops::residual_relu_backward(x, f, y_plain, d_in_plain, 0.8f, 0.6f, &d_x_plain, &d_f_plain,
+                                        scalars ? &d_lambda_plain : nullptr, scalars ? &d_beta_plain : nullptr);
+            ops::residual_relu_backward(x, f, y_plain, d_in, 0.8f, 0.6f, &d_x, &d_f, scalars ? &d_lambda : nullptr,
+                                        scalars ? &d_beta : nullptr, &back);
+            EXPECT_TRUE(testing::bitwise_equal(d_in, d_in_plain)) << case_what << ": masked d_y";
+          } else {
+            ops::residual_backward(x, f, d_y, 0.8f, 0.6f, &d_x_plain, &d_f_plain, scalars ? &d_lambda_plain : nullptr,
+                                   scalars ? &d_beta_plain : nullptr);
+            ops::residual_backward(x, f, d_y, 0.8f, 0.6f, &d_x, &d_f, scalars ? &d_lambda : nullptr,
+                                   scalars ? &d_beta : nullptr, &back);
+          }
+          EXPECT_TRUE(testing::bitwise_equal(d_x, d_x_plain)) << case_what << ": d_x";
+          EXPECT_TRUE(testing::bitwise_equal(d_f, d_f_plain)) << case_what << ": d_f";
+          EXPECT_EQ(d_lambda, d_lambda_plain) << case_what;
+          EXPECT_EQ(d_beta, d_beta_plain) << case_what;
+          planes(d_y, d_y_expected);  // as it entered
+          planes(d_f_plain, d_f_expected);
+          probe::expect_bitwise_equal(d_y_sums, d_y_expected, case_what + " backward d_y");
+          probe::expect_bitwise_equal(d_f_sums, d_f_expected, case_what + " backward d_f");
+        }
+      }
+    }
+  }
 }
 
 TEST(Residual, ShapeMismatchIsAnInternalError) {
