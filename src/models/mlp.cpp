@@ -1,6 +1,7 @@
 #include "models/mlp.h"
 
 #include "core/device.h"
+#include "models/gather.h"
 
 namespace proplab {
 
@@ -64,12 +65,14 @@ double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepCon
   ProbeSink* sink = context.sink;
   for (int l = 0; l < layers; ++l) {
     layers_[l].forward(l == 0 ? x : hidden_[l - 1], pre_[l]);
-    if (sink) sink->forward(probe_pre_[l], pre_[l], rows);
-    ops::activation_forward(config_.activation, pre_[l], post_[l]);
-    if (sink) sink->forward(probe_post_[l], post_[l], rows);
+    const ops::OpMoments moments = gathered_moments(sink, probe_pre_[l], probe_post_[l], false, rows);
+    if (sink && !moments.input) sink->forward(probe_pre_[l], pre_[l], rows);
+    ops::activation_forward(config_.activation, pre_[l], post_[l], &moments);
+    if (sink && !moments.output) sink->forward(probe_post_[l], post_[l], rows);
     if (config_.residual && l > 0) {
-      residuals_[l - 1].forward(hidden_[l - 1], post_[l], hidden_[l]);
-      if (sink) sink->forward(probe_out_[l], hidden_[l], rows);
+      const ops::OpMoments sums = gathered_moments(sink, -1, probe_out_[l], false, rows);
+      residuals_[l - 1].forward(hidden_[l - 1], post_[l], hidden_[l], &sums);
+      if (sink && !sums.output) sink->forward(probe_out_[l], hidden_[l], rows);
     }
   }
   readout_.forward(hidden_[layers - 1], output_);
@@ -90,13 +93,15 @@ double Mlp::forward_backward(const Batch& batch, float grad_scale, const StepCon
     // d_hidden_ holds dL/dh_l.
     const Tensor* d_post = &d_hidden_;
     if (config_.residual && l > 0) {
-      if (sink) sink->backward(probe_out_[l], d_hidden_, rows);
-      residuals_[l - 1].backward(hidden_[l - 1], post_[l], d_hidden_, d_hidden_, d_post_);
+      const ops::OpMoments sums = gathered_moments(sink, probe_out_[l], -1, true, rows);
+      if (sink && !sums.input) sink->backward(probe_out_[l], d_hidden_, rows);
+      residuals_[l - 1].backward(hidden_[l - 1], post_[l], d_hidden_, d_hidden_, d_post_, &sums);
       d_post = &d_post_;
     }
-    if (sink) sink->backward(probe_post_[l], *d_post, rows);
-    ops::activation_backward(config_.activation, pre_[l], *d_post, d_pre_);
-    if (sink) sink->backward(probe_pre_[l], d_pre_, rows);
+    const ops::OpMoments moments = gathered_moments(sink, probe_post_[l], probe_pre_[l], true, rows);
+    if (sink && !moments.input) sink->backward(probe_post_[l], *d_post, rows);
+    ops::activation_backward(config_.activation, pre_[l], *d_post, d_pre_, &moments);
+    if (sink && !moments.output) sink->backward(probe_pre_[l], d_pre_, rows);
     if (l == 0) {
       layers_[0].backward(x, d_pre_, nullptr);
     } else if (config_.residual) {

@@ -25,13 +25,18 @@ struct ResidualSite {
     return p.value.device() == Device::cpu ? p.value.f32()[0] : p.value.item();
   }
 
-  void forward(const Tensor& x, const Tensor& f, Tensor& y) const;
-  // d_x (may alias d_y) and d_f overwrite; learnable scalars' gradients accumulate.
-  void backward(const Tensor& x, const Tensor& f, const Tensor& d_y, Tensor& d_x, Tensor& d_f) const;
-  // y = relu(λ·x + β·f) in one pass (ops::residual_relu_forward).
-  void forward_relu(const Tensor& x, const Tensor& f, Tensor& y) const;
-  // Its backward from y: d_y holds dL/dy on entry and dL/d(λ·x + β·f) on return; then as backward.
-  void backward_relu(const Tensor& x, const Tensor& f, const Tensor& y, Tensor& d_y, Tensor& d_x, Tensor& d_f) const;
+  // With `moments`, the statistics of f and y (ops::residual_forward).
+  void forward(const Tensor& x, const Tensor& f, Tensor& y, const ops::OpMoments* moments = nullptr) const;
+  // d_x (may alias d_y) and d_f overwrite; learnable scalars' gradients accumulate. With `moments`, the statistics
+  // of d_y and d_f.
+  void backward(const Tensor& x, const Tensor& f, const Tensor& d_y, Tensor& d_x, Tensor& d_f,
+                const ops::OpMoments* moments = nullptr) const;
+  // y = relu(λ·x + β·f) in one pass (ops::residual_relu_forward); with `moments`, the statistics of f and y.
+  void forward_relu(const Tensor& x, const Tensor& f, Tensor& y, const ops::OpMoments* moments = nullptr) const;
+  // Its backward from y: d_y holds dL/dy on entry and dL/d(λ·x + β·f) on return; then as backward. With `moments`,
+  // the statistics of d_y as it enters and of d_f.
+  void backward_relu(const Tensor& x, const Tensor& f, const Tensor& y, Tensor& d_y, Tensor& d_x, Tensor& d_f,
+                     const ops::OpMoments* moments = nullptr) const;
   // scalar[0] += value, for a [1] tensor on any device (in float, as on the CPU).
   static void add_to_scalar(Tensor& scalar, float value);
 };

@@ -4,6 +4,7 @@
 
 #include "core/device.h"
 #include "core/parallel.h"
+#include "models/gather.h"
 
 namespace proplab {
 
@@ -373,6 +374,17 @@ void Resnet::norm_act_backward(Norm& norm, const Tensor& x, const Tensor& normed
   norm_backward(norm, x, d, d, training);
 }
 
+namespace {
+
+// gathered_moments for an op on NCHW images shaped like `like`, one sequence per image: taken on the CPU only (a GPU
+// image probe goes through Resnet::record()).
+ops::OpMoments gathered_images(ProbeSink* sink, int input_probe, int output_probe, bool backward, const Tensor& like) {
+  if (like.device() != Device::cpu || like.ndim() != 4) return ops::OpMoments{};
+  return gathered_moments(sink, input_probe, output_probe, backward, like.dim(0));
+}
+
+}  // namespace
+
 void Resnet::record(ProbeSink* sink, int probe, const Tensor& x, bool backward) {
   if (!sink) return;
   if (x.ndim() == 4 && sink->image(probe, x, backward)) return;
@@ -425,7 +437,11 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
     }
   }
   const Tensor& branch = preact ? k.conv_out[m - 1] : k.normed[m - 1];
-  record(sink, k.probe_branch, branch, false);
+  // The branch and the block's output summed inside the residual combine where it is one op (on the CPU).
+  const bool gather = preact || act == Activation::relu;
+  const ops::OpMoments sums =
+      gather ? gathered_images(sink, k.probe_branch, k.probe_out, false, branch) : ops::OpMoments{};
+  if (!sums.input) record(sink, k.probe_branch, branch, false);
   if (k.projection) {
     conv_forward(k.shortcut, preact ? k.conv_in[0] : k.scaled, k.shortcut_out);
     norm_forward(k.shortcut_norm, k.shortcut_out, k.shortcut_normed, training);
@@ -438,32 +454,37 @@ void Resnet::block_forward(Block& k, const Tensor& x, bool training, ProbeSink* 
                                          k.residual.current_lambda(), k.residual.current_beta(), k.out, norm.mean,
                                          norm.rstd);
   } else if (preact) {
-    k.residual.forward(shortcut, branch, k.out);
+    k.residual.forward(shortcut, branch, k.out, &sums);
   } else if (act == Activation::relu) {
-    k.residual.forward_relu(shortcut, branch, k.out);  // one pass; k.sum stays unwritten
+    k.residual.forward_relu(shortcut, branch, k.out, &sums);  // one pass; k.sum stays unwritten
   } else {
     k.residual.forward(shortcut, branch, k.sum);
     ops::activation_forward(act, k.sum, k.out);
   }
-  record(sink, k.probe_out, k.out, false);
+  if (!sums.output) record(sink, k.probe_out, k.out, false);
 }
 
 void Resnet::block_backward(Block& k, const Tensor& x, Tensor& d_out, Tensor& d_x, bool training, ProbeSink* sink) {
   const bool preact = config_.preact;
   const Activation act = config_.activation;
   const int m = static_cast<int>(k.convs.size());
-  record(sink, k.probe_out, d_out, true);
+  // The gradients of the block's output and of the branch summed inside the residual combine's backward where it is
+  // one op (on the CPU).
+  const bool gather = preact || act == Activation::relu;
+  const ops::OpMoments sums =
+      gather ? gathered_images(sink, k.probe_out, k.probe_branch, true, d_out) : ops::OpMoments{};
+  if (!sums.input) record(sink, k.probe_out, d_out, true);
   Tensor d_shortcut = scratch(2, k.out.shape());
   Tensor d = scratch(3, k.out.shape());
   const Tensor& branch = preact ? k.conv_out[m - 1] : k.normed[m - 1];
   const Tensor& shortcut = k.projection ? k.shortcut_normed : x;
   if (!preact && act == Activation::relu) {
-    k.residual.backward_relu(shortcut, branch, k.out, d_out, d_shortcut, d);  // d_out becomes dL/d sum
+    k.residual.backward_relu(shortcut, branch, k.out, d_out, d_shortcut, d, &sums);  // d_out becomes dL/d sum
   } else {
     if (!preact) ops::activation_backward(act, k.sum, d_out, d_out);  // now dL/d sum
-    k.residual.backward(shortcut, branch, d_out, d_shortcut, d);
+    k.residual.backward(shortcut, branch, d_out, d_shortcut, d, &sums);
   }
-  record(sink, k.probe_branch, d, true);
+  if (!sums.output) record(sink, k.probe_branch, d, true);
   int buffer = 3;  // which scratch buffer holds d
   for (int j = m - 1; j >= 0; --j) {
     if (!preact) {

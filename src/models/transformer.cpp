@@ -5,6 +5,7 @@
 
 #include "core/device.h"
 #include "core/rng.h"
+#include "models/gather.h"
 #include "models/profile.h"
 
 namespace proplab {
@@ -157,9 +158,10 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   if (sink && s.probe_input >= 0) sink->forward(s.probe_input, x_in, batch_);
   const Tensor* branch_in = &x_in;
   if (config_.norm == NormPlacement::pre) {
-    s.norm.forward(x_in, s.normed, s.norm_saved);
+    const ops::OpMoments normed = gathered_moments(sink, -1, s.probe_norm, false, batch_);
+    s.norm.forward(x_in, s.normed, s.norm_saved, &normed);
     branch_in = &s.normed;
-    if (sink) sink->forward(s.probe_norm, s.normed, batch_);
+    if (sink && !normed.output) sink->forward(s.probe_norm, s.normed, batch_);
   }
   s.in_proj.forward(*branch_in, s.hidden);
   if (s.is_attention) {
@@ -169,9 +171,10 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
     ops::attention_forward(qkv, local_heads_, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
     if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, local_heads_, logit_scale_);
   } else {
-    if (sink) sink->forward(s.probe_hidden, s.hidden, batch_);
-    ops::activation_forward(config_.activation, s.hidden, s.mixed);
-    if (sink) sink->forward(s.probe_mixed, s.mixed, batch_);
+    const ops::OpMoments moments = gathered_moments(sink, s.probe_hidden, s.probe_mixed, false, batch_);
+    if (sink && !moments.input) sink->forward(s.probe_hidden, s.hidden, batch_);
+    ops::activation_forward(config_.activation, s.hidden, s.mixed, &moments);
+    if (sink && !moments.output) sink->forward(s.probe_mixed, s.mixed, batch_);
   }
   if (dropout_active(context)) {
     Tensor projected = d_tmp_;  // free during forward
@@ -180,15 +183,21 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   } else {
     tp_.row_linear_forward(s.out_proj, s.mixed, s.branch);
   }
-  if (sink) sink->forward(s.probe_branch, s.branch, batch_);
-  if (config_.norm == NormPlacement::post) {
-    s.residual.forward(x_in, s.branch, s.combined);
-    if (sink) sink->forward(s.probe_sum, s.combined, batch_);
-    s.norm.forward(s.combined, x_out, s.norm_saved);
+  // The branch and the sum (Post-LN) or the result (Pre-LN, no norm) summed inside the residual combine.
+  const bool post = config_.norm == NormPlacement::post;
+  const ops::OpMoments sums =
+      gathered_moments(sink, s.probe_branch, post ? s.probe_sum : s.probe_result, false, batch_);
+  if (sink && !sums.input) sink->forward(s.probe_branch, s.branch, batch_);
+  if (post) {
+    s.residual.forward(x_in, s.branch, s.combined, &sums);
+    if (sink && !sums.output) sink->forward(s.probe_sum, s.combined, batch_);
+    const ops::OpMoments result = gathered_moments(sink, -1, s.probe_result, false, batch_);
+    s.norm.forward(s.combined, x_out, s.norm_saved, &result);
+    if (sink && !result.output) sink->forward(s.probe_result, x_out, batch_);
   } else {
-    s.residual.forward(x_in, s.branch, x_out);
+    s.residual.forward(x_in, s.branch, x_out, &sums);
+    if (sink && !sums.output) sink->forward(s.probe_result, x_out, batch_);
   }
-  if (sink) sink->forward(s.probe_result, x_out, batch_);
 }
 
 void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tensor& d_out, Tensor& d_in,
@@ -196,15 +205,21 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   const std::int64_t r = x_in.dim(0), d = tp_.local(config_.width);
   const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * config_.width);
   ProbeSink* sink = context.sink;
-  if (sink) sink->backward(s.probe_result, d_out, batch_);
+  // The gradient entering the residual combine (the result's, or Post-LN the sum's) and the branch's summed inside
+  // its backward.
+  const bool post = config_.norm == NormPlacement::post;
+  const ops::OpMoments sums = gathered_moments(sink, post ? s.probe_sum : s.probe_result, s.probe_branch, true, batch_);
   const Tensor* d_combined = &d_out;
-  if (config_.norm == NormPlacement::post) {
+  if (post) {
+    if (sink) sink->backward(s.probe_result, d_out, batch_);
     s.norm.backward(s.combined, s.norm_saved, d_out, d_tmp_);
     d_combined = &d_tmp_;
-    if (sink) sink->backward(s.probe_sum, d_tmp_, batch_);
+    if (sink && !sums.input) sink->backward(s.probe_sum, d_tmp_, batch_);
+  } else if (sink && !sums.input) {
+    sink->backward(s.probe_result, d_out, batch_);
   }
-  s.residual.backward(x_in, s.branch, *d_combined, d_in, d_branch_);
-  if (sink) sink->backward(s.probe_branch, d_branch_, batch_);
+  s.residual.backward(x_in, s.branch, *d_combined, d_in, d_branch_, &sums);
+  if (sink && !sums.output) sink->backward(s.probe_branch, d_branch_, batch_);
   const Tensor* d_projected = &d_branch_;
   if (dropout_active(context)) {
     ops::dropout_backward(d_branch_, config_.dropout, context.seed, dropout_stream(context, site), d_dropped_);
@@ -218,9 +233,10 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
     ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
                             local_heads_, logit_scale_, d_qkv);
   } else {
-    if (sink) sink->backward(s.probe_mixed, d_mixed, batch_);
-    ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden);
-    if (sink) sink->backward(s.probe_hidden, d_hidden, batch_);
+    const ops::OpMoments moments = gathered_moments(sink, s.probe_mixed, s.probe_hidden, true, batch_);
+    if (sink && !moments.input) sink->backward(s.probe_mixed, d_mixed, batch_);
+    ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden, &moments);
+    if (sink && !moments.output) sink->backward(s.probe_hidden, d_hidden, batch_);
   }
   if (config_.norm == NormPlacement::pre) {
     s.in_proj.backward(s.normed, d_hidden, &d_normed_);
@@ -250,9 +266,10 @@ double Transformer::head_forward(const Batch& batch, float grad_scale, const Ste
   ProbeSink* sink = context.sink;
   const Tensor* head_in = &stream_.back();
   if (has_final_norm_) {
-    final_norm_.forward(stream_.back(), final_, final_saved_);
+    const ops::OpMoments final_sums = gathered_moments(sink, -1, probe_final_, false, batch_);
+    final_norm_.forward(stream_.back(), final_, final_saved_, &final_sums);
     head_in = &final_;
-    if (sink) sink->forward(probe_final_, final_, batch_);
+    if (sink && !final_sums.output) sink->forward(probe_final_, final_, batch_);
   }
   const Tensor& head_weight = config_.tie_embeddings ? token_embedding_->value : readout_.weight->value;
   ops::linear_forward(*head_in, head_weight, nullptr, logits_);

@@ -38,12 +38,12 @@ Norm::Saved Norm::make_saved(std::int64_t rows, Device device) const {
   return saved;
 }
 
-void Norm::forward(const Tensor& x, Tensor& y, Saved& saved) const {
+void Norm::forward(const Tensor& x, Tensor& y, Saved& saved, const ops::OpMoments* moments) const {
   if (kind == NormKind::layernorm)
     ops::layernorm_forward(x, gain ? &gain->value : nullptr, shift ? &shift->value : nullptr, eps, y, saved.mean,
-                           saved.rstd);
+                           saved.rstd, moments);
   else
-    ops::rmsnorm_forward(x, gain ? &gain->value : nullptr, eps, y, saved.rstd);
+    ops::rmsnorm_forward(x, gain ? &gain->value : nullptr, eps, y, saved.rstd, moments);
 }
 
 void Norm::backward(const Tensor& x, const Saved& saved, const Tensor& d_y, Tensor& d_x) const {

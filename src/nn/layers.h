@@ -44,7 +44,8 @@ struct Norm {
                      float eps, int block);
   // Allocates saved statistics for `rows` rows.
   Saved make_saved(std::int64_t rows, Device device = Device::cpu) const;
-  void forward(const Tensor& x, Tensor& y, Saved& saved) const;
+  // With `moments`, the statistics of y (ops::OpMoments, output only).
+  void forward(const Tensor& x, Tensor& y, Saved& saved, const ops::OpMoments* moments = nullptr) const;
   void backward(const Tensor& x, const Saved& saved, const Tensor& d_y, Tensor& d_x) const;
 };
 

@@ -58,6 +58,13 @@ class ProbeSink {
     (void)probe, (void)x, (void)backward;
     return false;
   }
+  // The sums probe `probe`'s activation (or with `backward` its gradient) is to be added to by an op that sums it
+  // inside its own loop (ops::OpMoments), with the statistics to take in `which`; the probe then counts as seen. Null
+  // (the default) when this sink takes whole tensors only: the model then calls forward()/backward().
+  virtual probe::MomentSums* gathered(int probe, bool backward, probe::StatSelection& which) {
+    (void)probe, (void)backward, (void)which;
+    return nullptr;
+  }
 };
 
 }  // namespace proplab

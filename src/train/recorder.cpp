@@ -270,6 +270,12 @@ void Recorder::backward(int probe_index, const Tensor& d_x, std::int64_t sequenc
   backward_seen_[probe_index] = true;
 }
 
+probe::MomentSums* Recorder::gathered(int probe_index, bool backward, probe::StatSelection& which) {
+  (backward ? backward_seen_ : forward_seen_)[probe_index] = true;
+  which = backward ? backward_stats_ : forward_stats_;
+  return &(backward ? backward_sums_ : forward_sums_)[probe_index];
+}
+
 bool Recorder::image(int probe_index, const Tensor& x, bool backward) {
   if (x.device() != Device::cpu || x.ndim() != 4 || !x.is_contiguous() || x.dtype() != DType::f32) return false;
   probe::MomentSums& sums = (backward ? backward_sums_ : forward_sums_)[probe_index];

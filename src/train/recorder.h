@@ -81,6 +81,7 @@ class Recorder final : public ProbeSink {
   // ProbeSink
   void forward(int probe_index, const Tensor& x, std::int64_t sequences) override;
   void backward(int probe_index, const Tensor& d_x, std::int64_t sequences) override;
+  probe::MomentSums* gathered(int probe_index, bool backward, probe::StatSelection& which) override;
   void attention_logits(int probe_index, const probe::LogitSums& sums, const Tensor& qkv, int heads,
                         float logit_scale) override;
   // CPU images are summed in place (probe::accumulate_planes); GPU ones take the channels-last copy.
