@@ -5,9 +5,10 @@
 // 0.9 and weight decay 5e-4, no clipping, one fixed batch of N(0, 1) images and random labels. Side by side in
 // one run:
 //   - proplab with recording off, recording every 10 steps (the study default: every statistic of every probe and
-//     parameter, written to a real run file) and every step, and (on CPUs that run ops/conv_direct) recording off
-//     with the next slower convolution setting (the direct kernel where Winograd runs by default, im2col under
-//     PROPLAB_CONV=direct), interleaved step by step so machine noise hits all alike;
+//     parameter, written to a real run file), every step, every step with every probe summed in a pass of its
+//     own rather than inside the ops that take it ("every, ops apart"), and (on CPUs that run ops/conv_direct)
+//     recording off with the next slower convolution setting (the direct kernel where Winograd runs by default,
+//     im2col under PROPLAB_CONV=direct), interleaved step by step so machine noise hits all alike;
 //   - PyTorch (bench/torch_reference.py --model resnet20) under PyTorch 2.x from the bench virtual environment
 //     (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's 1.13: each
 //     searches its thread setups and (2.x) eager against torch.compile once, then the fastest runs once per
@@ -64,6 +65,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 struct Setup {
   std::string label;
   std::int64_t every = 0;  // 0: recording off
+  bool gather = true;      // probes summed inside the ops that take them (ProbeSink::gathered)
   ops::ConvKernel kernel = ops::ConvKernel::direct;
   std::unique_ptr<Resnet> model;
   std::unique_ptr<Optimizer> optimizer;
@@ -116,13 +118,16 @@ int main(int argc, char** argv) {
       std::filesystem::temp_directory_path() / ("proplab-bench-resnet-" + std::to_string(::getpid()));
 
   std::vector<Setup> setups;
-  for (std::int64_t every : {0, 10, 1}) {
+  // The last: every step with every probe summed in a pass of its own, none inside the ops (bench::ApartSink).
+  for (std::int64_t every : {0, 10, 1, -1}) {
     Setup s;
-    s.every = every;
-    s.label = every == 0 ? "record off" : every == 1 ? "record every step" : "record every 10";
+    s.every = every < 0 ? 1 : every;
+    s.gather = every >= 0;
+    s.label = bench::recording_label(every);
     s.model = std::make_unique<Resnet>(config, ScalingConfig{}, 1);
     s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
-    if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
+    if (s.every > 0)
+      bench::start_recording(*s.model, s.every, total_steps, dir, s.recorder, s.writer, s.gather ? "" : "-apart");
     setups.push_back(std::move(s));
   }
   for (Setup& s : setups) s.kernel = ops::conv_kernel();
@@ -149,7 +154,10 @@ int main(int argc, char** argv) {
     const bool record = s.recorder && s.recorder->records(s.step);
     if (record) s.recorder->begin_step();
     s.model->params().zero_grads();
-    StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? s.recorder.get() : nullptr};
+    std::optional<bench::ApartSink> apart;
+    if (record && !s.gather) apart.emplace(*s.recorder);
+    ProbeSink* sink = !record ? nullptr : s.gather ? static_cast<ProbeSink*>(s.recorder.get()) : &*apart;
+    StepContext context{1, static_cast<std::uint64_t>(s.step), true, sink};
     s.model->forward_backward(b, 1.0f, context);
     if (record) s.recorder->before_update();
     s.optimizer->step(0.1, record ? &s.recorder->update_norms() : nullptr);

@@ -1,8 +1,9 @@
 // bench_train: the engine benchmark. Trains the reference model (transformer, 4 layers, width 256, 4 heads,
 // seq 128, batch 8, vocab 256, fp32, AdamW; ~21 GFLOP per step) and reports, side by side in one run:
 //   - ms/step, tokens/s and achieved GFLOP/s with recording off, every 10 steps and every step (all statistics,
-//     written to a real run file), and, where ops::sgemm runs on oneDNN, recording off on OpenBLAS, interleaved
-//     step by step so machine noise hits all alike (medians);
+//     written to a real run file; the ops that can sum their tensors inside their own loops do, ops::OpMoments),
+//     every step with every probe summed in a pass of its own ("every, ops apart"), and, where ops::sgemm runs on
+//     oneDNN, recording off on OpenBLAS, interleaved step by step so machine noise hits all alike (medians);
 //   - the sgemm rate measured at the model's own matrix shapes (bench/sgemm_rate.h), as the ceiling;
 //   - the identical model in PyTorch (bench/torch_reference.py) under PyTorch 2.x from the bench virtual
 //     environment (bench/make-torch-venv.sh; PROPLAB_TORCH_PYTHON names another interpreter) and under Debian's
@@ -48,6 +49,7 @@ using bench::median;
 struct Setup {
   std::string label;
   std::int64_t every = 0;  // 0: recording off
+  bool gather = true;      // probes summed inside the ops that take them (ProbeSink::gathered)
   ops::GemmBackend gemm = ops::GemmBackend::openblas;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
@@ -63,7 +65,7 @@ struct Setup {
 // Times every call into the recorder (the probe sink) so the recording cost can be split into its parts.
 class TimedSink final : public ProbeSink {
  public:
-  explicit TimedSink(Recorder& recorder) : recorder_(recorder) {}
+  TimedSink(Recorder& recorder, bool gather) : recorder_(recorder), gather_(gather) {}
   void forward(int probe, const Tensor& x, std::int64_t sequences) override {
     const auto start = std::chrono::steady_clock::now();
     recorder_.forward(probe, x, sequences);
@@ -77,10 +79,15 @@ class TimedSink final : public ProbeSink {
   void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads, float scale) override {
     recorder_.attention_logits(probe, sums, qkv, heads, scale);
   }
+  // Sums the ops gather inside their own loops (when `gather`): their time is the ops', not counted in `seconds`.
+  probe::MomentSums* gathered(int probe, bool backward, probe::StatSelection& which) override {
+    return gather_ ? recorder_.gathered(probe, backward, which) : nullptr;
+  }
   double seconds = 0.0;  // inside the recorder's moment accumulation, summed over calls
 
  private:
   Recorder& recorder_;
+  bool gather_;
 };
 
 }  // namespace
@@ -116,14 +123,17 @@ int main(int argc, char** argv) {
       std::filesystem::temp_directory_path() / ("proplab-bench-" + std::to_string(::getpid()));
 
   std::vector<Setup> setups;
-  for (std::int64_t every : {0, 10, 1}) {
+  // The last: every step with every probe summed in a pass of its own, none inside the ops (ops::OpMoments).
+  for (std::int64_t every : {0, 10, 1, -1}) {
     Setup s;
-    s.every = every;
-    s.label = every == 0 ? "record off" : every == 1 ? "record every step" : "record every 10";
+    s.every = every < 0 ? 1 : every;
+    s.gather = every >= 0;
+    s.label = bench::recording_label(every);
     s.model = make_model(config, ScalingConfig{}, 1);
     s.optimizer = std::make_unique<Optimizer>(train, s.model->params());
     for (auto& p : s.model->params().all()) s.grads.push_back(&p->grad);
-    if (every > 0) bench::start_recording(*s.model, every, total_steps, dir, s.recorder, s.writer);
+    if (s.every > 0)
+      bench::start_recording(*s.model, s.every, total_steps, dir, s.recorder, s.writer, s.gather ? "" : "-apart");
     setups.push_back(std::move(s));
   }
   for (Setup& s : setups) s.gemm = ops::gemm_backend();
@@ -149,7 +159,7 @@ int main(int argc, char** argv) {
       if (record) s.recorder->begin_step();
       s.model->params().zero_grads();
       std::optional<TimedSink> sink;
-      if (record) sink.emplace(*s.recorder);
+      if (record) sink.emplace(*s.recorder, s.gather);
       StepContext context{1, static_cast<std::uint64_t>(s.step), true, record ? &*sink : nullptr};
       s.model->forward_backward(b, 1.0f, context);
       const auto pass_end = std::chrono::steady_clock::now();

@@ -26,20 +26,47 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Starts recording every statistic every `every` steps (> 0) of `model` into the run file DIR/every<N>.h5
+// Starts recording every statistic every `every` steps (> 0) of `model` into the run file DIR/every<N><tag>.h5
 // (overwritten; the folder is created), as a study run does: sets `recorder` and `writer`.
 inline void start_recording(Model& model, std::int64_t every, std::int64_t total_steps,
                             const std::filesystem::path& dir, std::unique_ptr<Recorder>& recorder,
-                            std::optional<RunWriter>& writer) {
+                            std::optional<RunWriter>& writer, const std::string& tag = "") {
   RecordConfig record;
   record.every = every;
   recorder = std::make_unique<Recorder>(record, model.probes(), model.params(), total_steps);
   RunHeader header;
   header.proplab_version = "bench";
-  writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + ".h5"), header, true));
+  writer.emplace(RunWriter::create(dir / ("every" + std::to_string(every) + tag + ".h5"), header, true));
   recorder->create_datasets(*writer);
   writer->start();
 }
+
+// The setups the benches time side by side, by `every`: 0 recording off, 10 and 1 recording every 10 steps and every
+// step, −1 every step with every probe summed after its op (ApartSink).
+inline const char* recording_label(std::int64_t every) {
+  return every == 0    ? "record off"
+         : every == 1  ? "record every step"
+         : every == 10 ? "record every 10"
+                       : "every, ops apart";
+}
+
+// The recorder as a sink that takes whole tensors only: every probe summed in a pass of its own after the op that
+// produced it, none inside the ops (ops::OpMoments), for timing the two side by side.
+class ApartSink final : public ProbeSink {
+ public:
+  explicit ApartSink(Recorder& recorder) : recorder_(recorder) {}
+  void forward(int probe, const Tensor& x, std::int64_t sequences) override { recorder_.forward(probe, x, sequences); }
+  void backward(int probe, const Tensor& d_x, std::int64_t sequences) override {
+    recorder_.backward(probe, d_x, sequences);
+  }
+  void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads, float scale) override {
+    recorder_.attention_logits(probe, sums, qkv, heads, scale);
+  }
+  bool image(int probe, const Tensor& x, bool backward) override { return recorder_.image(probe, x, backward); }
+
+ private:
+  Recorder& recorder_;
+};
 
 // The standard output of a shell command, or "" when it cannot start or exits non-zero.
 inline std::string run_command(const std::string& command) {
