@@ -403,6 +403,11 @@ std::vector<TableSpec> build_schema() {
            integer_field("sync_every", PROPLAB_MEMBER(parallel.sync_every), 1, 1000000),
            real_field("bucket_mb", PROPLAB_MEMBER(parallel.bucket_mb), RealRange{0, 65536}),
            integer_field("zero", PROPLAB_MEMBER(parallel.zero), 0, 1),
+           choice_field(
+               "compress", PROPLAB_MEMBER(parallel.compress),
+               {{"none", "none"}, {"bf16", "bf16"}, {"int8", "int8"}, {"topk", "topk"}, {"powersgd", "powersgd"}}),
+           real_field("compress_ratio", PROPLAB_MEMBER(parallel.compress_ratio), RealRange{0, 1, true}),
+           integer_field("compress_rank", PROPLAB_MEMBER(parallel.compress_rank), 1, 65536),
            choice_field("comm", PROPLAB_MEMBER(parallel.comm),
                         {{"auto", "auto"}, {"nccl", "nccl"}, {"staged", "staged"}}),
        }},

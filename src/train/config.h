@@ -57,6 +57,12 @@ struct ParallelConfig {
   // ZeRO stage: 0 (every replica keeps the whole optimizer state) or 1 (each keeps the state of its slice of the
   // flattened parameters: reduce-scatter gradients, update the slice, all-gather parameters).
   int zero = 0;
+  // allreduce, zero = 0: how the gradients travel (train/compression.h): "none" (float32), "bf16", "int8" (a scale
+  // per 1024 elements), "topk" (the largest compress_ratio of each gradient, with error feedback) or "powersgd"
+  // (rank compress_rank, with error feedback).
+  std::string compress = "none";
+  double compress_ratio = 0.01;
+  int compress_rank = 4;
   // How a CUDA run's ranks move device buffers: "nccl" (one GPU per rank), "staged" (through pinned host memory and
   // MPI; ranks may share a GPU) or "auto" (NCCL when this build has it, else staged). CPU runs ignore it.
   std::string comm = "auto";

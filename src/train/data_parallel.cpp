@@ -42,7 +42,7 @@ std::vector<std::pair<std::string, Tensor>> whole_state(Optimizer& optimizer) {
 }  // namespace
 
 DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params,
-                           std::vector<bool> exchanged)
+                           std::vector<bool> exchanged, std::uint64_t seed)
     : config_(config), group_(group), params_(params), exchanged_(std::move(exchanged)) {
   replicas_ = group_ ? group_->size() : 1;
   if (!params_.all().empty()) device_ = params_.all().front()->value.device();
@@ -51,6 +51,21 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
         "parallel.zero = 1 shards the optimizer state of replicas that apply one common update; with "
         "parallel.dp_mode = \"" +
         config.dp_mode + "\" each replica keeps its own; allowed: zero = 1 with dp_mode = \"allreduce\"");
+  const Compression compression = compression_of(config);
+  if (compression != Compression::none) {
+    const std::string key = std::string("parallel.compress = \"") + compression_name(compression) + "\"";
+    if (replicas_ == 1)
+      throw UserError(key +
+                      " compresses the data-parallel gradient exchange, which needs parallel.dp > 1; allowed "
+                      "with one replica: \"none\"");
+    if (config.dp_mode != "allreduce" || config.zero != 0)
+      throw UserError(key +
+                      " compresses the summed gradients of dp_mode = \"allreduce\" with zero = 0; allowed with "
+                      "parallel.dp_mode = \"" +
+                      config.dp_mode + "\" and zero = " + std::to_string(config.zero) + ": \"none\"");
+    if (device_ != Device::cpu)
+      throw UserError(key + " runs on CPU ranks only in this version; allowed with device.type = \"cuda\": \"none\"");
+  }
   local_ = replicas_ > 1 && config.dp_mode != "allreduce";
   zero_ = replicas_ > 1 && config.zero == 1;
   const std::size_t n = params_.all().size();
@@ -67,7 +82,9 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
     flat_ = Tensor::zeros({chunk_ * replicas_}, DType::f32, device_);
     slice_ = Tensor::zeros({chunk_}, DType::f32, device_);
   }
-  if (replicas_ > 1 && !local_ && !zero_ && config.bucket_mb > 0.0) {
+  if (compression != Compression::none)
+    compressor_ = std::make_unique<GradientCompressor>(config, *group_, params_, exchanged_, seed);
+  if (replicas_ > 1 && !local_ && !zero_ && !compressor_ && config.bucket_mb > 0.0) {
     const double bucket_bytes = config.bucket_mb * 1024.0 * 1024.0;
     // Elements of parameter i's gradient in the exchange (0 when it is not exchanged).
     auto elements_of = [&](std::size_t i) { return exchanged_[i] ? params_.all()[i]->value.numel() : 0; };
@@ -154,7 +171,7 @@ void DataParallel::gradients_final_from(std::size_t first) {
   for (std::size_t b = 0; b < next_bucket_; ++b) buckets_[b].pending->test();
 }
 
-void DataParallel::finish_gradients() {
+void DataParallel::finish_gradients(bool record) {
   if (replicas_ == 1) return;
   // (on a GPU the host first waits for backward's kernels, so the time below is the exchange's alone)
   if (device_ != Device::cpu) cuda_synchronize("the end of backward");
@@ -176,6 +193,11 @@ void DataParallel::finish_gradients() {
     group_->reduce_scatter(flat_.f32(), slice_.f32(), chunk_);
     const ParameterShard own = optimizer_shard();
     unpack(true, own.begin, own.end, slice_);
+    return;
+  }
+  if (compressor_) {
+    compressor_->exchange(record);
+    if (record) compressor_->measure(compress_error_, compress_residual_);
     return;
   }
   if (buckets_.empty()) {
@@ -348,6 +370,12 @@ void DataParallel::create_datasets(RunWriter& writer) {
   after_total_series_ = writer.create_series_2d("/replicas/disagreement_total", 1);
   before_series_ = writer.create_series_2d("/replicas/disagreement_before_mix", columns);
   before_total_series_ = writer.create_series_2d("/replicas/disagreement_before_mix_total", 1);
+  if (!compressor_) return;
+  compress_steps_series_ = writer.create_series_1d_int("/compression/steps");
+  compress_error_series_ = writer.create_series_2d("/compression/error", columns);
+  compress_error_total_series_ = writer.create_series_2d("/compression/error_total", 1);
+  compress_residual_series_ = writer.create_series_2d("/compression/residual", columns);
+  compress_residual_total_series_ = writer.create_series_2d("/compression/residual_total", 1);
 }
 
 void DataParallel::copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step) {
@@ -366,6 +394,24 @@ void DataParallel::copy_history(const RunReader& previous, RunWriter& writer, st
       if (static_cast<std::int64_t>(r) < data[s].rows)
         writer.append_row(series[s].second, &data[s].values[r * data[s].columns]);
   }
+  if (!compressor_ || !previous.exists("/compression/steps")) return;
+  // (a run resumed with another scheme keeps the earlier rows: they say what ran before the checkpoint)
+  const std::vector<std::int64_t> compressed_steps = previous.read_ints("/compression/steps");
+  const std::vector<std::pair<std::string, SeriesId>> compressed = {
+      {"/compression/error", compress_error_series_},
+      {"/compression/error_total", compress_error_total_series_},
+      {"/compression/residual", compress_residual_series_},
+      {"/compression/residual_total", compress_residual_total_series_}};
+  data.clear();
+  for (const auto& [path, id] : compressed) data.push_back(previous.read_2d(path));
+  for (std::size_t r = 0; r < compressed_steps.size() && compressed_steps[r] < before_step; ++r) {
+    if (std::any_of(data.begin(), data.end(),
+                    [&](const Dataset2D& d) { return static_cast<std::int64_t>(r) >= d.rows; }))
+      break;  // whole records only
+    writer.append_int(compress_steps_series_, compressed_steps[r]);
+    for (std::size_t s = 0; s < compressed.size(); ++s)
+      writer.append_row(compressed[s].second, &data[s].values[r * data[s].columns]);
+  }
 }
 
 void DataParallel::write_record(RunWriter& writer, std::int64_t step) {
@@ -375,6 +421,12 @@ void DataParallel::write_record(RunWriter& writer, std::int64_t step) {
   writer.append_row(after_total_series_, &after_.back());
   writer.append_row(before_series_, before_.data());
   writer.append_row(before_total_series_, &before_.back());
+  if (!compressor_ || compress_error_.empty()) return;
+  writer.append_int(compress_steps_series_, step);
+  writer.append_row(compress_error_series_, compress_error_.data());
+  writer.append_row(compress_error_total_series_, &compress_error_.back());
+  writer.append_row(compress_residual_series_, compress_residual_.data());
+  writer.append_row(compress_residual_total_series_, &compress_residual_.back());
 }
 
 std::vector<std::pair<std::string, Tensor>> DataParallel::optimizer_state_to_save(Optimizer& optimizer) {

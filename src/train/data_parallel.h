@@ -39,6 +39,7 @@
 #include "models/model.h"
 #include "nn/parameter.h"
 #include "ops/ops.h"
+#include "train/compression.h"
 #include "train/config.h"
 #include "train/optimizer.h"
 
@@ -46,11 +47,12 @@ namespace proplab {
 
 class DataParallel final : public GradientListener {
  public:
-  // `group` null: one process. UserError for combinations that do not exist (zero = 1 with local_sgd or gossip).
+  // `group` null: one process. UserError for combinations that do not exist (zero = 1 with local_sgd or gossip;
+  // compress other than "none" without replicas, with zero = 1, a local mode or on a GPU).
   // `exchanged` (per parameter in store order; empty: all): the gradients the allreduce mode sums; the others are
-  // left as they are. Only with dp_mode = "allreduce" and zero = 0 (pipeline stages).
+  // left as they are. Only with dp_mode = "allreduce" and zero = 0 (pipeline stages). `seed`: powersgd's first Q.
   DataParallel(const ParallelConfig& config, dist::Communicator* group, ParameterStore& params,
-               std::vector<bool> exchanged = {});
+               std::vector<bool> exchanged = {}, std::uint64_t seed = 0);
   ~DataParallel() override;
 
   int replicas() const { return replicas_; }
@@ -65,9 +67,12 @@ class DataParallel final : public GradientListener {
   void set_overlap(bool overlap) { overlap_ = overlap; }
   // Host seconds spent in finish_gradients so far: the exchange that backward did not hide.
   double exchange_seconds() const { return exchange_seconds_; }
-  // After the step's backward passes: completes the gradient exchange (the sum of the shares, its reduce-scatter
-  // with zero = 1, or — local modes — the replica's own mean gradient: its share times dp).
-  void finish_gradients();
+  // After the step's backward passes: completes the gradient exchange (the sum of the shares — compressed with
+  // [parallel] compress —, its reduce-scatter with zero = 1, or — local modes — the replica's own mean gradient: its
+  // share times dp). `record`: a recorded step, whose compression statistics write_record writes.
+  void finish_gradients(bool record = false);
+  // The compressed exchange (null with compress = "none" or one replica).
+  GradientCompressor* compressor() { return compressor_.get(); }
   // Clips the gradient by its global norm and returns the norm before clipping. With zero = 1 only the own slice
   // is current; `full` (recorded steps, where the recorder reads every gradient) gathers the clipped slices back
   // into every gradient tensor.
@@ -78,7 +83,9 @@ class DataParallel final : public GradientListener {
   void update(Optimizer& optimizer, double lr, std::int64_t step, std::vector<ops::UpdateNorms>* norms, bool record);
 
   // Run file (dp > 1 only; rank 0 writes): /replicas/steps, /replicas/disagreement[_before_mix] [n, n_params],
-  // /replicas/disagreement[_before_mix]_total [n, 1]. create_datasets between RunWriter::create and start.
+  // /replicas/disagreement[_before_mix]_total [n, 1]; with compression also /compression/steps,
+  // /compression/{error,residual} [n, n_params] and /compression/{error,residual}_total [n, 1].
+  // create_datasets between RunWriter::create and start.
   void create_datasets(RunWriter& writer);
   void copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step);
   void write_record(RunWriter& writer, std::int64_t step);
@@ -129,6 +136,10 @@ class DataParallel final : public GradientListener {
   Tensor mix_;                          // gossip: 3·N (own, from the left, from the right)
   std::vector<double> after_, before_;  // disagreement per parameter, then the total
   SeriesId steps_series_, after_series_, after_total_series_, before_series_, before_total_series_;
+  std::unique_ptr<GradientCompressor> compressor_;
+  std::vector<double> compress_error_, compress_residual_;  // of the last recorded step, per parameter then total
+  SeriesId compress_steps_series_, compress_error_series_, compress_error_total_series_, compress_residual_series_,
+      compress_residual_total_series_;
 };
 
 }  // namespace proplab

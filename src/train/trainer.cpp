@@ -97,6 +97,12 @@ std::map<std::string, Tensor> checkpoint_tensors(Model& model,
 std::string layout_text(const ParallelConfig& p) {
   std::ostringstream out;
   out << "dp=" << p.dp << " tp=" << p.tp << " pp=" << p.pp;
+  if (p.compress == "topk")
+    out << " compress=topk(ratio=" << p.compress_ratio << ")";
+  else if (p.compress == "powersgd")
+    out << " compress=powersgd(rank=" << p.compress_rank << ")";
+  else if (p.compress != "none")
+    out << " compress=" << p.compress;
   return out.str();
 }
 
@@ -344,7 +350,7 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
   pipeline_ = stage_ ? &*stage_ : nullptr;
   // (a stage's replicas exchange only the gradients it updates)
   data_parallel_.emplace(spec.parallel, layout_.group, model_->params(),
-                         pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{});
+                         pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{}, spec.seed);
   data_parallel_->set_overlap(options.overlap_buckets);
   optimizer_.emplace(tc_, model_->params(), data_parallel_->optimizer_shard());
   recorder_.emplace(spec.record, model_->probes(), model_->params(), tc_.steps);
@@ -521,7 +527,7 @@ double TrainingRun::forward_backward(bool record) {
                           : total / tc_.grad_accum;
   dist::Communicator* group = layout_.group;
   if (group && layout_.replicas > 1) {
-    data_parallel_->finish_gradients();  // summed, reduce-scattered, or (local modes) the replica's own
+    data_parallel_->finish_gradients(record);  // summed, reduce-scattered, or (local modes) the replica's own
     group->all_reduce(&loss, 1);
     loss /= layout_.replicas;
     // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
