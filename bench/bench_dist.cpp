@@ -34,6 +34,7 @@
 #include "models/model.h"
 #include "study/run_spec.h"
 #include "study/study.h"
+#include "train/compression.h"
 #include "train/trainer.h"
 
 namespace {
@@ -80,7 +81,12 @@ Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
     const double c = std::ceil(n / p.dp);
     double rank = 0.0;
     if (p.dp > 1) {
-      if (p.zero == 1)
+      if (p.compress != "none") {  // each gradient's compressed payload (train/compression.h)
+        const std::unique_ptr<Model> model = make_model(spec.model, spec.scaling, spec.seed);
+        for (const auto& param : model->params().all())
+          rank += static_cast<double>(compressed_bytes(p, param->value.shape()));
+        rank += 16.0;
+      } else if (p.zero == 1)
         rank = 4.0 * p.dp * c + 4.0 * c + 24.0;  // + the gradient norm's double
       else if (p.dp_mode == "local_sgd")
         rank = 4.0 * n / p.sync_every + 16.0;
@@ -104,12 +110,19 @@ Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
     out.rank0 = rank;
     out.all = p.tp * rank;
   } else if (p.dp == 1 && p.tp == 1) {
-    // Pipeline parallel: each boundary carries batch·T·D floats forward (activations) and back (gradients); the
-    // tied embedding's gradient both ways between the first and last stage; per stage the gradient norm and the
-    // stop flag (8 bytes each); the loss broadcast (8 bytes) from the last stage. Rank 0 is the first stage.
+    // Pipeline parallel: each boundary carries batch·T·D floats forward (activations) and back (gradients) — with
+    // pp_compress, each of the M transfers of (batch/M)·T·D floats as its payload's words —; the tied embedding's
+    // gradient both ways between the first and last stage; per stage the gradient norm and the stop flag (8 bytes
+    // each); the loss broadcast (8 bytes) from the last stage. Rank 0 is the first stage.
     const double tied = m.tie_embeddings ? 4.0 * v * d : 0.0;
-    out.rank0 = 4.0 * batch * t * d + tied + 16.0;
-    out.all = 8.0 * (p.pp - 1) * batch * t * d + 2.0 * tied + 16.0 * p.pp + 8.0;
+    const Compression boundary = boundary_compression_of(p);
+    const auto elements = static_cast<std::int64_t>(batch / p.microbatches * t * d);
+    const double transfer = boundary == Compression::none
+                                ? 4.0 * static_cast<double>(elements)
+                                : 4.0 * static_cast<double>(payload_words(boundary, elements));
+    const double one_way = p.microbatches * transfer;  // a boundary's bytes per step in one direction
+    out.rank0 = one_way + tied + 16.0;
+    out.all = 2.0 * (p.pp - 1) * one_way + 2.0 * tied + 16.0 * p.pp + 8.0;
   }
   return out;
 }
@@ -124,12 +137,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> settings;
   std::string out = "bench_dist_runs";
   bool overlap = false;
+  bool check = false;
   app.add_option("--steps", steps, "steps of the longer run (the shorter has a third)")->check(CLI::Range(6, 100000));
   app.add_option("--threads", threads, "threads per process (0: all cores)");
   app.add_option("--set", settings, "study overrides, e.g. parallel.dp=2");
   app.add_option("--out", out, "folder for the run files");
   app.add_flag("--overlap", overlap,
                "repeat the longer run with every bucket started after backward: prints the measured overlap");
+  app.add_flag("--check", check, "exit 1 unless the counted bytes equal the formula's (rank 0 and all ranks)");
   app.add_option("--reference-ms", reference_ms,
                  "one-process ms/step at one thread: prints the efficiency T1 / (ranks * ms/step)")
       ->check(CLI::PositiveNumber);
@@ -150,10 +165,10 @@ int main(int argc, char** argv) {
     const bool root = !groups || groups->world->rank() == 0;
     const int ranks = groups ? groups->world->size() : 1;
     const ParallelConfig& layout = base.parallel;
-    options.out_dir =
-        std::filesystem::path(out) / (layout.dp_mode + "-dp" + std::to_string(layout.dp) + "-tp" +
-                                      std::to_string(layout.tp) + "-pp" + std::to_string(layout.pp) + "-m" +
-                                      std::to_string(layout.microbatches) + "-zero" + std::to_string(layout.zero));
+    options.out_dir = std::filesystem::path(out) /
+                      (layout.dp_mode + "-dp" + std::to_string(layout.dp) + "-tp" + std::to_string(layout.tp) + "-pp" +
+                       std::to_string(layout.pp) + "-m" + std::to_string(layout.microbatches) + "-zero" +
+                       std::to_string(layout.zero) + "-" + layout.compress + "-pp_" + layout.pp_compress);
     options.force = true;
     auto bytes_now = [&](dist::Traffic kind) {
       std::int64_t total = 0;
@@ -194,9 +209,9 @@ int main(int argc, char** argv) {
     const double ms = 1e3 * median(seconds);
     std::printf(
         "bench_dist: reference transformer, dp=%d tp=%d pp=%d microbatches=%d dp_mode=%s zero=%d bucket_mb=%g "
-        "threads=%d\n",
+        "compress=%s (ratio %g, rank %d) pp_compress=%s threads=%d\n",
         layout.dp, layout.tp, layout.pp, layout.microbatches, layout.dp_mode.c_str(), layout.zero, layout.bucket_mb,
-        threads);
+        layout.compress.c_str(), layout.compress_ratio, layout.compress_rank, layout.pp_compress.c_str(), threads);
     std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), ms);
     if (layout.dp > 1 && layout.dp_mode == "allreduce") {
       std::printf("  exchange after backward: %.2f ms/step (rank 0; buckets started during backward)\n",
@@ -225,6 +240,10 @@ int main(int argc, char** argv) {
     if (reference_ms > 0.0)
       std::printf("  efficiency      %.2f = %.1f ms / (%d ranks x %.1f ms)\n", reference_ms / (ranks * ms),
                   reference_ms, ranks, ms);
+    if (check && !(expected.rank0 == total && expected.all == total_all)) {
+      std::printf("bench_dist: the counted bytes differ from the formula\n");
+      return 1;
+    }
   } catch (const std::exception& e) {
     std::cerr << "bench_dist: " << e.what() << "\n";
     return 2;

@@ -408,6 +408,8 @@ std::vector<TableSpec> build_schema() {
                {{"none", "none"}, {"bf16", "bf16"}, {"int8", "int8"}, {"topk", "topk"}, {"powersgd", "powersgd"}}),
            real_field("compress_ratio", PROPLAB_MEMBER(parallel.compress_ratio), RealRange{0, 1, true}),
            integer_field("compress_rank", PROPLAB_MEMBER(parallel.compress_rank), 1, 65536),
+           choice_field("pp_compress", PROPLAB_MEMBER(parallel.pp_compress),
+                        {{"none", "none"}, {"bf16", "bf16"}, {"int8", "int8"}}),
            choice_field("comm", PROPLAB_MEMBER(parallel.comm),
                         {{"auto", "auto"}, {"nccl", "nccl"}, {"staged", "staged"}}),
        }},

@@ -147,15 +147,68 @@ const char* compression_name(Compression scheme) {
   return "?";
 }
 
+Compression boundary_compression_of(const ParallelConfig& config) {
+  const std::string& name = config.pp_compress;
+  if (name == "none") return Compression::none;
+  if (name == "bf16") return Compression::bf16;
+  if (name == "int8") return Compression::int8;
+  throw UserError("parallel.pp_compress = \"" + name + "\": unknown scheme; allowed: \"none\", \"bf16\" or \"int8\"");
+}
+
+std::int64_t payload_words(Compression scheme, std::int64_t n) {
+  if (scheme == Compression::bf16) return ceil_div(n, 2);
+  PROPLAB_CHECK(scheme == Compression::int8, "payload_words: ", compression_name(scheme), " has no fixed payload");
+  return ceil_div(n, kInt8Block) + ceil_div(n, 4);
+}
+
+void encode_payload(Compression scheme, const float* x, std::int64_t n, std::uint32_t* words) {
+  if (scheme == Compression::bf16) {
+    for (std::int64_t e = 0; e < n; e += 2) words[e / 2] = to_bf16(x[e]) | ((e + 1 < n ? to_bf16(x[e + 1]) : 0u) << 16);
+    return;
+  }
+  PROPLAB_CHECK(scheme == Compression::int8, "encode_payload: ", compression_name(scheme), " has no fixed payload");
+  const std::int64_t blocks = ceil_div(n, kInt8Block);
+  auto* bytes = reinterpret_cast<unsigned char*>(words + blocks);
+  std::memset(bytes, 0, static_cast<std::size_t>(4 * ceil_div(n, 4)));
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t begin = b * kInt8Block, end = std::min(n, begin + kInt8Block);
+    float largest = 0.0f;
+    bool finite = true;
+    for (std::int64_t e = begin; e < end; ++e) {
+      finite = finite && std::isfinite(x[e]);
+      largest = std::max(largest, std::fabs(x[e]));
+    }
+    // (a non-finite block decodes to NaN, so a step is found diverged as it would be uncompressed)
+    const float scale = finite ? largest / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    words[b] = bits_of(scale);
+    for (std::int64_t e = begin; e < end; ++e) {
+      long q = 0;
+      if (finite && scale > 0.0f) q = std::clamp(std::lrint(x[e] / scale), -127L, 127L);
+      bytes[e] = static_cast<unsigned char>(static_cast<signed char>(q));
+    }
+  }
+}
+
+void decode_payload(Compression scheme, const std::uint32_t* words, std::int64_t n, float* out) {
+  if (scheme == Compression::bf16) {
+    for (std::int64_t e = 0; e < n; ++e) out[e] = from_bf16((words[e / 2] >> (16 * (e % 2))) & 0xffffu);
+    return;
+  }
+  PROPLAB_CHECK(scheme == Compression::int8, "decode_payload: ", compression_name(scheme), " has no fixed payload");
+  const std::int64_t blocks = ceil_div(n, kInt8Block);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(words + blocks);
+  for (std::int64_t e = 0; e < n; ++e)
+    out[e] = static_cast<float>(static_cast<signed char>(bytes[e])) * float_of(words[e / kInt8Block]);
+}
+
 std::int64_t compressed_bytes(const ParallelConfig& config, const Shape& shape) {
   const std::int64_t n = shape_numel(shape);
   switch (compression_of(config)) {
     case Compression::none:
       return 4 * n;
     case Compression::bf16:
-      return 4 * ceil_div(n, 2);
     case Compression::int8:
-      return 4 * ceil_div(n, kInt8Block) + 4 * ceil_div(n, 4);
+      return 4 * payload_words(compression_of(config), n);
     case Compression::topk:
       return n == 0 ? 0 : 8 * topk_count(config.compress_ratio, n);
     case Compression::powersgd: {
@@ -209,42 +262,15 @@ std::int64_t GradientCompressor::words_of(std::size_t i) const {
   return compressed_bytes(config_, params_.all()[i]->grad.shape()) / 4;
 }
 
-void GradientCompressor::encode(std::size_t i, const float* x, std::int64_t n, std::uint32_t* words,
+void GradientCompressor::encode(const float* x, std::int64_t n, std::uint32_t* words,
                                 std::vector<float>& decoded) const {
   decoded.assign(static_cast<std::size_t>(n), 0.0f);
   switch (scheme_) {
     case Compression::bf16:
-      for (std::int64_t e = 0; e < n; e += 2) {
-        const std::uint32_t low = to_bf16(x[e]), high = e + 1 < n ? to_bf16(x[e + 1]) : 0u;
-        words[e / 2] = low | (high << 16);
-        decoded[e] = from_bf16(low);
-        if (e + 1 < n) decoded[e + 1] = from_bf16(high);
-      }
+    case Compression::int8:
+      encode_payload(scheme_, x, n, words);
+      decode_payload(scheme_, words, n, decoded.data());
       return;
-    case Compression::int8: {
-      const std::int64_t blocks = ceil_div(n, kInt8Block);
-      auto* bytes = reinterpret_cast<unsigned char*>(words + blocks);
-      std::memset(bytes, 0, static_cast<std::size_t>(4 * ceil_div(n, 4)));
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const std::int64_t begin = b * kInt8Block, end = std::min(n, begin + kInt8Block);
-        float largest = 0.0f;
-        bool finite = true;
-        for (std::int64_t e = begin; e < end; ++e) {
-          finite = finite && std::isfinite(x[e]);
-          largest = std::max(largest, std::fabs(x[e]));
-        }
-        // (a non-finite block decodes to NaN, so the step is found diverged as it would be uncompressed)
-        const float scale = finite ? largest / 127.0f : std::numeric_limits<float>::quiet_NaN();
-        words[b] = bits_of(scale);
-        for (std::int64_t e = begin; e < end; ++e) {
-          long q = 0;
-          if (finite && scale > 0.0f) q = std::clamp(std::lrint(x[e] / scale), -127L, 127L);
-          bytes[e] = static_cast<unsigned char>(static_cast<signed char>(q));
-          decoded[e] = static_cast<float>(q) * scale;
-        }
-      }
-      return;
-    }
     case Compression::topk: {
       const std::int64_t k = topk_count(config_.compress_ratio, n);
       std::vector<float> key(static_cast<std::size_t>(n));
@@ -269,22 +295,15 @@ void GradientCompressor::encode(std::size_t i, const float* x, std::int64_t n, s
       break;
   }
   PROPLAB_CHECK(false, "GradientCompressor::encode: scheme ", compression_name(scheme_), " is not gathered");
-  (void)i;
 }
 
-void GradientCompressor::add_decoded(std::size_t i, const std::uint32_t* words, std::int64_t n, float* sum) const {
-  (void)i;
+void GradientCompressor::add_decoded(const std::uint32_t* words, std::int64_t n, float* sum) const {
   switch (scheme_) {
     case Compression::bf16:
-      for (std::int64_t e = 0; e < n; ++e) sum[e] += from_bf16((words[e / 2] >> (16 * (e % 2))) & 0xffffu);
-      return;
     case Compression::int8: {
-      const std::int64_t blocks = ceil_div(n, kInt8Block);
-      const auto* bytes = reinterpret_cast<const unsigned char*>(words + blocks);
-      for (std::int64_t e = 0; e < n; ++e) {
-        const float scale = float_of(words[e / kInt8Block]);
-        sum[e] += static_cast<float>(static_cast<signed char>(bytes[e])) * scale;
-      }
+      std::vector<float> decoded(static_cast<std::size_t>(n));
+      decode_payload(scheme_, words, n, decoded.data());
+      for (std::int64_t e = 0; e < n; ++e) sum[e] += decoded[e];
       return;
     }
     case Compression::topk: {
@@ -327,7 +346,7 @@ void GradientCompressor::exchange_gathered(bool measure) {
       for (std::int64_t j = 0; j < n; ++j) e[j] += x[j];
       x = e;
     }
-    encode(i, x, n, send.data() + offset[i], decoded);
+    encode(x, n, send.data() + offset[i], decoded);
     if (measure) {
       input_sq_[i] = sum_sq(x, n);
       error_sq_[i] = distance_sq(x, decoded.data(), n);
@@ -346,7 +365,7 @@ void GradientCompressor::exchange_gathered(bool measure) {
     Tensor& grad = all[i]->grad;
     float* sum = grad.f32();
     std::fill(sum, sum + grad.numel(), 0.0f);
-    for (int r = 0; r < ranks; ++r) add_decoded(i, receive.data() + r * words + offset[i], grad.numel(), sum);
+    for (int r = 0; r < ranks; ++r) add_decoded(receive.data() + r * words + offset[i], grad.numel(), sum);
   }
 }
 

@@ -40,6 +40,17 @@ const char* compression_name(Compression scheme);
 
 constexpr std::int64_t kInt8Block = 1024;  // elements per int8 scale
 
+// From [parallel] pp_compress: how activations and their gradients cross a pipeline boundary ("none", "bf16",
+// "int8"); UserError naming the key otherwise.
+Compression boundary_compression_of(const ParallelConfig& config);
+
+// The bf16 and int8 payloads (of the gradient exchange and of pipeline boundaries): 32-bit words for n elements
+// (bf16 ⌈n/2⌉: two per word, the first in the low half; int8 ⌈n/kInt8Block⌉ scales as float bits, then ⌈n/4⌉ words
+// of four int8 each), the encoding, and the decoding (which overwrites `out`).
+std::int64_t payload_words(Compression scheme, std::int64_t n);
+void encode_payload(Compression scheme, const float* x, std::int64_t n, std::uint32_t* words);
+void decode_payload(Compression scheme, const std::uint32_t* words, std::int64_t n, float* out);
+
 // Bytes one replica hands to collectives per exchange for a tensor of this shape (docs/distributed.md):
 // bf16 4·⌈n/2⌉; int8 4·⌈n/kInt8Block⌉ + 4·⌈n/4⌉; topk 8·k; powersgd 4·r·(rows + cols) for a matrix, 4·n for a
 // vector; none 4·n.
@@ -68,10 +79,10 @@ class GradientCompressor {
  private:
   void exchange_gathered(bool measure);  // bf16, int8, topk
   void exchange_powersgd(bool measure);
-  // Encodes parameter i's x (n elements) into `words`; `decoded` gets what the payload stands for.
-  void encode(std::size_t i, const float* x, std::int64_t n, std::uint32_t* words, std::vector<float>& decoded) const;
-  // Adds the payload of parameter i to `sum`.
-  void add_decoded(std::size_t i, const std::uint32_t* words, std::int64_t n, float* sum) const;
+  // Encodes x (n elements) into `words`; `decoded` gets what the payload stands for.
+  void encode(const float* x, std::int64_t n, std::uint32_t* words, std::vector<float>& decoded) const;
+  // Adds what a payload of n elements stands for to `sum`.
+  void add_decoded(const std::uint32_t* words, std::int64_t n, float* sum) const;
   std::int64_t words_of(std::size_t i) const;  // payload words of parameter i
 
   Compression scheme_;

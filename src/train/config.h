@@ -63,6 +63,8 @@ struct ParallelConfig {
   std::string compress = "none";
   double compress_ratio = 0.01;
   int compress_rank = 4;
+  // pp > 1: how activations and their gradients cross a stage boundary: "none" (float32), "bf16" or "int8".
+  std::string pp_compress = "none";
   // How a CUDA run's ranks move device buffers: "nccl" (one GPU per rank), "staged" (through pinned host memory and
   // MPI; ranks may share a GPU) or "auto" (NCCL when this build has it, else staged). CPU runs ignore it.
   std::string comm = "auto";

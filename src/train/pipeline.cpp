@@ -30,6 +30,10 @@ void check_pipeline_layout(const RunSpec& spec, const dist::Communicator* stages
       throw UserError("parallel.microbatches = " + text(p.microbatches) +
                       " applies to pipeline parallelism only; allowed: microbatches = 1 when parallel.pp = 1 (split "
                       "the batch with train.grad_accum instead)");
+    if (boundary_compression_of(p) != Compression::none)
+      throw UserError("parallel.pp_compress = \"" + p.pp_compress +
+                      "\" compresses what crosses pipeline stage boundaries, which needs parallel.pp > 1; allowed "
+                      "with pp = 1: \"none\"");
     return;
   }
   const std::string pp = "parallel.pp = " + text(p.pp);
@@ -97,6 +101,11 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
         {Tensor::empty({chunk_rows_, t}, DType::i32, device), Tensor::empty({chunk_rows_, t}, DType::i32, device)});
   for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}, DType::f32, device));
   received_gradient_ = Tensor::empty({chunk_rows_ * t, d}, DType::f32, device);
+  boundary_ = boundary_compression_of(spec.parallel);
+  if (boundary_ != Compression::none && device != Device::cpu)
+    throw UserError("parallel.pp_compress = \"" + spec.parallel.pp_compress +
+                    "\" runs on CPU ranks only in this version; allowed with device.type = \"cuda\": \"none\"");
+  boundary_sums_.assign(4 * static_cast<std::size_t>(stage_count_ - 1), 0.0);
   const bool last = stage_ == stage_count_ - 1;
   for (auto& p : model_.params().all()) {
     const int owner = owner_of(p->name);
@@ -122,8 +131,44 @@ void PipelineStage::copy_chunk(const Batch& from, std::int64_t first_row, Batch&
   to.targets.copy_from(from.targets.slice(0, first_row, chunk_rows_));
 }
 
+void PipelineStage::send_tensor(const Tensor& x, int to, int tag, bool gradient, bool measure) {
+  if (boundary_ == Compression::none) {
+    stages_.send(x.f32(), x.numel(), to, tag);
+    return;
+  }
+  const std::int64_t n = x.numel();
+  words_.resize(static_cast<std::size_t>(payload_words(boundary_, n)));
+  encode_payload(boundary_, x.f32(), n, words_.data());
+  if (measure) {
+    decoded_.resize(static_cast<std::size_t>(n));
+    decode_payload(boundary_, words_.data(), n, decoded_.data());
+    // (the boundary below this stage for a gradient, above it for an activation)
+    const int boundary = gradient ? stage_ - 1 : stage_;
+    double* sums = &boundary_sums_[static_cast<std::size_t>(4 * boundary + (gradient ? 2 : 0))];
+    for (std::int64_t e = 0; e < n; ++e) {
+      const double value = x.f32()[e], left = value - decoded_[e];
+      sums[0] += left * left;
+      sums[1] += value * value;
+    }
+  }
+  // (the payload's bits travel unchanged: MPI_FLOAT between hosts of one architecture)
+  stages_.send(reinterpret_cast<const float*>(words_.data()), static_cast<std::int64_t>(words_.size()), to, tag);
+}
+
+void PipelineStage::receive_tensor(Tensor& into, int from, int tag) {
+  if (boundary_ == Compression::none) {
+    stages_.receive(into.f32(), into.numel(), from, tag);
+    return;
+  }
+  words_.resize(static_cast<std::size_t>(payload_words(boundary_, into.numel())));
+  stages_.receive(reinterpret_cast<float*>(words_.data()), static_cast<std::int64_t>(words_.size()), from, tag);
+  decode_payload(boundary_, words_.data(), into.numel(), into.f32());
+}
+
 double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,
                                        const std::function<Batch(int)>& data_batch) {
+  std::fill(boundary_sums_.begin(), boundary_sums_.end(), 0.0);
+  const bool measure = sink != nullptr && boundary_ != Compression::none;
   for (int m = 0; m < grad_accum_; ++m) {
     const Batch rows = data_batch(m);
     for (int piece = 0; piece < chunks_per_micro_; ++piece)
@@ -146,24 +191,23 @@ double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,
     const Batch& chunk = chunks_[static_cast<std::size_t>(m)];
     switch (s.action) {
       case dist::PipelineAction::receive_activation:
-        stages_.receive(received_[static_cast<std::size_t>(slot)].f32(),
-                        received_[static_cast<std::size_t>(slot)].numel(), stage_ - 1, dist::activation_tag(m));
+        receive_tensor(received_[static_cast<std::size_t>(slot)], stage_ - 1, dist::activation_tag(m));
         break;
       case dist::PipelineAction::forward:
         total += model_.stage_forward(slot, chunk, received_[static_cast<std::size_t>(slot)], output, grad_scale,
                                       context_of(m));
         break;
       case dist::PipelineAction::send_activation:
-        stages_.send(output.f32(), output.numel(), stage_ + 1, dist::activation_tag(m));
+        send_tensor(output, stage_ + 1, dist::activation_tag(m), false, measure);
         break;
       case dist::PipelineAction::receive_gradient:
-        stages_.receive(received_gradient_.f32(), received_gradient_.numel(), stage_ + 1, dist::gradient_tag(m));
+        receive_tensor(received_gradient_, stage_ + 1, dist::gradient_tag(m));
         break;
       case dist::PipelineAction::backward:
         model_.stage_backward(slot, chunk, received_gradient_, d_input, context_of(m));
         break;
       case dist::PipelineAction::send_gradient:
-        stages_.send(d_input.f32(), d_input.numel(), stage_ - 1, dist::gradient_tag(m));
+        send_tensor(d_input, stage_ - 1, dist::gradient_tag(m), true, measure);
         break;
     }
   }
@@ -188,6 +232,20 @@ double PipelineStage::finish_backward(double loss, Recorder* recorder) {
   }
   stages_.broadcast(&loss, sizeof loss, last);
   if (recorder) recorder->merge_replicas(stages_);
+  if (recorder && boundary_ != Compression::none) {
+    // Each boundary's sums are one stage's (the sender's): the sum over the stages is them; then over the
+    // replicas. (Only tensor rank 0's chains take part: the others send the same tensors.)
+    std::vector<double> sums = boundary_sums_;
+    stages_.all_reduce(sums.data(), static_cast<std::int64_t>(sums.size()));
+    if (data_) data_->all_reduce(sums.data(), static_cast<std::int64_t>(sums.size()));
+    const std::size_t boundaries = sums.size() / 4;
+    boundary_error_.assign(2 * boundaries, 0.0);
+    for (std::size_t b = 0; b < boundaries; ++b)
+      for (std::size_t g = 0; g < 2; ++g) {
+        const double left = sums[4 * b + 2 * g], whole = sums[4 * b + 2 * g + 1];
+        boundary_error_[g * boundaries + b] = whole == 0.0 ? 0.0 : std::sqrt(left / whole);
+      }
+  }
   return loss;
 }
 
@@ -233,9 +291,9 @@ double PipelineStage::evaluate(const Batch& batch) {
   const int pieces = static_cast<int>(rows / chunk_rows_);
   for (int piece = 0; piece < pieces; ++piece) {
     copy_chunk(batch, piece * chunk_rows_, chunk);
-    if (stage_ > 0) stages_.receive(input.f32(), input.numel(), stage_ - 1, dist::activation_tag(piece));
+    if (stage_ > 0) receive_tensor(input, stage_ - 1, dist::activation_tag(piece));
     total += model_.stage_forward(0, chunk, input, output, 0.0f, context);
-    if (stage_ < stage_count_ - 1) stages_.send(output.f32(), output.numel(), stage_ + 1, dist::activation_tag(piece));
+    if (stage_ < stage_count_ - 1) send_tensor(output, stage_ + 1, dist::activation_tag(piece), false, false);
   }
   double loss = total / pieces;
   stages_.broadcast(&loss, sizeof loss, stage_count_ - 1);
@@ -251,6 +309,37 @@ void PipelineStage::gather_to_first_stage(std::map<std::string, Tensor>& tensors
     if (stage_ == owner) stages_.send(tensor.f32(), tensor.numel(), 0, 0);
     if (stage_ == 0) stages_.receive(tensor.f32(), tensor.numel(), owner, 0);
   }
+}
+
+void PipelineStage::create_datasets(RunWriter& writer) {
+  if (boundary_ == Compression::none) return;
+  const auto boundaries = static_cast<std::int64_t>(stage_count_ - 1);
+  boundary_steps_series_ = writer.create_series_1d_int("/compression/boundaries/steps");
+  activation_error_series_ = writer.create_series_2d("/compression/boundaries/activation_error", boundaries);
+  gradient_error_series_ = writer.create_series_2d("/compression/boundaries/gradient_error", boundaries);
+}
+
+void PipelineStage::copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step) {
+  if (boundary_ == Compression::none || !previous.exists("/compression/boundaries/steps")) return;
+  const std::vector<std::int64_t> steps = previous.read_ints("/compression/boundaries/steps");
+  const Dataset2D activations = previous.read_2d("/compression/boundaries/activation_error");
+  const Dataset2D gradients = previous.read_2d("/compression/boundaries/gradient_error");
+  // (rows of another pipeline depth do not fit the columns: the history starts again)
+  if (activations.columns != stage_count_ - 1 || gradients.columns != stage_count_ - 1) return;
+  for (std::size_t r = 0; r < steps.size() && steps[r] < before_step; ++r) {
+    if (static_cast<std::int64_t>(r) >= activations.rows || static_cast<std::int64_t>(r) >= gradients.rows) break;
+    writer.append_int(boundary_steps_series_, steps[r]);
+    writer.append_row(activation_error_series_, &activations.values[r * activations.columns]);
+    writer.append_row(gradient_error_series_, &gradients.values[r * gradients.columns]);
+  }
+}
+
+void PipelineStage::write_record(RunWriter& writer, std::int64_t step) {
+  if (boundary_ == Compression::none || boundary_error_.empty()) return;
+  const std::size_t boundaries = boundary_error_.size() / 2;
+  writer.append_int(boundary_steps_series_, step);
+  writer.append_row(activation_error_series_, boundary_error_.data());
+  writer.append_row(gradient_error_series_, boundary_error_.data() + boundaries);
 }
 
 }  // namespace proplab

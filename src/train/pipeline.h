@@ -30,8 +30,11 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "io/run_file.h"
+#include "io/run_reader.h"
 #include "models/model.h"
 #include "models/transformer.h"
+#include "train/compression.h"
 #include "train/recorder.h"
 #include "train/trainer.h"
 
@@ -79,10 +82,21 @@ class PipelineStage {
   // own and the tied embedding copy); all others stay zero. The data-parallel exchange covers these only.
   const std::vector<bool>& updated_parameters() const { return updated_; }
 
+  // [parallel] pp_compress: activations and their gradients cross each boundary as bf16 or int8 payloads
+  // (train/compression.h). On recorded steps the sender measures what the rounding took away; rank 0 writes, per
+  // boundary b (between stages b and b + 1), sqrt(Σ‖x − x̂‖² / Σ‖x‖²) over the step's micro-batches and the data
+  // replicas: /compression/boundaries/{steps, activation_error, gradient_error} [n, pp − 1].
+  void create_datasets(RunWriter& writer);
+  void copy_history(const RunReader& previous, RunWriter& writer, std::int64_t before_step);
+  void write_record(RunWriter& writer, std::int64_t step);
+
  private:
   // The stage that owns a parameter (the tied token embedding: stage 0).
   int owner_of(const std::string& parameter) const;
   void copy_chunk(const Batch& from, std::int64_t first_row, Batch& to) const;
+  // A boundary transfer, compressed with pp_compress; `measure` adds the sender's rounding to boundary_sums_.
+  void send_tensor(const Tensor& x, int to, int tag, bool gradient, bool measure);
+  void receive_tensor(Tensor& into, int from, int tag);
 
   Transformer& model_;
   dist::Communicator& stages_;
@@ -100,6 +114,12 @@ class PipelineStage {
   std::vector<bool> owned_;         // per parameter (store order): counted in the norm by this stage
   std::vector<bool> updated_;       // per parameter: owned or the tied copy (updated_parameters())
   std::vector<Tensor*> all_grads_;  // gradients this stage scales when clipping (the tied copy too)
+  Compression boundary_ = Compression::none;
+  std::vector<std::uint32_t> words_;  // a compressed transfer's payload
+  std::vector<float> decoded_;        // what a sent payload stands for (measured steps)
+  std::vector<double> boundary_sums_;  // per boundary: activations' Σ‖x − x̂‖², Σ‖x‖², then gradients' (4 each)
+  std::vector<double> boundary_error_;  // of the last recorded step: activations' per boundary, then gradients'
+  SeriesId boundary_steps_series_, activation_error_series_, gradient_error_series_;
 };
 
 }  // namespace proplab

@@ -103,6 +103,7 @@ std::string layout_text(const ParallelConfig& p) {
     out << " compress=powersgd(rank=" << p.compress_rank << ")";
   else if (p.compress != "none")
     out << " compress=" << p.compress;
+  if (p.pp_compress != "none") out << " pp_compress=" << p.pp_compress;
   return out.str();
 }
 
@@ -433,6 +434,7 @@ void TrainingRun::open_run_file() {
     created_.emplace(RunWriter::create(summary_.run_file, header, options_.force || options_.resume));
     recorder_->create_datasets(*created_);
     data_parallel_->create_datasets(*created_);
+    if (pipeline_) pipeline_->create_datasets(*created_);
     recorder_->write_block_layout(*created_, model_->block_layout());
     write_theory(*created_, prediction_);
     created_->start();
@@ -441,6 +443,7 @@ void TrainingRun::open_run_file() {
       // flushed before that file goes.
       recorder_->copy_history(*previous, *created_, start_step_);
       data_parallel_->copy_history(*previous, *created_, start_step_);
+      if (pipeline_) pipeline_->copy_history(*previous, *created_, start_step_);
       for (std::size_t i = 0; i < history.size() && history.step[i] < start_step_; ++i) {
         created_->append_train({history.step[i], history.loss[i], history.lr[i], history.grad_norm[i],
                                 history.tokens_per_s[i], history.wall_time[i]});
@@ -607,6 +610,7 @@ bool TrainingRun::run_step() {
       guarded(false, [&] {
         first_nonfinite = recorder_->write_record(*writer_, step_);
         data_parallel_->write_record(*writer_, step_);
+        if (pipeline_) pipeline_->write_record(*writer_, step_);
       });
     if (options_.world) {  // only rank 0 (world rank 0) finalised the statistics: tell the others
       std::uint8_t nonfinite = first_nonfinite.empty() ? 0 : 1;
