@@ -142,6 +142,8 @@ void handle_keyboard(AppState& state);
 // dashed, "lr", "grad_norm"), and the heatmap of one run. Colours follow the selection order, as in the views.
 PlotSpec depth_plot_spec(const AppState& state, const RunList& runs);
 PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which);
+// Whether any of the runs compressed its gradient exchange (the dynamics view then adds a "compression error" panel).
+bool any_compression(const RunList& runs);
 HeatmapSpec heatmap_plot_spec(const AppState& state, const RunSnapshot& run);
 // Uploads `spec`'s cells into the texture of heatmap panel `panel` when they changed and sets spec.texture.
 void attach_heatmap_texture(AppState& state, const std::string& panel, const RunSnapshot& run, HeatmapSpec& spec);

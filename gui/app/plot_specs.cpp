@@ -244,15 +244,32 @@ PlotSpec dynamics_plot_spec(const AppState& state, const RunList& runs) {
   return spec;
 }
 
-// One training curve per run: loss, lr or grad_norm.
+bool any_compression(const RunList& runs) {
+  return std::any_of(runs.begin(), runs.end(), [](const auto& run) { return !run->compression_steps.empty(); });
+}
+
+// One training curve per run: loss, lr or grad_norm; or compression_error (the gradient exchange's total relative
+// error at each recorded step, runs that compress only).
 PlotSpec train_plot_spec(const AppState& state, const RunList& runs, const char* which) {
   PlotSpec spec;
-  spec.title = which;
+  spec.title = std::string(which) == "compression_error" ? "compression error" : which;
   spec.x_label = "step";
   spec.x_scale = state.dynamics_log_x ? AxisScale::log : AxisScale::linear;
   spec.y_scale = std::string(which) == "lr" ? AxisScale::linear : AxisScale::log;
   spec.legend = false;
   for (const auto& run : runs) {
+    if (std::string(which) == "compression_error") {
+      if (run->compression_steps.empty()) continue;
+      PlotSeries series;
+      series.label = run->name;
+      series.run = run->name;
+      series.colour = series_colour(colour_index(state, *run));
+      series.thickness = 1.5f;
+      series.x.assign(run->compression_steps.begin(), run->compression_steps.end());
+      series.y = run->compression_error;
+      spec.series.push_back(std::move(series));
+      continue;
+    }
     const std::vector<double>& values = std::string(which) == "loss" ? run->train.loss
                                         : std::string(which) == "lr" ? run->train.lr
                                                                      : run->train.grad_norm;

@@ -104,13 +104,15 @@ Figure view_figure(const AppState& state, double width, double height) {
       figure.panels.push_back(plot_panel("depth", {x0, y0, x0 + w, y0 + h}, depth_plot_spec(state, runs)));
       break;
     case View::dynamics: {
-      // As draw_dynamics_window: the probes' curves above, loss, lr and gradient norm below.
+      // As draw_dynamics_window: the probes' curves above, loss, lr and gradient norm below (and the compression
+      // error when a run compressed).
       const double lower = std::max(140.0, h * 0.34);
       figure.panels.push_back(
           plot_panel("dynamics", {x0, y0, x0 + w, y0 + h - lower - panel_gap}, dynamics_plot_spec(state, runs)));
-      const double panel = (w - 2.0 * panel_gap) / 3.0;
-      const char* curves[] = {"loss", "lr", "grad_norm"};
-      for (int i = 0; i < 3; ++i) {
+      const int panels = any_compression(runs) ? 4 : 3;
+      const double panel = (w - (panels - 1) * panel_gap) / panels;
+      const char* curves[] = {"loss", "lr", "grad_norm", "compression_error"};
+      for (int i = 0; i < panels; ++i) {
         const double left = x0 + i * (panel + panel_gap);
         figure.panels.push_back(plot_panel(std::string("train/") + curves[i],
                                            {left, y0 + h - lower, left + panel, y0 + h},

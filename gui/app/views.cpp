@@ -347,9 +347,11 @@ void draw_dynamics_window(AppState& state) {
   const float lower = std::max(140.0f, avail.y * 0.34f);
   draw_plot("dynamics", state.plots["dynamics"], dynamics_plot_spec(state, runs),
             ImVec2(avail.x, avail.y - lower - 6.0f));
-  const float panel = (avail.x - 12.0f) / 3.0f;
-  const char* curves[] = {"loss", "lr", "grad_norm"};
-  for (int i = 0; i < 3; ++i) {
+  // (a fourth panel when a run compressed its gradient exchange)
+  const int panels = any_compression(runs) ? 4 : 3;
+  const float panel = (avail.x - 6.0f * static_cast<float>(panels - 1)) / static_cast<float>(panels);
+  const char* curves[] = {"loss", "lr", "grad_norm", "compression_error"};
+  for (int i = 0; i < panels; ++i) {
     if (i > 0) ImGui::SameLine(0, 6.0f);
     draw_plot(curves[i], state.plots[std::string("train/") + curves[i]], train_plot_spec(state, runs, curves[i]),
               ImVec2(panel, lower));

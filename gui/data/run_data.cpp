@@ -176,6 +176,17 @@ void fill_snapshot(RunSnapshot& run, const RunReader& reader) {
     if (probe.block >= static_cast<std::int64_t>(run.blocks.size())) run.blocks.clear();
   }
   if (reader.exists("/params/name")) run.param_names = reader.read_strings("/params/name");
+  if (reader.exists("/compression/steps")) {
+    run.compression_steps = reader.read_ints("/compression/steps");
+    run.compression_error = reader.read_2d("/compression/error_total").values;
+    run.compression_residual = reader.read_2d("/compression/residual_total").values;
+    // whole records only (a file still being written may hold one series a row ahead)
+    const std::size_t rows =
+        std::min({run.compression_steps.size(), run.compression_error.size(), run.compression_residual.size()});
+    run.compression_steps.resize(rows);
+    run.compression_error.resize(rows);
+    run.compression_residual.resize(rows);
+  }
   if (!reader.exists("/steps")) return;
 
   run.record_steps = reader.read_ints("/steps");

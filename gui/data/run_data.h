@@ -59,6 +59,10 @@ struct RunSnapshot {
   std::map<std::string, std::vector<double>> theory_forward, theory_backward;  // [probes]
   std::vector<std::string> param_names;
   std::map<std::string, Dataset2D> params;  // [records, params]
+  // Compressed communication (/compression, docs/run-format.md): the recorded steps and the total relative error
+  // and residual norm of the gradient exchange at each; empty when the run did not compress.
+  std::vector<std::int64_t> compression_steps;
+  std::vector<double> compression_error, compression_residual;
 
   // What the file looked like when it was read (the loader re-reads it when these change).
   std::filesystem::file_time_type modified{};

@@ -86,6 +86,11 @@ SyntheticRunWriter::SyntheticRunWriter(const std::filesystem::path& path, Synthe
     theory_forward[p] = constant ? spec_.theory_constant : synthetic_forward_value(spec_, p, 0);
     theory_backward[p] = constant ? spec_.theory_constant : synthetic_backward_value(spec_, p, 0);
   }
+  if (spec_.compression) {
+    compression_steps_ = writer_->create_series_1d_int("/compression/steps");
+    compression_error_ = writer_->create_series_2d("/compression/error_total", 1);
+    compression_residual_ = writer_->create_series_2d("/compression/residual_total", 1);
+  }
   writer_->write_doubles("/theory/forward/var", theory_forward);
   writer_->write_doubles("/theory/backward/var", theory_backward);
   writer_->start();
@@ -112,9 +117,18 @@ bool SyntheticRunWriter::append_record() {
     for (std::int64_t p = 0; p < columns; ++p) row[p] = synthetic_backward_value(spec_, p, records_written_);
     writer_->append_row("/backward/" + stat, row.data());
   }
+  if (spec_.compression) {
+    const double error = synthetic_compression_error(records_written_);
+    const auto residual = static_cast<double>(records_written_);
+    writer_->append_int(compression_steps_, step);
+    writer_->append_row(compression_error_, &error);
+    writer_->append_row(compression_residual_, &residual);
+  }
   ++records_written_;
   return true;
 }
+
+double synthetic_compression_error(std::int64_t record) { return 0.5 / (1.0 + static_cast<double>(record)); }
 
 void SyntheticRunWriter::flush() { writer_->flush_and_wait(); }
 

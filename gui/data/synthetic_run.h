@@ -41,12 +41,15 @@ struct SyntheticRunSpec {
                                           // buffering (much faster for big files)
   RunStatus status = RunStatus::completed;
   std::string status_detail;
+  bool compression = false;  // also /compression's totals at every record (synthetic_compression_error)
 };
 
 // The statistic the spec defines, for checks.
 std::int64_t synthetic_probe_count(const SyntheticRunSpec& spec);
 double synthetic_forward_value(const SyntheticRunSpec& spec, std::int64_t probe, std::int64_t record);
 double synthetic_backward_value(const SyntheticRunSpec& spec, std::int64_t probe, std::int64_t record);
+// /compression/error_total at a record (residual_total is the record's index).
+double synthetic_compression_error(std::int64_t record);
 // The resolved-config TOML the run file carries.
 std::string synthetic_config(const SyntheticRunSpec& spec);
 
@@ -70,7 +73,7 @@ class SyntheticRunWriter {
  private:
   SyntheticRunSpec spec_;
   std::unique_ptr<RunWriter> writer_;
-  SeriesId steps_series_;
+  SeriesId steps_series_, compression_steps_, compression_error_, compression_residual_;
   std::int64_t records_written_ = 0;
 };
 

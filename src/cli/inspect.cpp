@@ -31,6 +31,45 @@ void line(std::ostream& out, const std::string& label, const std::string& value)
   out << head << value << "\n";
 }
 
+// What compressed communication did (docs/run-format.md, /compression): the scheme, and the last record's total
+// error and residual and each pipeline boundary's errors.
+void write_compression(std::ostream& report, const RunReader& reader) {
+  std::string layout = reader.has_attribute("layout") ? reader.attribute_string("layout") : std::string();
+  const std::size_t at = layout.find(" compress=");
+  const std::size_t pp_at = layout.find(" pp_compress=");
+  if (reader.exists("/compression/steps")) {
+    const std::vector<std::int64_t> steps = reader.read_ints("/compression/steps");
+    const Dataset2D error = reader.read_2d("/compression/error_total");
+    const Dataset2D residual = reader.read_2d("/compression/residual_total");
+    const std::size_t rows =
+        std::min({steps.size(), static_cast<std::size_t>(error.rows), static_cast<std::size_t>(residual.rows)});
+    std::string scheme = at == std::string::npos ? "?" : layout.substr(at + 10, layout.find(' ', at + 10) - at - 10);
+    line(report, "compression",
+         rows == 0 ? scheme + ", no records"
+                   : detail::concat(scheme, ": relative error ", format_number("%.4g", error.values[rows - 1]),
+                                    ", residual norm ", format_number("%.4g", residual.values[rows - 1]), " at step ",
+                                    steps[rows - 1], " (", rows, " records)"));
+  }
+  if (reader.exists("/compression/boundaries/steps")) {
+    const std::vector<std::int64_t> steps = reader.read_ints("/compression/boundaries/steps");
+    const Dataset2D activations = reader.read_2d("/compression/boundaries/activation_error");
+    const Dataset2D gradients = reader.read_2d("/compression/boundaries/gradient_error");
+    const std::size_t rows =
+        std::min({steps.size(), static_cast<std::size_t>(activations.rows), static_cast<std::size_t>(gradients.rows)});
+    std::string scheme =
+        pp_at == std::string::npos ? "?" : layout.substr(pp_at + 13, layout.find(' ', pp_at + 13) - pp_at - 13);
+    std::string text = scheme;
+    if (rows == 0) text += ", no records";
+    for (std::int64_t b = 0; rows > 0 && b < activations.columns; ++b)
+      text +=
+          detail::concat(b == 0 ? ": " : "; ", "boundary ", b, " activations ",
+                         format_number("%.4g", activations.at(static_cast<std::int64_t>(rows) - 1, b)), ", gradients ",
+                         format_number("%.4g", gradients.at(static_cast<std::int64_t>(rows) - 1, b)));
+    if (rows > 0) text += detail::concat(" at step ", steps[rows - 1]);
+    line(report, "pp_compress", text);
+  }
+}
+
 std::string or_dash(const std::string& text) { return text.empty() ? "-" : text; }
 
 std::string join(const std::vector<std::string>& items, const char* separator) {
@@ -211,6 +250,7 @@ void inspect_run_file(const InspectOptions& options, std::ostream& out) {
   if (reader.exists("/params/name")) line(report, "params", std::to_string(reader.read_strings("/params/name").size()));
   line(report, "records", has_statistics ? describe_steps(reader.read_ints("/steps")) : "0");
 
+  write_compression(report, reader);
   const TrainCurves train = reader.read_train();
   line(report, "train",
        train.size() == 0 ? "0 rows"

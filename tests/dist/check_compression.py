@@ -8,6 +8,7 @@
   every recorded step) and names the scheme in the layout; bf16 and int8 stay within their rounding of the
   uncompressed run and keep no residual, topk and powersgd keep one; a repeated topk run is bitwise identical;
   pp = 2 with bf16 boundaries records each boundary's activation and gradient error.
+- `proplab inspect` shows the scheme and the last record's errors.
 - Resume: a topk run stopped after 3 steps and resumed keeps its /compression rows.
 - Refusals: a compressor without replicas, pp_compress without stages, powersgd's rank above a matrix's smaller
   side and compression with ZeRO-1 end with exit status 2 naming the key, before any run file is written.
@@ -120,6 +121,14 @@ def main():
             failures.append("pp bf16: loss %s against %s" % (lb, la))
         if "pp_compress=bf16" not in b.attrs["layout"].decode():
             failures.append("pp bf16: layout %s" % b.attrs["layout"].decode())
+
+    # `proplab inspect` says what compression did.
+    shown = run([proplab, "inspect", os.path.join(work, "topk", "parity.h5")], env)
+    if "compression: topk(ratio=0.01): relative error" not in shown or "at step 4 (5 records)" not in shown:
+        failures.append("inspect of the topk run:\n" + shown)
+    shown = run([proplab, "inspect", os.path.join(pp_bf16, "parity.h5")], env)
+    if "pp_compress: bf16: boundary 0 activations" not in shown:
+        failures.append("inspect of the pp bf16 run:\n" + shown)
 
     # Resume keeps the history.
     moved = os.path.join(work, "topk-resumed")

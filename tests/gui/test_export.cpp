@@ -214,6 +214,25 @@ TEST_F(GuiExportTest, SvgOfEveryViewParses) {
   EXPECT_EQ(cells, 30u);
 }
 
+TEST_F(GuiExportTest, DynamicsOfACompressedRunShowsTheCompressionError) {
+  write_shallow_and_deep();
+  ASSERT_TRUE(export_view("plain.svg", {"--view", "dynamics", (work_ / "runs").string()}).exit_code == 0);
+  EXPECT_EQ(read_text(work_ / "plain.svg").find(">compression error</text>"), std::string::npos);
+  SyntheticRunSpec compressed;
+  compressed.name = "compressed";
+  compressed.layers = 2;
+  compressed.records = 3;
+  compressed.compression = true;
+  write_synthetic_run(work_ / "runs" / "c_compressed.h5", compressed);
+  const auto result = export_view("compressed.svg", {"--view", "dynamics", (work_ / "runs").string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  ASSERT_TRUE(well_formed_xml(work_ / "compressed.svg"));
+  const std::string svg = read_text(work_ / "compressed.svg");
+  EXPECT_NE(svg.find(">compression error</text>"), std::string::npos);
+  // The compressed run's three records in the panel, beside the other series.
+  EXPECT_GT(svg_series(svg).size(), svg_series(read_text(work_ / "plain.svg")).size());
+}
+
 TEST_F(GuiExportTest, PngHasTheSizeAndIsNotBlank) {
   write_shallow_and_deep();
   const auto result = export_view("depth.png", {"--view", "depth", (work_ / "runs").string()});

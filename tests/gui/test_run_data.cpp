@@ -85,6 +85,23 @@ TEST(RunData, LoadsEverythingARunFileHolds) {
   EXPECT_LT(run->final_loss(), run->train.loss.front());
 }
 
+TEST(RunData, LoadsWhatCompressionDid) {
+  ScratchDirectory dir;
+  SyntheticRunSpec spec = small_spec("compressed");
+  spec.compression = true;
+  write_synthetic_run(dir / "compressed.h5", spec);
+  const auto run = load_run_snapshot(dir / "compressed.h5");
+  ASSERT_TRUE(run->ok()) << run->error;
+  EXPECT_EQ(run->compression_steps, (std::vector<std::int64_t>{0, 5, 10, 15}));
+  ASSERT_EQ(run->compression_error.size(), 4u);
+  for (std::int64_t r = 0; r < 4; ++r) {
+    EXPECT_DOUBLE_EQ(run->compression_error[r], synthetic_compression_error(r));
+    EXPECT_DOUBLE_EQ(run->compression_residual[r], static_cast<double>(r));
+  }
+  write_synthetic_run(dir / "plain.h5", small_spec("plain"));
+  EXPECT_TRUE(load_run_snapshot(dir / "plain.h5")->compression_steps.empty());
+}
+
 // The example runs shipped for docs/gui.md are real `proplab run` output (16-layer transformers).
 TEST(RunData, ReadsTheShippedExampleRuns) {
   const char* source = std::getenv("PROPLAB_SOURCE_DIR");
