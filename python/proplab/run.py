@@ -438,6 +438,28 @@ class Run:
                     frame.attrs[key] = _plain(self._handle()["/theory"].attrs[key])
         return frame
 
+    def compression(self):
+        """What compressed communication did (`/compression`, `[parallel] compress` only), tidy: columns step,
+        param, error, residual; the param "(all)" is every parameter together. Empty when the file has none."""
+        columns = ["step", "param", "error", "residual"]
+        if not self.has("/compression/steps"):
+            return pd.DataFrame({"step": np.zeros(0, np.int64), "param": pd.Series(dtype=object),
+                                 "error": np.zeros(0), "residual": np.zeros(0)})
+        names = list(self.read("/params/name")) + [ALL_PARAMS]
+        steps = self.read("/compression/steps").astype(np.int64)
+        series = {}
+        for column in ("error", "residual"):
+            per_param = self.read("/compression/" + column)
+            total = self.read("/compression/%s_total" % column)
+            rows = min(len(per_param), len(total))
+            series[column] = np.concatenate([per_param[:rows], total[:rows].reshape(rows, -1)[:, :1]], axis=1)
+        rows = min([len(steps)] + [len(v) for v in series.values()])  # whole records only
+        data = {"step": np.repeat(steps[:rows], len(names)),
+                "param": np.tile(np.array(names, dtype=object), rows)}
+        for column in ("error", "residual"):
+            data[column] = series[column][:rows].reshape(-1)
+        return pd.DataFrame(data, columns=columns)
+
     def replicas(self):
         """Data-parallel disagreement (`/replicas`, dp > 1 only), tidy: columns step, param, disagreement,
         disagreement_before_mix; the param "(all)" is every parameter together. Empty when the file has none."""

@@ -381,6 +381,32 @@ class OtherModels(unittest.TestCase):
                 expected = np.concatenate([f["replicas"][column][()], f["replicas"][column + "_total"][()]], axis=1)
                 assert_same(self, replicas[column].to_numpy().reshape(len(steps), -1), expected, "replicas/" + column)
             self.assertTrue((replicas["disagreement_before_mix"] > 0).any(), "gossip replicas drift apart")
+            self.assertEqual(len(run.compression()), 0)
+
+    def test_compressed_exchange(self):
+        if not MPIEXEC:
+            self.skipTest("no mpirun given: no data-parallel run")
+        study = write_study("compressed", TRANSFORMER.format(name="compressed", steps=4))
+        out = os.path.join(WORKDIR, "compressed")
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        result = subprocess.run([MPIEXEC, "-np", "2", "--oversubscribe", PROPLAB, "run", study, "--set",
+                                 "parallel.dp=2", "--set", "parallel.compress=topk", "--out", out, "--force"],
+                                capture_output=True, text=True, env=env)
+        self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+        path = os.path.join(out, "compressed.h5")
+        with proplab.open_run(path) as run, h5py.File(path, "r") as f:
+            compression = run.compression()
+            names = h5_strings(f["params/name"]) + [proplab.ALL_PARAMS]
+            steps = f["compression/steps"][()]
+            self.assertGreater(len(steps), 0)
+            self.assertEqual(compression["param"].tolist(), names * len(steps))
+            self.assertEqual(compression["step"].tolist(), np.repeat(steps, len(names)).tolist())
+            for column in ("error", "residual"):
+                expected = np.concatenate([f["compression"][column][()], f["compression"][column + "_total"][()]],
+                                          axis=1)
+                assert_same(self, compression[column].to_numpy().reshape(len(steps), -1), expected,
+                            "compression/" + column)
+            self.assertTrue((compression["residual"] > 0).any(), "topk keeps a residual")
 
 
 def start_long_run(name):
