@@ -191,6 +191,9 @@ void add_sweep_commands(CLI::App& app, Commands& c) {
   c.sweep->add_option("--shard", c.sweep_options.shard,
                       "Run only shard i of n (0-based): the points whose index % n == i, e.g. --shard 0/4");
   c.sweep->add_flag("--retry-failed", c.sweep_options.retry_failed, "Rerun points that failed before");
+  c.sweep->add_option("--mpirun", c.sweep_options.mpirun,
+                      "The MPI launcher for points whose [parallel] layout needs N > 1 processes: each runs as "
+                      "CMD -np N proplab run ..., e.g. --mpirun 'mpirun --oversubscribe'");
   c.sweep->add_option("--emit", c.sweep_options.emit,
                       "Write a job script instead of running: slurm (DIR/<name>.sbatch, an sbatch job array with one "
                       "shard per task; docs/clusters.md)");
@@ -262,7 +265,8 @@ int main(int argc, char** argv) {
       "Commands:\n  proplab run STUDY.toml [--set key.path=value]... [--out DIR] [--resume] [--force] "
       "[--stop-after N]\n  proplab inspect RUN.h5 [--stat NAME] [--backward] [--step STEP]\n"
       "  proplab recover RUN.h5\n"
-      "  proplab sweep STUDY.toml [--jobs N] [--out DIR] [--dry-run] [--shard i/n] [--retry-failed] [--emit slurm]\n"
+      "  proplab sweep STUDY.toml [--jobs N] [--out DIR] [--dry-run] [--shard i/n] [--retry-failed] [--emit slurm] "
+      "[--mpirun CMD]\n"
       "  proplab theory STUDY.toml [--set key.path=value]... [--compare RUN.h5]\n"
       "  proplab report DIR [--out DIR/report]\n"
       "Run `proplab <command> --help` for a command's options. Study keys: "

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "sweep/runner.h"
@@ -66,6 +67,11 @@ int sweep_command(const SweepCommandOptions& command, std::ostream& out) {
   options.log = &out;
   options.terminal = isatty(STDOUT_FILENO) != 0;
   options.stop_requests = &g_stop_requests;
+  {
+    std::istringstream words(command.mpirun);
+    for (std::string word; words >> word;) options.mpirun.push_back(word);
+  }
+  check_launcher(plan, options.mpirun);
 
   if (command.emit == "slurm") {
     SlurmOptions slurm;
@@ -77,6 +83,7 @@ int sweep_command(const SweepCommandOptions& command, std::ostream& out) {
     slurm.jobs = command.jobs;
     slurm.cpus_per_task = command.cpus_per_task;
     slurm.retry_failed = command.retry_failed;
+    slurm.mpirun = command.mpirun;
     const fs::path script = slurm.out_dir / (plan.study_name + ".sbatch");
     fs::create_directories(slurm.out_dir / "logs");
     std::ofstream(script, std::ios::binary | std::ios::trunc) << slurm_script(plan, slurm);

@@ -24,6 +24,7 @@ struct SweepCommandOptions {
   std::string emit;        // "" or "slurm"
   std::int64_t tasks = 0;  // --emit slurm: array tasks (0: one per point)
   int cpus_per_task = 0;   // --emit slurm: 0: 2 per job
+  std::string mpirun;      // the launcher's command for points of several processes ("" : none)
 };
 
 // Runs the command; returns the exit status. Throws UserError for bad input.

@@ -229,6 +229,15 @@ void Runner::launch(std::size_t point_index, PointAction action) {
   std::vector<std::string> args{options_.executable.string(), "run", study.string(), "--out", dir.string()};
   if (action == PointAction::resume) args.push_back("--resume");
   if (action == PointAction::restart) args.push_back("--force");
+  const std::string banner =
+      "== proplab sweep: " + std::string(point_action_name(action)) + ": " + args[0] + " " + args[1] + " " + args[2] +
+      " --out " + args[4] + (args.size() > 5 ? " " + args[5] : std::string()) +
+      (point.ranks > 1 ? " (" + std::to_string(point.ranks) + " processes)" : std::string()) + "\n";
+  if (point.ranks > 1) {  // (checked in run_sweep: a launcher is given)
+    std::vector<std::string> launched = options_.mpirun;
+    launched.insert(launched.end(), {"-np", std::to_string(point.ranks)});
+    args.insert(args.begin(), launched.begin(), launched.end());
+  }
   std::vector<char*> argv;
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -239,9 +248,6 @@ void Runner::launch(std::size_t point_index, PointAction action) {
 
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) throw UserError(log.string() + ": cannot open the run's log");
-  const std::string banner = "== proplab sweep: " + std::string(point_action_name(action)) + ": " + args[0] + " " +
-                             args[1] + " " + args[2] + " --out " + args[4] +
-                             (args.size() > 5 ? " " + args[5] : std::string()) + "\n";
   if (::write(log_fd, banner.data(), banner.size()) < 0) {
     ::close(log_fd);
     throw UserError(log.string() + ": cannot write the run's log");
@@ -263,7 +269,7 @@ void Runner::launch(std::size_t point_index, PointAction action) {
     if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
     ::dup2(log_fd, STDOUT_FILENO);
     ::dup2(log_fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
+    ::execvp(argv[0], argv.data());  // (the launcher may be a name on PATH; proplab's path is absolute)
     ::_exit(127);
   }
   ::close(log_fd);
@@ -484,8 +490,19 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
   return decided;
 }
 
+void check_launcher(const SweepPlan& plan, const std::vector<std::string>& mpirun) {
+  if (!mpirun.empty()) return;
+  for (const SweepPoint& point : plan.points)
+    if (point.ranks > 1)
+      throw UserError(
+          "point " + point.name + " needs " + std::to_string(point.ranks) +
+          " processes (parallel.dp * tp * pp); proplab sweep starts a point under an MPI launcher only when "
+          "given one: add --mpirun 'mpirun --oversubscribe' (a launcher that takes -np N)");
+}
+
 SweepResult run_sweep(const SweepPlan& plan, const SweepOptions& options) {
   PROPLAB_CHECK(options.jobs >= 1, "a sweep runs at least one point at a time");
+  check_launcher(plan, options.mpirun);
   return Runner(plan, options).run();
 }
 

@@ -37,6 +37,10 @@ struct SweepOptions {
   Shard shard;                                      // the slice of points this process runs
   bool retry_failed = false;                        // rerun points that failed before
   std::filesystem::path executable;                 // the proplab binary that runs a point
+  // The MPI launcher's command words ("mpirun --oversubscribe"): a point whose layout needs N > 1 processes runs as
+  // <launcher words> -np N <executable> run …; empty: every point is one process (run_sweep refuses a point that
+  // needs more).
+  std::vector<std::string> mpirun;
   std::ostream* log = nullptr;                      // progress and events (null: silent)
   bool terminal = false;                            // live status block (else plain lines)
   double progress_interval_s = 30.0;                // plain overall line at most this often
@@ -70,6 +74,8 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
 
 // Runs the shard's points. UserError for problems found before anything starts.
 SweepResult run_sweep(const SweepPlan& plan, const SweepOptions& options);
+// UserError when a point needs more than one process and no launcher is given (run_sweep checks it first).
+void check_launcher(const SweepPlan& plan, const std::vector<std::string>& mpirun);
 
 // "sweep: 3/12 done, 2 running, 1 failed, ETA 4m10s" (eta_s < 0: unknown).
 std::string sweep_status_line(const SweepCounts& counts, double eta_s);

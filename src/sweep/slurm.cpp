@@ -48,6 +48,7 @@ std::string slurm_script(const SweepPlan& plan, const SlurmOptions& options) {
       << " \\\n  --out " << shell_quote(options.out_dir.string()) << " --jobs " << options.jobs;
   for (const std::string& text : options.overrides) out << " \\\n  --set " << shell_quote(text);
   if (options.retry_failed) out << " \\\n  --retry-failed";
+  if (!options.mpirun.empty()) out << " \\\n  --mpirun " << shell_quote(options.mpirun);
   out << " \\\n  --shard \"${SLURM_ARRAY_TASK_ID}/${SLURM_ARRAY_TASK_COUNT}\"\n";
   return out.str();
 }

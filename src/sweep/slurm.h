@@ -24,6 +24,7 @@ struct SlurmOptions {
   int jobs = 1;                        // points at once within a task
   int cpus_per_task = 0;               // 0: 2 per job
   bool retry_failed = false;
+  std::string mpirun;  // passed through as --mpirun (points of several processes)
 };
 
 // Single-quotes `text` for a POSIX shell.

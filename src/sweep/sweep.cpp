@@ -343,7 +343,9 @@ void SweepReader::expand_points(const std::string& text, SweepPlan& plan, const 
       // The point without [sweep] (written last in the resolved text), checked again as `proplab run` will.
       const auto sweep_at = resolved.find("\n[sweep");
       PROPLAB_CHECK(sweep_at != std::string::npos, "the resolved study of a sweep point holds its [sweep] table");
-      point.study_toml = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_).config_toml;
+      const Study study = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_);
+      point.study_toml = study.config_toml;
+      point.ranks = study.parallel.dp * study.parallel.tp * study.parallel.pp;
     }
     plan.points.push_back(std::move(point));
   }

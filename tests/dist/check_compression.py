@@ -10,6 +10,7 @@
   pp = 2 with bf16 boundaries records each boundary's activation and gradient error.
 - `proplab inspect` shows the scheme and the last record's errors.
 - Resume: a topk run stopped after 3 steps and resumed keeps its /compression rows.
+- Sweeps: points of several processes run under `proplab sweep --mpirun`, and are refused without it.
 - Refusals: a compressor without replicas, pp_compress without stages, powersgd's rank above a matrix's smaller
   side and compression with ZeRO-1 end with exit status 2 naming the key, before any run file is written.
 
@@ -156,6 +157,22 @@ def main():
         # (under mpirun the job's status is the first failing rank's: 2)
         if result.returncode != 2 or words not in result.stdout or os.path.exists(os.path.join(out, "parity.h5")):
             failures.append("refusal %s: exit %d\n%s" % (" ".join(options), result.returncode, result.stdout))
+
+    # A sweep of data-parallel points: refused without a launcher (exit 2, nothing run), run under it with one.
+    sweep_study = write_study(os.path.join(work, "sweep.toml"), open(study).read().replace(
+        'name = "parity"', 'name = "swept"') + '[parallel]\ndp = 2\n[sweep]\ngrid = { "parallel.compress" = ["none", "int8"] }\n')
+    swept = os.path.join(work, "swept")
+    refused = subprocess.run([proplab, "sweep", sweep_study, "--out", swept], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=300)
+    if refused.returncode != 2 or "needs 2 processes" not in refused.stdout or os.path.exists(swept):
+        failures.append("sweep without --mpirun: exit %d\n%s" % (refused.returncode, refused.stdout))
+    run([proplab, "sweep", sweep_study, "--out", swept, "--mpirun", mpiexec + " --oversubscribe"], env)
+    for name, scheme in (("compress=none", None), ("compress=int8", "int8")):
+        with h5py.File(os.path.join(swept, name + ".h5"), "r") as f:
+            layout = f.attrs["layout"].decode()
+            if f.attrs["status"].decode() != "completed" or not layout.startswith("dp=2") or \
+                    (scheme is not None) != ("compression" in f):
+                failures.append("sweep point %s: %s, layout %s" % (name, f.attrs["status"].decode(), layout))
 
     if failures:
         print("\n".join(failures))
