@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Snapshots of the shipped studies, for proving that a change alters no result.
 
-  study_snapshots.py run PROPLAB OUT [--steps N]   runs every studies/*.toml (its [sweep] table removed: the base
-                                                   point) for N steps (default 3) with every statistic recorded every
-                                                   step, into OUT/<study>/
+  study_snapshots.py run PROPLAB OUT [--steps N]   runs every studies/*.toml (its [sweep] and [parallel] tables
+                                                   removed: the base point, in one process) for N steps (default 3)
+                                                   with every statistic recorded every step, into OUT/<study>/
   study_snapshots.py compare A B                   compares two such folders: every dataset of every run file and every
                                                    checkpoint tensor bit for bit, and the root attributes that describe
                                                    the run (not start/end time, host or version); exit 1 on any
@@ -25,9 +25,9 @@ SKIPPED_DATASETS = {"train/tokens_per_s", "train/wall_time"}
 SKIPPED_ATTRIBUTES = {"start_time", "end_time", "host", "proplab_version"}
 
 
-def without_sweep(text):
-    """The study text without its [sweep] table (from its header to the next table or the end)."""
-    return re.sub(r"(?ms)^\[sweep\]\n.*?(?=^\[|\Z)", "", text)
+def without_table(text, table):
+    """The study text without the table [table] (from its header to the next table or the end)."""
+    return re.sub(r"(?ms)^\[%s\]\n.*?(?=^\[|\Z)" % re.escape(table), "", text)
 
 
 # GPU-scale studies: a CPU step of either takes a minute or more, so snapshots leave them out (their CPU path is the
@@ -45,7 +45,8 @@ def run(proplab, out, steps):
             print("study_snapshots: %s skipped (a GPU study)" % name, flush=True)
             continue
         with open(study) as f:
-            text = without_sweep(f.read())
+            # (a layout of several processes runs as one: the parallel paths have their own parity tests)
+            text = without_table(without_table(f.read(), "sweep"), "parallel")
         point = os.path.join(out, name + ".toml")
         with open(point, "w") as f:
             f.write(text)

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -71,7 +72,8 @@ int sweep_command(const SweepCommandOptions& command, std::ostream& out) {
     std::istringstream words(command.mpirun);
     for (std::string word; words >> word;) options.mpirun.push_back(word);
   }
-  check_launcher(plan, options.mpirun);
+  // (a dry run shows the plan whatever the launcher; it says when one is needed)
+  if (!command.dry_run) check_launcher(plan, options.mpirun);
 
   if (command.emit == "slurm") {
     SlurmOptions slurm;
@@ -94,6 +96,13 @@ int sweep_command(const SweepCommandOptions& command, std::ostream& out) {
   }
   if (command.dry_run) {
     print_plan(plan, options, out);
+    int most = 1;
+    for (const SweepPoint& point : plan.points) most = std::max(most, point.ranks);
+    if (most > 1)
+      out << "points need up to " << most << " processes each: "
+          << (options.mpirun.empty() ? "run with --mpirun CMD (e.g. --mpirun 'mpirun --oversubscribe')"
+                                     : "each runs as " + command.mpirun + " -np N proplab run ...")
+          << "\n";
     return 0;
   }
   options.executable = this_executable();

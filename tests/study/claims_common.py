@@ -31,16 +31,22 @@ class Checker:
         return 1 if self.failures else 0
 
 
-def sweep_study(proplab, study, work, overrides=()):
+def sweep_study(proplab, study, work, overrides=(), mpiexec=None):
     """`proplab sweep studies/<study>.toml` into WORK/<study> (emptied first: a sweep resumes, and points an earlier
-    binary wrote must never be read), with `--set` overrides; returns that folder. Exits naming the command on
-    failure."""
+    binary wrote must never be read), with `--set` overrides (and, given an mpiexec, its points of several
+    processes under it, one point at a time); returns that folder. Exits naming the command on failure."""
     out = os.path.join(work, study)
     shutil.rmtree(out, ignore_errors=True)
-    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out, "--jobs", "2"]
+    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out]
+    env = None
+    if mpiexec:
+        command += ["--mpirun", mpiexec + " --oversubscribe"]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    else:
+        command += ["--jobs", "2"]
     for override in overrides:
         command += ["--set", override]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return out
