@@ -438,48 +438,37 @@ class Run:
                     frame.attrs[key] = _plain(self._handle()["/theory"].attrs[key])
         return frame
 
-    def compression(self):
-        """What compressed communication did (`/compression`, `[parallel] compress` only), tidy: columns step,
-        param, error, residual; the param "(all)" is every parameter together. Empty when the file has none."""
-        columns = ["step", "param", "error", "residual"]
-        if not self.has("/compression/steps"):
-            return pd.DataFrame({"step": np.zeros(0, np.int64), "param": pd.Series(dtype=object),
-                                 "error": np.zeros(0), "residual": np.zeros(0)})
+    def _param_table(self, group, columns):
+        """A tidy table of `group`'s per-parameter series (`<group>/<column>` [n, n_params] and `<column>_total`
+        [n, 1], rows at `<group>/steps`): columns step, param and each column (NaN for one the file lacks), the param
+        "(all)" the total; whole records only; empty when the file has no `<group>/steps`."""
+        if not self.has(group + "/steps"):
+            empty = {"step": np.zeros(0, np.int64), "param": pd.Series(dtype=object)}
+            empty.update({column: np.zeros(0) for column in columns})
+            return pd.DataFrame(empty)
         names = list(self.read("/params/name")) + [ALL_PARAMS]
-        steps = self.read("/compression/steps").astype(np.int64)
+        steps = self.read(group + "/steps").astype(np.int64)
         series = {}
-        for column in ("error", "residual"):
-            per_param = self.read("/compression/" + column)
-            total = self.read("/compression/%s_total" % column)
-            rows = min(len(per_param), len(total))
-            series[column] = np.concatenate([per_param[:rows], total[:rows].reshape(rows, -1)[:, :1]], axis=1)
-        rows = min([len(steps)] + [len(v) for v in series.values()])  # whole records only
-        data = {"step": np.repeat(steps[:rows], len(names)),
-                "param": np.tile(np.array(names, dtype=object), rows)}
-        for column in ("error", "residual"):
-            data[column] = series[column][:rows].reshape(-1)
-        return pd.DataFrame(data, columns=columns)
-
-    def replicas(self):
-        """Data-parallel disagreement (`/replicas`, dp > 1 only), tidy: columns step, param, disagreement,
-        disagreement_before_mix; the param "(all)" is every parameter together. Empty when the file has none."""
-        columns = ["step", "param", "disagreement", "disagreement_before_mix"]
-        if not self.has("/replicas/steps"):
-            return pd.DataFrame({"step": np.zeros(0, np.int64), "param": pd.Series(dtype=object),
-                                 "disagreement": np.zeros(0), "disagreement_before_mix": np.zeros(0)})
-        names = list(self.read("/params/name")) + [ALL_PARAMS]
-        steps = self.read("/replicas/steps").astype(np.int64)
-        series = {}
-        for column in ("disagreement", "disagreement_before_mix"):
-            if not self.has("/replicas/" + column):
+        for column in columns:
+            if not self.has(group + "/" + column):
                 continue
-            per_param = self.read("/replicas/" + column)
-            total = self.read("/replicas/%s_total" % column)
+            per_param = self.read(group + "/" + column)
+            total = self.read("%s/%s_total" % (group, column))
             rows = min(len(per_param), len(total))
             series[column] = np.concatenate([per_param[:rows], total[:rows].reshape(rows, -1)[:, :1]], axis=1)
         rows = min([len(steps)] + [len(v) for v in series.values()])
         data = {"step": np.repeat(steps[:rows], len(names)),
                 "param": np.tile(np.array(names, dtype=object), rows)}
-        for column in ("disagreement", "disagreement_before_mix"):
+        for column in columns:
             data[column] = series[column][:rows].reshape(-1) if column in series else np.full(rows * len(names), np.nan)
-        return pd.DataFrame(data, columns=columns)
+        return pd.DataFrame(data, columns=["step", "param"] + list(columns))
+
+    def compression(self):
+        """What compressed communication did (`/compression`, `[parallel] compress` only), tidy: columns step,
+        param, error, residual; the param "(all)" is every parameter together. Empty when the file has none."""
+        return self._param_table("/compression", ("error", "residual"))
+
+    def replicas(self):
+        """Data-parallel disagreement (`/replicas`, dp > 1 only), tidy: columns step, param, disagreement,
+        disagreement_before_mix; the param "(all)" is every parameter together. Empty when the file has none."""
+        return self._param_table("/replicas", ("disagreement", "disagreement_before_mix"))
