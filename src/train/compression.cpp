@@ -37,8 +37,9 @@ float from_bf16(std::uint32_t half) { return float_of(half << 16); }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// topk's k for a tensor of n elements.
+// topk's k for a tensor of n elements (0 for an empty one).
 std::int64_t topk_count(double ratio, std::int64_t n) {
+  if (n == 0) return 0;
   const auto k = static_cast<std::int64_t>(std::ceil(ratio * static_cast<double>(n)));
   return std::clamp<std::int64_t>(k, 1, n);
 }
@@ -210,7 +211,7 @@ std::int64_t compressed_bytes(const ParallelConfig& config, const Shape& shape) 
     case Compression::int8:
       return 4 * payload_words(compression_of(config), n);
     case Compression::topk:
-      return n == 0 ? 0 : 8 * topk_count(config.compress_ratio, n);
+      return 8 * topk_count(config.compress_ratio, n);
     case Compression::powersgd: {
       const auto [rows, cols] = matrix_of(shape);
       return rows == 0 ? 4 * n : 4 * static_cast<std::int64_t>(config.compress_rank) * (rows + cols);
@@ -273,6 +274,7 @@ void GradientCompressor::encode(const float* x, std::int64_t n, std::uint32_t* w
       return;
     case Compression::topk: {
       const std::int64_t k = topk_count(config_.compress_ratio, n);
+      if (k == 0) return;
       std::vector<float> key(static_cast<std::size_t>(n));
       for (std::int64_t e = 0; e < n; ++e)
         key[e] = std::isnan(x[e]) ? std::numeric_limits<float>::infinity() : std::fabs(x[e]);
