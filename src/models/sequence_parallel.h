@@ -1,0 +1,32 @@
+// models/sequence_parallel: causal multi-head self-attention over sequences split across the ranks of a sequence-
+// parallel group, by ring attention (docs/distributed.md, "Sequence parallelism").
+//
+// Rank r of the ring (sp ranks) holds tokens [r·Tl, (r+1)·Tl) of every sequence: its qkv is [B, Tl, 3D], packed as
+// ops::attention_forward's. Its queries attend to every key at or before them in the whole sequence:
+// - forward: each rank's key/value block travels once around the ring (sp − 1 paired sends to r + 1 and receives
+//   from r − 1); a block from a later rank is wholly masked and skipped (still passed on), a block from an earlier
+//   rank is wholly visible, the own block is causal. The softmax is taken online (a running maximum m, sum l and
+//   weighted value sum per query, in double), and each query keeps its log-sum-exp m + log l for the backward pass;
+// - backward: the probabilities are recomputed from the saved log-sum-exp; each key/value block travels around the
+//   whole ring (sp sends) with its gradient accumulating beside it and arrives home with every query's part.
+// Every (sequence, head) pair is one task with a fixed loop order, so results are bitwise the same for any thread
+// count; against ops::attention_forward on the whole sequence they agree within float rounding.
+// Bytes sent per rank: forward 4·(sp − 1)·B·Tl·2D, backward 4·sp·B·Tl·4D.
+// CPU tensors only in this version.
+#pragma once
+
+#include "core/tensor.h"
+#include "dist/communicator.h"
+#include "probe/moments.h"
+
+namespace proplab {
+
+// out [B, Tl, D] and lse [B, H, Tl] (overwritten). With logit_sums, also adds the power sums of this rank's queries'
+// causal logits (before the softmax); summed over the ring they are the whole sequence's.
+void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int heads, float logit_scale, Tensor& out,
+                            Tensor& lse, probe::LogitSums* logit_sums = nullptr);
+// d_qkv [B, Tl, 3D] (overwritten) from d_out [B, Tl, D], with the forward's out and lse.
+void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                             const Tensor& d_out, int heads, float logit_scale, Tensor& d_qkv);
+
+}  // namespace proplab
