@@ -34,16 +34,21 @@ void line(std::ostream& out, const std::string& label, const std::string& value)
 // What compressed communication did (docs/run-format.md, /compression): the scheme, and the last record's total
 // error and residual and each pipeline boundary's errors.
 void write_compression(std::ostream& report, const RunReader& reader) {
-  std::string layout = reader.has_attribute("layout") ? reader.attribute_string("layout") : std::string();
-  const std::size_t at = layout.find(" compress=");
-  const std::size_t pp_at = layout.find(" pp_compress=");
+  const std::string layout = reader.has_attribute("layout") ? reader.attribute_string("layout") : std::string();
+  // The value of " key=value" in the layout attribute ("?" when absent).
+  auto scheme_of = [&](const std::string& key) {
+    const std::size_t at = layout.find(" " + key + "=");
+    if (at == std::string::npos) return std::string("?");
+    const std::size_t begin = at + key.size() + 2;
+    return layout.substr(begin, layout.find(' ', begin) - begin);
+  };
   if (reader.exists("/compression/steps")) {
     const std::vector<std::int64_t> steps = reader.read_ints("/compression/steps");
     const Dataset2D error = reader.read_2d("/compression/error_total");
     const Dataset2D residual = reader.read_2d("/compression/residual_total");
     const std::size_t rows =
         std::min({steps.size(), static_cast<std::size_t>(error.rows), static_cast<std::size_t>(residual.rows)});
-    std::string scheme = at == std::string::npos ? "?" : layout.substr(at + 10, layout.find(' ', at + 10) - at - 10);
+    const std::string scheme = scheme_of("compress");
     line(report, "compression",
          rows == 0 ? scheme + ", no records"
                    : detail::concat(scheme, ": relative error ", format_number("%.4g", error.values[rows - 1]),
@@ -56,9 +61,7 @@ void write_compression(std::ostream& report, const RunReader& reader) {
     const Dataset2D gradients = reader.read_2d("/compression/boundaries/gradient_error");
     const std::size_t rows =
         std::min({steps.size(), static_cast<std::size_t>(activations.rows), static_cast<std::size_t>(gradients.rows)});
-    std::string scheme =
-        pp_at == std::string::npos ? "?" : layout.substr(pp_at + 13, layout.find(' ', pp_at + 13) - pp_at - 13);
-    std::string text = scheme;
+    std::string text = scheme_of("pp_compress");
     if (rows == 0) text += ", no records";
     for (std::int64_t b = 0; rows > 0 && b < activations.columns; ++b)
       text +=

@@ -41,21 +41,25 @@ void logits_of(const float* q, const float* block, std::int64_t block_stride, st
   }
 }
 
-void add_logit_sums(const float* row, std::int64_t count, probe::LogitSums& sums) {
-  for (std::int64_t j = 0; j < count; ++j) {
-    const double x = row[j];
-    if (!std::isfinite(x)) {
-      ++sums.nonfinite;
-      ++sums.count;
-      continue;
+// Runs visit(pair, b, h, i, keys, logits) for every query i of every (sequence, head) pair against the visiting
+// block from rank `source`: keys [0, keys) of it are visible (all of an earlier rank's, the causal ones of the own),
+// their logits computed into `logits`. One task per pair, each with a fixed loop order; a later rank's block is not
+// visited.
+template <typename Visit>
+void for_each_query(const Shape3& s, int source, int rank, const float* qkv, const float* block,
+                    std::int64_t block_stride, float scale, Visit&& visit) {
+  if (source > rank) return;  // (a later rank's keys all come after this rank's queries)
+  const std::int64_t pairs = s.batch * s.heads, T = s.tokens, D = s.model_dim, Dh = s.head_dim;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t pair = 0; pair < pairs; ++pair) {
+    const std::int64_t b = pair / s.heads, h = pair % s.heads;
+    std::vector<float> logits(static_cast<std::size_t>(T));
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::int64_t keys = source < rank ? T : i + 1;
+      logits_of(qkv + (b * T + i) * 3 * D + h * Dh, block + b * T * block_stride + h * Dh, block_stride, keys, Dh,
+                scale, logits.data());
+      visit(pair, b, h, i, keys, logits.data());
     }
-    const double x2 = x * x;
-    ++sums.count;
-    sums.sum += x;
-    sums.sum_sq += x2;
-    sums.sum_cube += x2 * x;
-    sums.sum_quad += x2 * x2;
-    sums.max_abs = std::max(sums.max_abs, std::fabs(x));
   }
 }
 
@@ -76,21 +80,13 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
     std::memcpy(&block[row * 2 * D], x + row * 3 * D + D, static_cast<std::size_t>(2 * D) * sizeof(float));
   std::vector<double> m(static_cast<std::size_t>(B * H * T), -std::numeric_limits<double>::infinity());
   std::vector<double> l(m.size(), 0.0), o(static_cast<std::size_t>(B * T * D), 0.0);
-  const std::int64_t pairs = B * H;
-  std::vector<probe::LogitSums> pair_sums(logit_sums ? static_cast<std::size_t>(pairs) : 0);
+  std::vector<probe::LogitSums> pair_sums(logit_sums ? static_cast<std::size_t>(B * H) : 0);
   for (int step = 0; step < ranks; ++step) {
     const int source = source_at(rank, step, ranks);
-    if (source <= rank) {  // (a later rank's keys are all after this rank's queries)
-#pragma omp parallel for schedule(static)
-      for (std::int64_t pair = 0; pair < pairs; ++pair) {
-        const std::int64_t b = pair / H, h = pair % H;
-        std::vector<float> logits(static_cast<std::size_t>(T));
-        for (std::int64_t i = 0; i < T; ++i) {
-          const std::int64_t keys = source < rank ? T : i + 1;
-          const float* q = x + (b * T + i) * 3 * D + h * Dh;
-          const float* k = block.data() + b * T * 2 * D + h * Dh;
-          logits_of(q, k, 2 * D, keys, Dh, logit_scale, logits.data());
-          if (logit_sums) add_logit_sums(logits.data(), keys, pair_sums[static_cast<std::size_t>(pair)]);
+    for_each_query(
+        s, source, rank, x, block.data(), 2 * D, logit_scale,
+        [&](std::int64_t pair, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t keys, const float* logits) {
+          if (logit_sums) probe::add_logit_row(logits, keys, pair_sums[static_cast<std::size_t>(pair)]);
           const std::size_t at = static_cast<std::size_t>((b * H + h) * T + i);
           double block_max = -std::numeric_limits<double>::infinity();
           for (std::int64_t j = 0; j < keys; ++j) block_max = std::max(block_max, static_cast<double>(logits[j]));
@@ -107,9 +103,7 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
           }
           l[at] = l[at] * factor + sum;
           m[at] = m_new;
-        }
-      }
-    }
+        });
     if (step + 1 < ranks) {
       ring.send_receive(block.data(), (rank + 1) % ranks, incoming.data(), (rank + ranks - 1) % ranks,
                         static_cast<std::int64_t>(block.size()), 3);
@@ -129,15 +123,7 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
         }
       }
   if (logit_sums) {
-    for (const probe::LogitSums& p : pair_sums) {  // in (sequence, head) order
-      logit_sums->count += p.count;
-      logit_sums->nonfinite += p.nonfinite;
-      logit_sums->sum += p.sum;
-      logit_sums->sum_sq += p.sum_sq;
-      logit_sums->sum_cube += p.sum_cube;
-      logit_sums->sum_quad += p.sum_quad;
-      logit_sums->max_abs = std::max(logit_sums->max_abs, p.max_abs);
-    }
+    for (const probe::LogitSums& part : pair_sums) logit_sums->add(part);  // in (sequence, head) order
   }
 }
 
@@ -170,24 +156,17 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
         }
         row_dot[static_cast<std::size_t>((b * H + h) * T + i)] = dot;
       }
-  const std::int64_t pairs = B * H;
   for (int step = 0; step < ranks; ++step) {
     const int source = source_at(rank, step, ranks);
-    if (source <= rank) {
-#pragma omp parallel for schedule(static)
-      for (std::int64_t pair = 0; pair < pairs; ++pair) {
-        const std::int64_t b = pair / H, h = pair % H;
-        std::vector<float> logits(static_cast<std::size_t>(T));
-        for (std::int64_t i = 0; i < T; ++i) {
-          const std::int64_t keys = source < rank ? T : i + 1;
+    for_each_query(
+        s, source, rank, x, block.data(), 4 * D, logit_scale,
+        [&](std::int64_t, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t keys, const float* logits) {
           const float* q = x + (b * T + i) * 3 * D + h * Dh;
           const float* g_i = g + (b * T + i) * D + h * Dh;
-          float* keys_base = block.data() + b * T * 4 * D + h * Dh;
-          logits_of(q, keys_base, 4 * D, keys, Dh, logit_scale, logits.data());
           const std::size_t at = static_cast<std::size_t>((b * H + h) * T + i);
           double* dq_i = dq.data() + (b * T + i) * D + h * Dh;
           for (std::int64_t j = 0; j < keys; ++j) {
-            float* k = keys_base + j * 4 * D;
+            float* k = block.data() + (b * T + j) * 4 * D + h * Dh;
             float* v = k + D;
             float* dk = k + 2 * D;
             float* dv = k + 3 * D;
@@ -203,9 +182,7 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
               dk[d] += static_cast<float>(ds * q[d]);
             }
           }
-        }
-      }
-    }
+        });
     if (ranks > 1) {  // every block goes all the way round, home with its gradient
       ring.send_receive(block.data(), (rank + 1) % ranks, incoming.data(), (rank + ranks - 1) % ranks,
                         static_cast<std::int64_t>(block.size()), 4);

@@ -159,33 +159,6 @@ void softmax_backward_row(const float* p, float* d_row, std::int64_t valid, std:
   for (std::int64_t j = chunks_end; j < padded; j += kLanes) store(d_row + j, Vec{});
 }
 
-// Adds the power sums of row[0, valid) to `sums` (double; NaN/Inf only counted). Vectorised (the compiler's fixed
-// lane order; a scalar double chain here cost about 1 ms of a recorded reference-transformer step).
-void add_logit_sums(const float* row, std::int64_t valid, LogitSums& sums) {
-  double s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, largest = 0.0;
-  std::int64_t nonfinite = 0;
-  constexpr double kLargest = std::numeric_limits<double>::max();
-#pragma omp simd reduction(+ : s1, s2, s3, s4, nonfinite) reduction(max : largest)
-  for (std::int64_t j = 0; j < valid; ++j) {
-    const double x = row[j];
-    const bool finite = std::fabs(x) <= kLargest;  // false for NaN and ±Inf
-    const double v = finite ? x : 0.0, v2 = v * v;
-    nonfinite += finite ? 0 : 1;
-    s1 += v;
-    s2 += v2;
-    s3 += v2 * v;
-    s4 += v2 * v2;
-    largest = std::max(largest, std::fabs(v));
-  }
-  sums.count += valid;
-  sums.nonfinite += nonfinite;
-  sums.sum += s1;
-  sums.sum_sq += s2;
-  sums.sum_cube += s3;
-  sums.sum_quad += s4;
-  sums.max_abs = std::max(sums.max_abs, largest);
-}
-
 void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tensor& probs, Tensor& out,
                            LogitSums* logit_sums) {
   const Layout L = make_layout(qkv, heads);
@@ -218,7 +191,7 @@ void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tens
                   std::min(Tp, round_up(i0 + kTileRows, kLanes)));
       float* probs_pair = probs_data + pair * T * T;
       for (std::int64_t i = 0; i < T; ++i) {
-        if (logit_sums) add_logit_sums(p + i * Tp, i + 1, pair_sums[pair]);
+        if (logit_sums) probe::add_logit_row(p + i * Tp, i + 1, pair_sums[pair]);
         softmax_row(p + i * Tp, i + 1, Tp);
         std::memcpy(probs_pair + i * T, p + i * Tp, T * sizeof(float));
       }
@@ -229,15 +202,7 @@ void attention_forward_cpu(const Tensor& qkv, int heads, float logit_scale, Tens
     }
   }
   if (logit_sums) {
-    for (const LogitSums& part : pair_sums) {
-      logit_sums->count += part.count;
-      logit_sums->nonfinite += part.nonfinite;
-      logit_sums->sum += part.sum;
-      logit_sums->sum_sq += part.sum_sq;
-      logit_sums->sum_cube += part.sum_cube;
-      logit_sums->sum_quad += part.sum_quad;
-      logit_sums->max_abs = std::max(logit_sums->max_abs, part.max_abs);
-    }
+    for (const LogitSums& part : pair_sums) logit_sums->add(part);  // in (sequence, head) order
   }
 }
 

@@ -739,6 +739,41 @@ void accumulate(const float* x, std::int64_t sequences, std::int64_t tokens, std
   add_scanned(into, x, n, sequences, total, needs);
 }
 
+void LogitSums::add(const LogitSums& part) {
+  count += part.count;
+  nonfinite += part.nonfinite;
+  sum += part.sum;
+  sum_sq += part.sum_sq;
+  sum_cube += part.sum_cube;
+  sum_quad += part.sum_quad;
+  max_abs = std::max(max_abs, part.max_abs);
+}
+
+void add_logit_row(const float* row, std::int64_t count, LogitSums& sums) {
+  double s1 = 0.0, s2 = 0.0, s3 = 0.0, s4 = 0.0, largest = 0.0;
+  std::int64_t nonfinite = 0;
+  constexpr double kLargest = std::numeric_limits<double>::max();
+#pragma omp simd reduction(+ : s1, s2, s3, s4, nonfinite) reduction(max : largest)
+  for (std::int64_t j = 0; j < count; ++j) {
+    const double x = row[j];
+    const bool finite = std::fabs(x) <= kLargest;  // false for NaN and ±Inf
+    const double v = finite ? x : 0.0, v2 = v * v;
+    nonfinite += finite ? 0 : 1;
+    s1 += v;
+    s2 += v2;
+    s3 += v2 * v;
+    s4 += v2 * v2;
+    largest = std::max(largest, std::fabs(v));
+  }
+  sums.count += count;
+  sums.nonfinite += nonfinite;
+  sums.sum += s1;
+  sums.sum_sq += s2;
+  sums.sum_cube += s3;
+  sums.sum_quad += s4;
+  sums.max_abs = std::max(sums.max_abs, largest);
+}
+
 void accumulate_planes(const float* x, std::int64_t samples, std::int64_t channels, std::int64_t pixels,
                        MomentSums& into, const StatSelection& which) {
   const Needs needs = needs_for(which);

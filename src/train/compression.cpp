@@ -264,13 +264,13 @@ std::int64_t GradientCompressor::words_of(std::size_t i) const {
 }
 
 void GradientCompressor::encode(const float* x, std::int64_t n, std::uint32_t* words,
-                                std::vector<float>& decoded) const {
-  decoded.assign(static_cast<std::size_t>(n), 0.0f);
+                                std::vector<float>* decoded) const {
+  if (decoded) decoded->assign(static_cast<std::size_t>(n), 0.0f);
   switch (scheme_) {
     case Compression::bf16:
     case Compression::int8:
       encode_payload(scheme_, x, n, words);
-      decode_payload(scheme_, words, n, decoded.data());
+      if (decoded) decode_payload(scheme_, words, n, decoded->data());
       return;
     case Compression::topk: {
       const std::int64_t k = topk_count(config_.compress_ratio, n);
@@ -288,7 +288,7 @@ void GradientCompressor::encode(const float* x, std::int64_t n, std::uint32_t* w
         const std::int64_t e = order[j];
         words[j] = static_cast<std::uint32_t>(e);
         words[k + j] = bits_of(x[e]);
-        decoded[e] = x[e];
+        if (decoded) (*decoded)[e] = x[e];
       }
       return;
     }
@@ -348,7 +348,8 @@ void GradientCompressor::exchange_gathered(bool measure) {
       for (std::int64_t j = 0; j < n; ++j) e[j] += x[j];
       x = e;
     }
-    encode(x, n, send.data() + offset[i], decoded);
+    // (what the payload stands for is needed for the residual and the statistics only)
+    encode(x, n, send.data() + offset[i], measure || error_feedback() ? &decoded : nullptr);
     if (measure) {
       input_sq_[i] = sum_sq(x, n);
       error_sq_[i] = distance_sq(x, decoded.data(), n);

@@ -79,8 +79,8 @@ class GradientCompressor {
  private:
   void exchange_gathered(bool measure);  // bf16, int8, topk
   void exchange_powersgd(bool measure);
-  // Encodes x (n elements) into `words`; `decoded` gets what the payload stands for.
-  void encode(const float* x, std::int64_t n, std::uint32_t* words, std::vector<float>& decoded) const;
+  // Encodes x (n elements) into `words`; `decoded` (unless null) gets what the payload stands for.
+  void encode(const float* x, std::int64_t n, std::uint32_t* words, std::vector<float>* decoded) const;
   // Adds what a payload of n elements stands for to `sum`.
   void add_decoded(const std::uint32_t* words, std::int64_t n, float* sum) const;
   std::int64_t words_of(std::size_t i) const;  // payload words of parameter i

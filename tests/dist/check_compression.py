@@ -17,6 +17,7 @@
 usage: check_compression.py PROPLAB BENCH_DIST MPIEXEC WORKDIR
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -162,6 +163,7 @@ def main():
     sweep_study = write_study(os.path.join(work, "sweep.toml"), open(study).read().replace(
         'name = "parity"', 'name = "swept"') + '[parallel]\ndp = 2\n[sweep]\ngrid = { "parallel.compress" = ["none", "int8"] }\n')
     swept = os.path.join(work, "swept")
+    shutil.rmtree(swept, ignore_errors=True)  # (a rerun starts from nothing: the refusal must write nothing)
     refused = subprocess.run([proplab, "sweep", sweep_study, "--out", swept], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=300)
     if refused.returncode != 2 or "needs 2 processes" not in refused.stdout or os.path.exists(swept):
