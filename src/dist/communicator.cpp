@@ -113,21 +113,23 @@ Coordinates coordinates_of(const Layout& layout, int world_rank) {
                 " outside a world of ", layout.world());
   Coordinates at;
   at.tp = world_rank % layout.tp;
-  at.dp = (world_rank / layout.tp) % layout.dp;
-  at.pp = world_rank / (layout.tp * layout.dp);
+  at.sp = (world_rank / layout.tp) % layout.sp;
+  at.dp = (world_rank / (layout.tp * layout.sp)) % layout.dp;
+  at.pp = world_rank / (layout.tp * layout.sp * layout.dp);
   return at;
 }
 
 int world_rank_of(const Layout& layout, const Coordinates& at) {
-  return (at.pp * layout.dp + at.dp) * layout.tp + at.tp;
+  return ((at.pp * layout.dp + at.dp) * layout.sp + at.sp) * layout.tp + at.tp;
 }
 
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Layout& layout) {
-  if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1 || world->size() != layout.world()) {
+  if (layout.dp < 1 || layout.tp < 1 || layout.pp < 1 || layout.sp < 1 || world->size() != layout.world()) {
     std::ostringstream message;
-    message << "parallel: the layout dp = " << layout.dp << ", tp = " << layout.tp << ", pp = " << layout.pp
-            << " needs " << layout.world() << " processes, but " << world->size()
-            << " were started; allowed: dp·tp·pp equal to the number of processes (e.g. mpirun -np " << layout.world()
+    message << "parallel: the layout dp = " << layout.dp << ", tp = " << layout.tp << ", pp = " << layout.pp;
+    if (layout.sp != 1) message << ", sp = " << layout.sp;
+    message << " needs " << layout.world() << " processes, but " << world->size() << " were started; allowed: dp·tp·pp"
+            << (layout.sp != 1 ? "·sp" : "") << " equal to the number of processes (e.g. mpirun -np " << layout.world()
             << ")";
     throw UserError(message.str());
   }
@@ -136,9 +138,10 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Lay
   groups.at = coordinates_of(layout, world->rank());
   const Coordinates& at = groups.at;
   // Colors: the coordinates the group shares; keys: the coordinate that varies inside it.
-  groups.data = world->split(at.pp * layout.tp + at.tp, at.dp);
-  groups.tensor = world->split(at.pp * layout.dp + at.dp, at.tp);
-  groups.pipeline = world->split(at.dp * layout.tp + at.tp, at.pp);
+  groups.data = world->split((at.pp * layout.sp + at.sp) * layout.tp + at.tp, at.dp);
+  groups.tensor = world->split((at.pp * layout.dp + at.dp) * layout.sp + at.sp, at.tp);
+  groups.pipeline = world->split((at.dp * layout.sp + at.sp) * layout.tp + at.tp, at.pp);
+  groups.sequence = world->split((at.pp * layout.dp + at.dp) * layout.tp + at.tp, at.sp);
   groups.world = std::move(world);
   return groups;
 }

@@ -14,8 +14,8 @@
 // - No collective waits forever: each has the communicator's timeout. A collective that does not complete in
 //   time throws CollectiveTimeout naming the operation, its size and the waiting rank; the caller marks the run
 //   failed and exits (dist::abort_all ends the other ranks).
-// - Layout ranks: world rank = (pp_rank·dp + dp_rank)·tp + tp_rank (tensor-parallel neighbours are adjacent,
-//   as in Megatron-LM, so on multi-GPU nodes they share a node).
+// - Layout ranks: world rank = ((pp_rank·dp + dp_rank)·sp + sp_rank)·tp + tp_rank (tensor-parallel neighbours are
+//   adjacent, as in Megatron-LM, so on multi-GPU nodes they share a node; sequence-parallel neighbours come next).
 #pragma once
 
 #include <cstdint>
@@ -109,26 +109,27 @@ NodeRanks node_ranks(Communicator& world);
 // Ends every rank of the MPI job with `exit_code` (MPI_Abort), after a timeout or a fatal error on one rank.
 [[noreturn]] void abort_all(int exit_code);
 
-// A `[parallel]` layout: world = dp·tp·pp.
+// A `[parallel]` layout: world = dp·tp·pp·sp.
 struct Layout {
-  int dp = 1, tp = 1, pp = 1;
-  int world() const { return dp * tp * pp; }
+  int dp = 1, tp = 1, pp = 1, sp = 1;
+  int world() const { return dp * tp * pp * sp; }
 };
 
 struct Coordinates {
-  int dp = 0, tp = 0, pp = 0;
+  int dp = 0, tp = 0, pp = 0, sp = 0;
 };
 // The layout coordinates of a world rank, and back.
 Coordinates coordinates_of(const Layout& layout, int world_rank);
 int world_rank_of(const Layout& layout, const Coordinates& at);
 
-// The process groups of a layout: ranks that share (tp, pp) form a data-parallel group, and so on.
+// The process groups of a layout: ranks that share (tp, pp, sp) form a data-parallel group, ranks that share
+// (dp, tp, pp) a sequence-parallel ring, and so on.
 struct ProcessGroups {
   Layout layout;
   Coordinates at;
-  std::unique_ptr<Communicator> world, data, tensor, pipeline;
+  std::unique_ptr<Communicator> world, data, tensor, pipeline, sequence;
 };
-// UserError when the world's size is not dp·tp·pp (naming both).
+// UserError when the world's size is not dp·tp·pp·sp (naming both).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Layout& layout);
 
 }  // namespace proplab::dist

@@ -79,12 +79,16 @@ class Model {
 };
 
 // Builds the model described by `config` with parameters initialised by the scaling rule from `seed`. With a
-// tensor-parallel group of more than one rank (transformer only: check_tensor_parallel), this rank's piece.
+// tensor-parallel group of more than one rank (transformer only: check_tensor_parallel), this rank's piece; with a
+// sequence-parallel ring of more than one rank (transformer only: check_sequence_parallel), a model that runs on this
+// rank's part of every sequence.
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
-                                  dist::Communicator* tensor_parallel = nullptr);
+                                  dist::Communicator* tensor_parallel = nullptr,
+                                  dist::Communicator* sequence_parallel = nullptr);
 // The same with the rule already built for `config` (make_model_rule, models/profile.h): a run builds its rule
 // once and hands it to the model and to the theory.
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ScalingRule& rule, std::uint64_t seed,
-                                  dist::Communicator* tensor_parallel = nullptr);
+                                  dist::Communicator* tensor_parallel = nullptr,
+                                  dist::Communicator* sequence_parallel = nullptr);
 
 }  // namespace proplab

@@ -4,12 +4,25 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
 
 namespace proplab {
+
+void check_sequence_parallel(const ModelConfig& config, int sp) {
+  if (sp == 1) return;
+  const std::string at = "parallel.sp = " + std::to_string(sp);
+  if (config.kind() != ModelKind::transformer)
+    throw UserError(at + ": sequence parallelism splits a transformer's sequences; model.type = \"" +
+                    std::string(model_kind_name(config.kind())) + "\" has none; allowed: sp = 1");
+  const std::int64_t tokens = config.transformer().seq_len;
+  if (tokens % sp != 0)
+    throw UserError(at + " must divide model.seq_len = " + std::to_string(tokens) +
+                    "; allowed: an sp that divides model.seq_len");
+}
 
 namespace {
 

@@ -18,8 +18,13 @@
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "probe/moments.h"
+#include "spec/model.h"
 
 namespace proplab {
+
+// UserError unless a model of this config can have its sequences split over `sp` ranks (sp = 1 always can): the
+// transformer only, with sp dividing model.seq_len. Messages name parallel.sp and the key.
+void check_sequence_parallel(const ModelConfig& config, int sp);
 
 // out [B, Tl, D] and lse [B, H, Tl] (overwritten). With logit_sums, also adds the power sums of this rank's queries'
 // causal logits (before the softmax); summed over the ring they are the whole sequence's.

@@ -94,25 +94,29 @@ void TensorParallel::all_reduce(Tensor& x) const {
 }
 
 void TensorParallel::embedding_forward(const Tensor& tokens, const Parameter& token_table,
-                                       const Parameter& position_table, std::int64_t vocab, Tensor& y) const {
+                                       const Parameter& position_table, std::int64_t first_position, std::int64_t vocab,
+                                       Tensor& y) const {
+  // (rows of the table from first_position on: a view)
+  const Tensor positions = position_table.value.slice(0, first_position, position_table.value.dim(0) - first_position);
   if (!split()) {
-    ops::embedding_forward(tokens, token_table.value, &position_table.value, y);
+    ops::embedding_forward(tokens, token_table.value, &positions, y);
     return;
   }
   const std::int64_t first = rank_ * token_table.value.dim(0);
   ops::embedding_shard_forward(tokens, token_table.value, first, vocab, y);
   all_reduce(y);
-  ops::position_add_forward(position_table.value, y);
+  ops::position_add_forward(positions, y);
 }
 
 void TensorParallel::embedding_backward(const Tensor& tokens, const Tensor& d_y, Parameter& token_table,
-                                        Parameter& position_table) const {
+                                        Parameter& position_table, std::int64_t first_position) const {
+  Tensor d_positions = position_table.grad.slice(0, first_position, position_table.grad.dim(0) - first_position);
   if (!split()) {
-    ops::embedding_backward(tokens, d_y, token_table.grad, &position_table.grad);
+    ops::embedding_backward(tokens, d_y, token_table.grad, &d_positions);
     return;
   }
   ops::embedding_shard_backward(tokens, d_y, rank_ * token_table.grad.dim(0), token_table.grad);
-  ops::position_add_backward(d_y, position_table.grad);
+  ops::position_add_backward(d_y, d_positions);
 }
 
 double TensorParallel::cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* d_logits,

@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "models/gather.h"
 #include "models/profile.h"
+#include "models/sequence_parallel.h"
 
 namespace proplab {
 
@@ -25,12 +26,16 @@ std::unique_ptr<ScalingRule> rule_for(const TransformerConfig& config, const Sca
 }  // namespace
 
 Transformer::Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
-                         TensorParallel tp)
-    : Transformer(config, *rule_for(config, scaling, seed), seed, tp) {}
+                         TensorParallel tp, dist::Communicator* sequence)
+    : Transformer(config, *rule_for(config, scaling, seed), seed, tp, sequence) {}
 
 Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed,
-                         TensorParallel tp)
-    : config_(config), seed_(seed), tp_(tp), local_heads_(config.heads / tp.size()) {
+                         TensorParallel tp, dist::Communicator* sequence)
+    : config_(config),
+      seed_(seed),
+      tp_(tp),
+      local_heads_(config.heads / tp.size()),
+      sequence_(sequence != nullptr && sequence->size() > 1 ? sequence : nullptr) {
   const std::int64_t d = config.width, v = config.vocab, t = config.seq_len;
   const std::int64_t f = static_cast<std::int64_t>(config.ffn_mult) * d;
   PROPLAB_CHECK(d % config.heads == 0, "width ", d, " not divisible by heads ", config.heads);
@@ -109,7 +114,9 @@ int Transformer::add_probe(const std::string& name, int block, ProbeKind kind, b
 }
 
 std::uint64_t Transformer::dropout_stream(const StepContext& context, int site) const {
-  return stream_id("dropout", context.micro_step, static_cast<std::uint64_t>(site + 1));
+  // (a sequence-parallel rank draws its own masks for its own tokens: the ring's are not copies of one another)
+  const std::uint64_t ring_rank = sequence_ ? static_cast<std::uint64_t>(sequence_->rank()) << 32 : 0;
+  return stream_id("dropout", context.micro_step, static_cast<std::uint64_t>(site + 1) + ring_rank);
 }
 
 void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
@@ -132,7 +139,8 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
     s.normed = pre ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
     s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r, device) : nn::Norm::Saved{};
     s.hidden = Tensor::empty({r, hidden}, DType::f32, device);
-    s.probs = s.is_attention ? Tensor::empty({batch, h, tokens, tokens}, DType::f32, device) : Tensor();
+    s.probs = s.is_attention && !sequence_ ? Tensor::empty({batch, h, tokens, tokens}, DType::f32, device) : Tensor();
+    s.lse = s.is_attention && sequence_ ? Tensor::empty({batch, h, tokens}, DType::f32, device) : Tensor();
     s.mixed = Tensor::empty({r, s.is_attention ? inner : f}, DType::f32, device);
     s.branch = Tensor::empty({r, d}, DType::f32, device);
     s.combined = post ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
@@ -168,7 +176,10 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
     const Tensor qkv = s.hidden.reshape({batch_, tokens_, 3 * d});
     Tensor mixed = s.mixed.reshape({batch_, tokens_, d});
     probe::LogitSums logit_sums;
-    ops::attention_forward(qkv, local_heads_, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
+    if (sequence_)  // (the logits' sums are this rank's queries'; the sink sums them over the ring)
+      ring_attention_forward(*sequence_, qkv, local_heads_, logit_scale_, mixed, s.lse, sink ? &logit_sums : nullptr);
+    else
+      ops::attention_forward(qkv, local_heads_, logit_scale_, s.probs, mixed, sink ? &logit_sums : nullptr);
     if (sink) sink->attention_logits(s.probe_hidden, logit_sums, qkv, local_heads_, logit_scale_);
   } else {
     const ops::OpMoments moments = gathered_moments(sink, s.probe_hidden, s.probe_mixed, false, batch_);
@@ -230,8 +241,12 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   s.out_proj.backward(s.mixed, *d_projected, &d_mixed);
   if (s.is_attention) {
     Tensor d_qkv = d_hidden.reshape({batch_, tokens_, 3 * d});
-    ops::attention_backward(s.hidden.reshape({batch_, tokens_, 3 * d}), s.probs, d_mixed.reshape({batch_, tokens_, d}),
-                            local_heads_, logit_scale_, d_qkv);
+    const Tensor qkv = s.hidden.reshape({batch_, tokens_, 3 * d});
+    if (sequence_)
+      ring_attention_backward(*sequence_, qkv, s.mixed.reshape({batch_, tokens_, d}), s.lse,
+                              d_mixed.reshape({batch_, tokens_, d}), local_heads_, logit_scale_, d_qkv);
+    else
+      ops::attention_backward(qkv, s.probs, d_mixed.reshape({batch_, tokens_, d}), local_heads_, logit_scale_, d_qkv);
   } else {
     const ops::OpMoments moments = gathered_moments(sink, s.probe_mixed, s.probe_hidden, true, batch_);
     if (sink && !moments.input) sink->backward(s.probe_mixed, d_mixed, batch_);
@@ -257,7 +272,7 @@ void Transformer::embed_forward(const Tensor& tokens, const StepContext& context
   const std::int64_t d = config_.width;
   const bool drop = dropout_active(context);
   Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-  tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, config_.vocab, target);
+  tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, first_position(), config_.vocab, target);
   if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
   if (context.sink) context.sink->forward(probe_embed_, x0, batch_);
 }
@@ -305,13 +320,15 @@ void Transformer::embed_backward(const Tensor& tokens, const StepContext& contex
     d_embedded = &d_tmp_;
   }
   const std::int64_t d = config_.width;
-  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_);
+  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_,
+                         first_position());
 }
 
 double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
   const Tensor& tokens = batch.inputs;
-  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) <= config_.seq_len, "transformer input shape ",
-                shape_string(tokens.shape()));
+  const std::int64_t ring = sequence_ ? sequence_->size() : 1;
+  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) * ring <= config_.seq_len, "transformer input shape ",
+                shape_string(tokens.shape()), " (", ring, " sequence-parallel ranks)");
   ensure_buffers(tokens.dim(0), tokens.dim(1));
 
   // Forward.

@@ -10,6 +10,10 @@
 // Activations are [rows, features] with rows = batch·tokens.
 // Tensor parallelism (models/tensor_parallel.h): with a group of tp ranks, each holds heads/tp heads, F/tp hidden
 // units and V/tp vocabulary rows; the residual stream, norms and branch outputs are replicated.
+// Sequence parallelism (models/sequence_parallel.h): with a ring of sp ranks, rank r holds tokens [r·T/sp,
+// (r+1)·T/sp) of every sequence (positions offset by r·T/sp); the attention is ring attention and every other op is
+// per token, so it runs on the local tokens alone. The loss is this rank's tokens' mean; the trainer averages it and
+// sums the parameter gradients over the ring.
 #pragma once
 
 #include <vector>
@@ -24,11 +28,12 @@ namespace proplab {
 class Transformer final : public Model {
  public:
   // Builds the rule from `scaling` with make_model_rule (models/profile.h: profiled when the rule asks for it).
+  // `sequence`: the sequence-parallel ring (null or one rank: whole sequences).
   Transformer(const TransformerConfig& config, const ScalingConfig& scaling, std::uint64_t seed,
-              TensorParallel tp = TensorParallel());
+              TensorParallel tp = TensorParallel(), dist::Communicator* sequence = nullptr);
   // Initialised by an already-built rule (the rule is not kept).
   Transformer(const TransformerConfig& config, const ScalingRule& rule, std::uint64_t seed,
-              TensorParallel tp = TensorParallel());
+              TensorParallel tp = TensorParallel(), dist::Communicator* sequence = nullptr);
 
   ParameterStore& params() override { return params_; }
   const std::vector<ProbeInfo>& probes() const override { return probes_; }
@@ -82,7 +87,8 @@ class Transformer final : public Model {
     Tensor normed;  // pre: Norm(x_in) [R, D]
     nn::Norm::Saved norm_saved;
     Tensor hidden;    // qkv [R, 3D] or FFN pre-activation u [R, F]
-    Tensor probs;     // attention probabilities [B, H, T, T]
+    Tensor probs;     // attention probabilities [B, H, T, T] (whole sequences)
+    Tensor lse;       // sequence parallel: each query's log-sum-exp [B, H, T] (ring attention)
     Tensor mixed;     // attention output before the projection [R, D], or FFN post-activation g [R, F]
     Tensor branch;    // branch output after dropout [R, D]
     Tensor combined;  // post: λ·x + β·f before the norm [R, D]
@@ -126,6 +132,9 @@ class Transformer final : public Model {
   std::uint64_t seed_ = 0;
   TensorParallel tp_;
   int local_heads_ = 0;  // heads on this rank (all of them without tensor parallelism)
+  dist::Communicator* sequence_ = nullptr;  // the sequence-parallel ring (null: whole sequences)
+  // The sequence position of this rank's first token, in the micro-batch's tokens (0 without a ring).
+  std::int64_t first_position() const { return sequence_ ? sequence_->rank() * tokens_ : 0; }
 
   // Buffers for the current micro-batch shape.
   std::int64_t batch_ = 0, tokens_ = 0;

@@ -396,6 +396,7 @@ std::vector<TableSpec> build_schema() {
            integer_field("dp", PROPLAB_MEMBER(parallel.dp), 1, 4096),
            integer_field("tp", PROPLAB_MEMBER(parallel.tp), 1, 4096),
            integer_field("pp", PROPLAB_MEMBER(parallel.pp), 1, 4096),
+           integer_field("sp", PROPLAB_MEMBER(parallel.sp), 1, 4096),
            integer_field("microbatches", PROPLAB_MEMBER(parallel.microbatches), 1, 1000000),
            real_field("timeout_s", PROPLAB_MEMBER(parallel.timeout_s), RealRange{0, 86400, true}),
            choice_field("dp_mode", PROPLAB_MEMBER(parallel.dp_mode),

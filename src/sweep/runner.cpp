@@ -496,7 +496,7 @@ void check_launcher(const SweepPlan& plan, const std::vector<std::string>& mpiru
     if (point.ranks > 1)
       throw UserError(
           "point " + point.name + " needs " + std::to_string(point.ranks) +
-          " processes (parallel.dp * tp * pp); proplab sweep starts a point under an MPI launcher only when "
+          " processes (parallel.dp * tp * pp * sp); proplab sweep starts a point under an MPI launcher only when "
           "given one: add --mpirun 'mpirun --oversubscribe' (a launcher that takes -np N)");
 }
 

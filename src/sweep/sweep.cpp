@@ -345,7 +345,7 @@ void SweepReader::expand_points(const std::string& text, SweepPlan& plan, const 
       PROPLAB_CHECK(sweep_at != std::string::npos, "the resolved study of a sweep point holds its [sweep] table");
       const Study study = parse_study(resolved.substr(0, sweep_at + 1), source_, base_dir_);
       point.study_toml = study.config_toml;
-      point.ranks = study.parallel.dp * study.parallel.tp * study.parallel.pp;
+      point.ranks = study.parallel.world();
     }
     plan.points.push_back(std::move(point));
   }

@@ -31,7 +31,7 @@ struct SweepPoint {
   std::vector<std::string> values;     // one per SweepPlan::columns, as shown in index.csv
   std::vector<std::string> overrides;  // what the point sets over the study, as --set texts
   std::string study_toml;              // the point as a resolved study without [sweep]: what `proplab run` gets
-  int ranks = 1;                       // processes its [parallel] layout needs (dp·tp·pp)
+  int ranks = 1;                       // processes its [parallel] layout needs (dp·tp·pp·sp)
 };
 
 struct SweepPlan {

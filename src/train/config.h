@@ -41,9 +41,14 @@ struct DeviceConfig {
 };
 
 struct ParallelConfig {
+  // The processes of the layout: dp·tp·pp·sp.
+  int world() const { return dp * tp * pp * sp; }
   int dp = 1;
   int tp = 1;
   int pp = 1;
+  // Sequence parallel: each sequence's tokens split over sp ranks (transformer; ring attention,
+  // models/sequence_parallel.h, train/sequence_parallel.h).
+  int sp = 1;
   int microbatches = 1;
   double timeout_s = 300.0;  // a collective that waits longer ends the run (a rank died or stalled)
   // Data parallel: "allreduce" (gradients summed every step), "local_sgd" (each replica steps on its own

@@ -60,9 +60,8 @@ void check_pipeline_layout(const RunSpec& spec, const dist::Communicator* stages
                     "; allowed: microbatches / grad_accum dividing " + text(rows));
   const int started = stages_started ? stages_started->size() : 1;
   if (started != p.pp)
-    throw UserError(pp + " needs dp·tp·pp = " + text(p.dp * p.tp * p.pp) + " processes (mpirun -np " +
-                    text(p.dp * p.tp * p.pp) + " proplab run ...), but the pipeline has " + text(started) +
-                    (started == 1 ? " stage" : " stages"));
+    throw UserError(pp + " needs dp·tp·pp·sp = " + text(p.world()) + " processes (mpirun -np " + text(p.world()) +
+                    " proplab run ...), but the pipeline has " + text(started) + (started == 1 ? " stage" : " stages"));
 }
 
 std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stages) {
@@ -74,11 +73,12 @@ std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stag
 }
 
 PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data,
-                             dist::Communicator* tensor)
+                             dist::Communicator* tensor, dist::Communicator* sequence)
     : model_(dynamic_cast<Transformer&>(model)),
       stages_(stages),
       data_(data),
       tensor_(tensor != nullptr && tensor->size() > 1 ? tensor : nullptr),
+      sequence_(sequence != nullptr && sequence->size() > 1 ? sequence : nullptr),
       seed_(spec.seed),
       stage_(stages.rank()),
       stage_count_(stages.size()),
@@ -86,6 +86,7 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
       grad_accum_(spec.train.grad_accum),
       chunks_per_micro_(spec.parallel.microbatches / spec.train.grad_accum),
       replicas_(data ? data->size() : 1),
+      ring_(sequence_ ? sequence_->size() : 1),
       tied_(spec.model.transformer().tie_embeddings) {
   bounds_ = pipeline_stage_blocks(spec.model.transformer(), stage_count_);
   first_block_ = bounds_[static_cast<std::size_t>(stage_)];
@@ -93,7 +94,8 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
   slots_ = dist::pipeline_slots(stage_count_, stage_, microbatches_);
   model_.set_stage(first_block_, last_block_, slots_);
   chunk_rows_ = spec.train.batch / grad_accum_ / replicas_ / chunks_per_micro_;
-  const std::int64_t t = spec.model.transformer().seq_len, d = spec.model.transformer().width;
+  // (a sequence-parallel rank's chain carries its part of every sequence)
+  const std::int64_t t = spec.model.transformer().seq_len / ring_, d = spec.model.transformer().width;
   // Micro-batch pieces and the buffers activations and gradients arrive in live on the model's device.
   const Device device = model_.params().all().front()->value.device();
   for (int c = 0; c < microbatches_; ++c)
@@ -169,12 +171,13 @@ double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,
                                        const std::function<Batch(int)>& data_batch) {
   std::fill(boundary_sums_.begin(), boundary_sums_.end(), 0.0);
   const bool measure = sink != nullptr && boundary_ != Compression::none;
+  measured_ = measure;
   for (int m = 0; m < grad_accum_; ++m) {
     const Batch rows = data_batch(m);
     for (int piece = 0; piece < chunks_per_micro_; ++piece)
       copy_chunk(rows, piece * chunk_rows_, chunks_[static_cast<std::size_t>(m * chunks_per_micro_ + piece)]);
   }
-  const float grad_scale = 1.0f / static_cast<float>(microbatches_ * replicas_);
+  const float grad_scale = 1.0f / static_cast<float>(microbatches_ * replicas_ * ring_);
   auto context_of = [&](int microbatch) {
     StepContext context;
     context.seed = seed_;
@@ -231,6 +234,9 @@ double PipelineStage::finish_backward(double loss, Recorder* recorder) {
     ops::axpy(1.0f, theirs, grad);
   }
   stages_.broadcast(&loss, sizeof loss, last);
+  // (every ring rank measured its own tokens' transfers: the ring's sums are the whole sequences')
+  if (measured_ && sequence_)
+    sequence_->all_reduce(boundary_sums_.data(), static_cast<std::int64_t>(boundary_sums_.size()));
   if (recorder) recorder->merge_replicas(stages_);
   if (recorder && boundary_ != Compression::none) {
     // Each boundary's sums are one stage's (the sender's): the sum over the stages is them; then over the
@@ -301,7 +307,8 @@ double PipelineStage::evaluate(const Batch& batch) {
 }
 
 void PipelineStage::gather_to_first_stage(std::map<std::string, Tensor>& tensors) {
-  if (data_ && data_->rank() != 0) return;  // the same for every stage of this group
+  // (the same for every stage of this group)
+  if ((data_ && data_->rank() != 0) || (sequence_ && sequence_->rank() != 0)) return;
   for (auto& [name, tensor] : tensors) {
     const int owner = owner_of(parameter_of(name));
     if (owner == 0) continue;

@@ -21,6 +21,10 @@
 //   squares over the tensor group first, probes reach the recorder through the trainer's TensorParallelSink, and
 //   a checkpoint gathers the pieces onto stage 0 (each tensor rank its own), where the tensor group gathers them
 //   into full tensors.
+// - sp × pp: a stage may run on a sequence-parallel rank's part of every sequence (train/sequence_parallel.h). The
+//   pipeline groups keep sp fixed, so each ring rank's chain carries its own tokens; a stage's ring attention talks
+//   to the same stage of the other chains. The micro-batch gradients are scaled by 1/sp more, the trainer sums them
+//   over the ring, and the boundaries' compression sums are summed over the ring before the stages'.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +55,10 @@ std::vector<int> pipeline_stage_blocks(const TransformerConfig& config, int stag
 class PipelineStage {
  public:
   // `stages`: this rank's pipeline group (its rank is the stage); `data`: its data-parallel group or null;
-  // `tensor`: its tensor-parallel group when the model is split (tp × pp), else null.
+  // `tensor`: its tensor-parallel group when the model is split (tp × pp), else null; `sequence`: its
+  // sequence-parallel ring when sequences are split (sp × pp), else null.
   PipelineStage(const RunSpec& spec, Model& model, dist::Communicator& stages, dist::Communicator* data,
-                dist::Communicator* tensor = nullptr);
+                dist::Communicator* tensor = nullptr, dist::Communicator* sequence = nullptr);
 
   int stage() const { return stage_; }
   int stage_count() const { return stage_count_; }
@@ -102,9 +107,11 @@ class PipelineStage {
   dist::Communicator& stages_;
   dist::Communicator* data_;
   dist::Communicator* tensor_;
+  dist::Communicator* sequence_;
   std::uint64_t seed_;
   int stage_, stage_count_, first_block_, last_block_;
-  int microbatches_, grad_accum_, chunks_per_micro_, replicas_, slots_;
+  int microbatches_, grad_accum_, chunks_per_micro_, replicas_, ring_, slots_;
+  bool measured_ = false;  // the step's boundary transfers were measured (a recorded step with pp_compress)
   bool tied_;
   std::vector<int> bounds_;
   std::int64_t chunk_rows_ = 0;

@@ -45,7 +45,13 @@ void TensorParallelSink::backward(int probe, const Tensor& d_x, std::int64_t seq
 
 void TensorParallelSink::attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
                                           float logit_scale) {
-  // Power sums over this rank's heads: sums over elements add, maxima take the maximum.
+  // Power sums over this rank's heads.
+  const probe::LogitSums total = sum_logit_sums(group_, sums);
+  if (group_.rank() == 0) recorder_.attention_logits(probe, total, qkv, heads * group_.size(), logit_scale);
+}
+
+probe::LogitSums sum_logit_sums(dist::Communicator& group, const probe::LogitSums& sums) {
+  // Sums over elements add, maxima take the maximum.
   double added[6] = {static_cast<double>(sums.count),
                      static_cast<double>(sums.nonfinite),
                      sums.sum,
@@ -53,9 +59,8 @@ void TensorParallelSink::attention_logits(int probe, const probe::LogitSums& sum
                      sums.sum_cube,
                      sums.sum_quad};
   double largest = sums.max_abs;
-  group_.all_reduce(added, 6, dist::ReduceOp::sum);
-  group_.all_reduce(&largest, 1, dist::ReduceOp::max);
-  if (group_.rank() != 0) return;
+  group.all_reduce(added, 6, dist::ReduceOp::sum);
+  group.all_reduce(&largest, 1, dist::ReduceOp::max);
   probe::LogitSums total;
   total.count = static_cast<std::int64_t>(added[0]);
   total.nonfinite = static_cast<std::int64_t>(added[1]);
@@ -64,7 +69,7 @@ void TensorParallelSink::attention_logits(int probe, const probe::LogitSums& sum
   total.sum_cube = added[4];
   total.sum_quad = added[5];
   total.max_abs = largest;
-  recorder_.attention_logits(probe, total, qkv, heads * group_.size(), logit_scale);
+  return total;
 }
 
 void sum_split_parameters(dist::Communicator& group, const ParameterStore& params, std::vector<double>& per_param) {

@@ -46,6 +46,10 @@ class TensorParallelSink final : public ProbeSink {
   Tensor gathered_, whole_;
 };
 
+// Attention-logit power sums added over a group (count, non-finite count and the power sums summed, max_abs the
+// maximum): the sums of every rank's logits. Every rank calls it.
+probe::LogitSums sum_logit_sums(dist::Communicator& group, const probe::LogitSums& sums);
+
 // Σ over the group of the split parameters' entries of `per_param` (one value per parameter, in store order);
 // replicated parameters' entries are left as they are. Every rank calls it.
 void sum_split_parameters(dist::Communicator& group, const ParameterStore& params, std::vector<double>& per_param);

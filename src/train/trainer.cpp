@@ -15,6 +15,7 @@
 #include "io/run_reader.h"
 #include "models/model.h"
 #include "models/profile.h"
+#include "models/sequence_parallel.h"
 #include "models/tensor_parallel.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -24,6 +25,7 @@
 #include "train/progress.h"
 #include "train/recorder.h"
 #include "train/run_files.h"
+#include "train/sequence_parallel.h"
 #include "train/tensor_parallel.h"
 #include "train/theory_run.h"
 
@@ -97,6 +99,7 @@ std::map<std::string, Tensor> checkpoint_tensors(Model& model,
 std::string layout_text(const ParallelConfig& p) {
   std::ostringstream out;
   out << "dp=" << p.dp << " tp=" << p.tp << " pp=" << p.pp;
+  if (p.sp != 1) out << " sp=" << p.sp;
   if (p.compress == "topk")
     out << " compress=topk(ratio=" << p.compress_ratio << ")";
   else if (p.compress == "powersgd")
@@ -162,8 +165,8 @@ Device resolve_device_type(const RunSpec& spec) {
   // auto: the GPU when there is one and the run can use it (one process; not Fixup's scalar biases), else the CPU.
   // A parallel layout computes on GPUs only when it asks for them (device.type = "cuda"), so that the same
   // mpirun line means the same thing on a machine with a GPU and on one without.
-  const bool fits = !(spec.model.kind() == ModelKind::resnet && spec.scaling.rule == "fixup") &&
-                    spec.parallel.dp * spec.parallel.tp * spec.parallel.pp == 1;
+  const bool fits =
+      !(spec.model.kind() == ModelKind::resnet && spec.scaling.rule == "fixup") && spec.parallel.world() == 1;
   return built && fits && cuda_available() ? Device::cuda : Device::cpu;
 }
 
@@ -194,6 +197,8 @@ namespace {
 // written (every rank checks the same).
 struct RunLayout {
   dist::Communicator* tensor = nullptr;  // the ranks that share one model replica; null for tp = 1
+  dist::Communicator* sequence = nullptr;  // the ring that shares every sequence; null for sp = 1
+  int ring = 1;                            // its ranks
   dist::Communicator* group = nullptr;   // the data-parallel replicas; null for one process
   int replicas = 1;
   bool root = true;             // this rank writes the run file and checkpoints
@@ -205,20 +210,32 @@ struct RunLayout {
 RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
   // device.type names a device this build and machine have, for a run that can use it, in a precision it has
   run_device(spec);
-  if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
+  if ((spec.parallel.tp > 1 || spec.parallel.pp > 1 || spec.parallel.sp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
         "parallel: zero = 1, dp_mode = \"local_sgd\" and dp_mode = \"gossip\" combine with data parallelism "
-        "only in this version; allowed with tp > 1 or pp > 1: zero = 0, dp_mode = \"allreduce\"");
+        "only in this version; allowed with tp > 1, pp > 1 or sp > 1: zero = 0, dp_mode = \"allreduce\"");
   RunLayout layout;
+  // Sequence parallel: the ranks that share every sequence, each holding a part of its tokens.
+  check_sequence_parallel(spec.model, spec.parallel.sp);
+  if (spec.parallel.sp > 1 && run_device(spec) != Device::cpu)
+    throw UserError("parallel.sp = " + std::to_string(spec.parallel.sp) +
+                    ": sequence parallelism (ring attention) runs on CPU ranks only in this version; allowed with "
+                    "sp > 1: device.type = \"cpu\" or \"auto\"");
+  layout.sequence = options.sequence_parallel;
+  layout.ring = layout.sequence ? layout.sequence->size() : 1;
+  if (layout.ring != spec.parallel.sp)
+    throw UserError("parallel.sp = " + std::to_string(spec.parallel.sp) + " needs " + std::to_string(spec.parallel.sp) +
+                    " processes per sequence (mpirun -np " + std::to_string(spec.parallel.world()) +
+                    " proplab run ...), but " + std::to_string(layout.ring) + " were started");
+  if (layout.ring == 1) layout.sequence = nullptr;
   // Tensor parallel: the ranks that share one model replica, each holding a piece of it.
   layout.tensor = options.tensor_parallel;
   const int tensor_ranks = layout.tensor ? layout.tensor->size() : 1;
   if (tensor_ranks != spec.parallel.tp)
     throw UserError("parallel.tp = " + std::to_string(spec.parallel.tp) + " needs " + std::to_string(spec.parallel.tp) +
-                    " processes per replica (mpirun -np " +
-                    std::to_string(spec.parallel.dp * spec.parallel.tp * spec.parallel.pp) + " proplab run ...), but " +
-                    std::to_string(tensor_ranks) + " were started");
+                    " processes per replica (mpirun -np " + std::to_string(spec.parallel.world()) +
+                    " proplab run ...), but " + std::to_string(tensor_ranks) + " were started");
   check_tensor_parallel(spec.model, spec.parallel.tp);
   if (tensor_ranks == 1) layout.tensor = nullptr;
   layout.group = options.data_parallel;
@@ -228,7 +245,7 @@ RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
                     " processes (mpirun -np " + std::to_string(spec.parallel.dp) + " proplab run ...), but " +
                     std::to_string(layout.replicas) + " were started");
   layout.root = (!layout.group || layout.group->rank() == 0) && (!options.pipeline || options.pipeline->rank() == 0) &&
-                (!layout.tensor || layout.tensor->rank() == 0);
+                (!layout.tensor || layout.tensor->rank() == 0) && (!layout.sequence || layout.sequence->rank() == 0);
   layout.micro = spec.train.batch / spec.train.grad_accum;
   if (layout.micro % layout.replicas != 0)
     throw UserError("parallel.dp = " + std::to_string(layout.replicas) +
@@ -289,11 +306,18 @@ class TrainingRun {
     if (device_ == Device::cpu) return batch;
     return Batch{batch.inputs.to(device_), batch.targets.to(device_)};
   }
-  // This replica's rows of a micro-batch (all of them for one process), on the model's device.
+  // This replica's rows of a micro-batch (all of them for one process), on the model's device; with a
+  // sequence-parallel ring, this rank's part of their tokens.
   Batch local(const Batch& batch) const {
-    if (layout_.replicas == 1) return on_device(batch);
-    return on_device(Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
-                           batch.targets.slice(0, layout_.first_row, layout_.local_rows)});
+    const Batch rows = layout_.replicas == 1 ? batch
+                                             : Batch{batch.inputs.slice(0, layout_.first_row, layout_.local_rows),
+                                                     batch.targets.slice(0, layout_.first_row, layout_.local_rows)};
+    return on_device(in_ring(rows));
+  }
+  // This rank's part of every sequence of a batch (the batch itself without a ring).
+  Batch in_ring(const Batch& batch) const {
+    if (!layout_.sequence) return batch;
+    return sequence_piece(batch, layout_.sequence->rank(), layout_.ring);
   }
 
   const RunSpec& spec_;
@@ -314,6 +338,7 @@ class TrainingRun {
   std::optional<Optimizer> optimizer_;
   std::optional<Recorder> recorder_;
   std::optional<TensorParallelSink> tensor_sink_;  // records split probes whole, replicated ones once
+  std::optional<SequenceParallelSink> sequence_sink_;  // records every probe over the whole sequences
   ProbeSink* sink_ = nullptr;
 
   RunSummary summary_;
@@ -344,21 +369,26 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
       data_(spec, layout.micro),
       rule_(make_model_rule(spec.model, spec.scaling, spec.seed)) {
   if (layout_.root) prediction_ = predict_for_run(spec, *rule_);
-  model_ = make_model(spec.model, *rule_, spec.seed, layout_.tensor);
+  model_ = make_model(spec.model, *rule_, spec.seed, layout_.tensor, layout_.sequence);
   // Initialised on the host (the same values on every device), then moved before anything refers to the tensors.
   model_->to_device(device_);
-  if (spec.parallel.pp > 1) stage_.emplace(spec, *model_, *options.pipeline, layout_.group, layout_.tensor);
+  if (spec.parallel.pp > 1)
+    stage_.emplace(spec, *model_, *options.pipeline, layout_.group, layout_.tensor, layout_.sequence);
   pipeline_ = stage_ ? &*stage_ : nullptr;
   // (a stage's replicas exchange only the gradients it updates)
   data_parallel_.emplace(spec.parallel, layout_.group, model_->params(),
                          pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{}, spec.seed);
-  data_parallel_->set_overlap(options.overlap_buckets);
+  // (with a ring, the replicas exchange the ring's summed gradients: nothing starts during backward)
+  data_parallel_->set_overlap(options.overlap_buckets && !layout_.sequence);
   optimizer_.emplace(tc_, model_->params(), data_parallel_->optimizer_shard());
   recorder_.emplace(spec.record, model_->probes(), model_->params(), tc_.steps);
   recorder_->set_tensor_parallel(layout_.tensor);
   recorder_->set_device(device_);
-  if (layout_.tensor) tensor_sink_.emplace(*recorder_, model_->probes(), *layout_.tensor);
-  sink_ = layout_.tensor ? static_cast<ProbeSink*>(&*tensor_sink_) : &*recorder_;
+  // The probes' path to the recorder: tensor-parallel pieces whole, then the ring's tokens whole.
+  ProbeSink* recorded = &*recorder_;
+  if (layout_.sequence) recorded = &sequence_sink_.emplace(*recorder_, *layout_.sequence);
+  if (layout_.tensor) recorded = &tensor_sink_.emplace(*recorded, model_->probes(), *layout_.tensor);
+  sink_ = recorded;
   if (layout_.root) {
     PROPLAB_CHECK(prediction_.probes.size() == model_->probes().size(), "theory predicts ", prediction_.probes.size(),
                   " probes, the model has ", model_->probes().size());
@@ -472,8 +502,12 @@ void TrainingRun::open_run_file() {
 double TrainingRun::evaluate() {
   double total = 0.0;
   for (int i = 0; i < tc_.eval_batches; ++i)
-    total += pipeline_ ? pipeline_->evaluate(data_.batch(Split::validation, i))
-                       : model_->evaluate(on_device(data_.batch(Split::validation, i)));
+    total += pipeline_ ? pipeline_->evaluate(in_ring(data_.batch(Split::validation, i)))
+                       : model_->evaluate(on_device(in_ring(data_.batch(Split::validation, i))));
+  if (layout_.sequence) {  // the mean over the ring's tokens
+    layout_.sequence->all_reduce(&total, 1);
+    total /= layout_.ring;
+  }
   return total / tc_.eval_batches;
 }
 
@@ -483,7 +517,8 @@ void TrainingRun::save(std::int64_t step) {
       checkpoint_tensors(*model_, data_parallel_->optimizer_state_to_save(*optimizer_));
   if (pipeline_) pipeline_->gather_to_first_stage(tensors);  // each stage's own tensors, full size, to rank 0
   // Tensor parallel: the first replica's (first stage's) group gathers its pieces into full tensors for rank 0.
-  if (layout_.tensor && (!layout_.group || layout_.group->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0))
+  if (layout_.tensor && (!layout_.group || layout_.group->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0) &&
+      (!layout_.sequence || layout_.sequence->rank() == 0))
     tensors = gather_full_tensors(*layout_.tensor, model_->params(), tensors);
   if (!layout_.root) return;
   // A checkpoint is taken only once the run file holds everything before it (written and flushed by its writer
@@ -521,24 +556,32 @@ double TrainingRun::forward_backward(bool record) {
     context.gradients = data_parallel_->listener_for(m + 1 == tc_.grad_accum);
     // Scaled so that each replica's gradients (and probed gradients) are its share of the single-process ones: the
     // sum over the group is the gradient of the global batch's mean loss.
-    total += model_->forward_backward(local(data_.batch(Split::train, index)),
-                                      1.0f / static_cast<float>(tc_.grad_accum * layout_.replicas), context);
+    total +=
+        model_->forward_backward(local(data_.batch(Split::train, index)),
+                                 1.0f / static_cast<float>(tc_.grad_accum * layout_.replicas * layout_.ring), context);
   }
   double loss = pipeline_ ? pipeline_->forward_backward(
                                 step_, record ? sink_ : nullptr,
                                 [&](int m) { return local(data_.batch(Split::train, step_ * tc_.grad_accum + m)); })
                           : total / tc_.grad_accum;
+  if (layout_.sequence) {  // the ring's tokens' gradients and mean loss: the replica's (a stage's: its own)
+    sum_gradients_over_ring(*layout_.sequence, model_->params(),
+                            pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{});
+    layout_.sequence->all_reduce(&loss, 1);
+    loss /= layout_.ring;
+  }
+  // (tensor and sequence parallel: only the rank 0 of both groups holds probe sums; the others' data groups skip)
+  const bool holds_sums =
+      (!layout_.tensor || layout_.tensor->rank() == 0) && (!layout_.sequence || layout_.sequence->rank() == 0);
   dist::Communicator* group = layout_.group;
   if (group && layout_.replicas > 1) {
     data_parallel_->finish_gradients(record);  // summed, reduce-scattered, or (local modes) the replica's own
     group->all_reduce(&loss, 1);
     loss /= layout_.replicas;
-    // (tensor parallel: only each group's rank 0 holds probe sums; the data groups of the others skip together)
-    if (record && (!layout_.tensor || layout_.tensor->rank() == 0)) recorder_->merge_replicas(*group);
+    if (record && holds_sums) recorder_->merge_replicas(*group);
   }
   if (pipeline_)  // (tp × pp: the stages merge among the tensor groups' rank 0s, as the replicas do)
-    loss = pipeline_->finish_backward(
-        loss, record && (!layout_.tensor || layout_.tensor->rank() == 0) ? &*recorder_ : nullptr);
+    loss = pipeline_->finish_backward(loss, record && holds_sums ? &*recorder_ : nullptr);
   return loss;
 }
 
@@ -713,6 +756,7 @@ void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups) 
   options.data_parallel = groups.data.get();
   if (groups.layout.pp > 1) options.pipeline = groups.pipeline.get();
   if (groups.tensor->size() > 1) options.tensor_parallel = groups.tensor.get();
+  if (groups.sequence->size() > 1) options.sequence_parallel = groups.sequence.get();
 }
 
 dist::ProcessGroups make_run_process_groups(const RunSpec& spec, RunOptions& options) {
@@ -722,8 +766,8 @@ dist::ProcessGroups make_run_process_groups(const RunSpec& spec, RunOptions& opt
     world = dist::make_cuda_world(std::move(world), spec.parallel.comm, spec.parallel.timeout_s, &ranks);
     options.device_comm = dist::device_transport_name(ranks.transport);
   }
-  dist::ProcessGroups groups =
-      dist::make_process_groups(std::move(world), dist::Layout{spec.parallel.dp, spec.parallel.tp, spec.parallel.pp});
+  dist::ProcessGroups groups = dist::make_process_groups(
+      std::move(world), dist::Layout{spec.parallel.dp, spec.parallel.tp, spec.parallel.pp, spec.parallel.sp});
   use_process_groups(options, groups);
   return groups;
 }

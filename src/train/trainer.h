@@ -58,6 +58,10 @@ struct RunOptions {
   // Tensor parallel: the ranks that share one model replica (size = [parallel] tp), null for tp = 1. Each holds
   // its piece of the model (models/tensor_parallel.h); statistics and checkpoints stay full-tensor.
   dist::Communicator* tensor_parallel = nullptr;
+  // Sequence parallel: the ring of ranks that share every sequence (size = [parallel] sp), null for sp = 1. Each takes
+  // its part of every sequence's tokens (train/sequence_parallel.h); the loss, gradients and statistics are the
+  // ring's whole.
+  dist::Communicator* sequence_parallel = nullptr;
   // Every rank of the layout, null for one process: the ranks agree over it on when to stop and on rank 0's
   // verdict about non-finite statistics.
   dist::Communicator* world = nullptr;

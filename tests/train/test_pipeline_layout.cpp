@@ -46,7 +46,7 @@ TEST(PipelineLayout, ErrorsNameTheKeyAndWhatIsAllowed) {
   // 8 rows / 2 micro-batches / dp 2 = 2 rows, cut into 6 / 2 = 3 pieces.
   EXPECT_NE(error_of(pipeline_spec(2, 6), 2).find("into 3 pieces, but 3 does not divide 2"), std::string::npos);
   // A correct layout started as one process.
-  EXPECT_NE(error_of(pipeline_spec(2, 4)).find("parallel.pp = 2 needs dp·tp·pp = 2 processes (mpirun -np 2"),
+  EXPECT_NE(error_of(pipeline_spec(2, 4)).find("parallel.pp = 2 needs dp·tp·pp·sp = 2 processes (mpirun -np 2"),
             std::string::npos);
   EXPECT_EQ(error_of(pipeline_spec(1, 1)), "");
 }

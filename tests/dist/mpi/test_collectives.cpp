@@ -125,29 +125,38 @@ TEST(MpiCollectives, ProcessGroupsOfEveryLayout) {
   const int n = world()->size();
   for (int dp = 1; dp <= n; ++dp) {
     for (int tp = 1; dp * tp <= n; ++tp) {
-      if (n % (dp * tp) != 0) continue;
-      const Layout layout{dp, tp, n / (dp * tp)};
-      ProcessGroups groups = make_process_groups(world(), layout);
-      SCOPED_TRACE("dp " + std::to_string(dp) + " tp " + std::to_string(tp) + " pp " + std::to_string(layout.pp));
-      ASSERT_EQ(groups.data->size(), layout.dp);
-      ASSERT_EQ(groups.tensor->size(), layout.tp);
-      ASSERT_EQ(groups.pipeline->size(), layout.pp);
-      EXPECT_EQ(groups.data->rank(), groups.at.dp);
-      EXPECT_EQ(groups.tensor->rank(), groups.at.tp);
-      EXPECT_EQ(groups.pipeline->rank(), groups.at.pp);
-      // A sum over each group adds exactly its members' world ranks.
-      for (Communicator* group : {groups.data.get(), groups.tensor.get(), groups.pipeline.get()}) {
-        double sum = groups.world->rank();
-        group->all_reduce(&sum, 1);
-        double expected = 0;
-        for (int q = 0; q < n; ++q) {
-          const Coordinates at = coordinates_of(layout, q);
-          const bool member = group == groups.data.get()     ? at.tp == groups.at.tp && at.pp == groups.at.pp
-                              : group == groups.tensor.get() ? at.dp == groups.at.dp && at.pp == groups.at.pp
-                                                             : at.dp == groups.at.dp && at.tp == groups.at.tp;
-          if (member) expected += q;
+      for (int sp = 1; dp * tp * sp <= n; ++sp) {
+        if (n % (dp * tp * sp) != 0) continue;
+        const Layout layout{dp, tp, n / (dp * tp * sp), sp};
+        ProcessGroups groups = make_process_groups(world(), layout);
+        SCOPED_TRACE("dp " + std::to_string(dp) + " tp " + std::to_string(tp) + " pp " + std::to_string(layout.pp) +
+                     " sp " + std::to_string(sp));
+        ASSERT_EQ(groups.data->size(), layout.dp);
+        ASSERT_EQ(groups.tensor->size(), layout.tp);
+        ASSERT_EQ(groups.pipeline->size(), layout.pp);
+        ASSERT_EQ(groups.sequence->size(), layout.sp);
+        EXPECT_EQ(groups.data->rank(), groups.at.dp);
+        EXPECT_EQ(groups.tensor->rank(), groups.at.tp);
+        EXPECT_EQ(groups.pipeline->rank(), groups.at.pp);
+        EXPECT_EQ(groups.sequence->rank(), groups.at.sp);
+        // A sum over each group adds exactly its members' world ranks: those that share every other coordinate.
+        for (Communicator* group :
+             {groups.data.get(), groups.tensor.get(), groups.pipeline.get(), groups.sequence.get()}) {
+          double sum = groups.world->rank();
+          group->all_reduce(&sum, 1);
+          double expected = 0;
+          for (int q = 0; q < n; ++q) {
+            const Coordinates at = coordinates_of(layout, q);
+            const bool same_dp = at.dp == groups.at.dp, same_tp = at.tp == groups.at.tp;
+            const bool same_pp = at.pp == groups.at.pp, same_sp = at.sp == groups.at.sp;
+            const bool member = group == groups.data.get()       ? same_tp && same_pp && same_sp
+                                : group == groups.tensor.get()   ? same_dp && same_pp && same_sp
+                                : group == groups.pipeline.get() ? same_dp && same_tp && same_sp
+                                                                 : same_dp && same_tp && same_pp;
+            if (member) expected += q;
+          }
+          EXPECT_EQ(sum, expected);
         }
-        EXPECT_EQ(sum, expected);
       }
     }
   }

@@ -1,0 +1,92 @@
+#include "train/sequence_parallel.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "train/tensor_parallel.h"
+
+namespace proplab {
+
+SequenceParallelSink::SequenceParallelSink(ProbeSink& recorder, dist::Communicator& ring)
+    : recorder_(recorder), ring_(ring) {}
+
+const Tensor& SequenceParallelSink::whole(const Tensor& x, std::int64_t sequences) {
+  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32 && x.device() == Device::cpu,
+                "a sequence-parallel probe tensor must be contiguous f32 on the host");
+  const std::int64_t ranks = ring_.size(), features = x.dim(-1), rows = x.numel() / features;
+  PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "a probe tensor of ", rows, " rows for ", sequences,
+                " sequences");
+  if (gathered_.numel() != ranks * rows * features) gathered_ = Tensor::empty({ranks * rows * features});
+  ring_.all_gather(x.f32(), gathered_.f32(), x.numel());
+  if (ring_.rank() != 0) return x;
+  // Block k of the gather is rank k's [B, Tl, F]: it becomes tokens [k·Tl, (k+1)·Tl) of every sequence.
+  const std::int64_t piece = (rows / sequences) * features;  // one sequence's part on one rank
+  whole_ = Tensor::empty({ranks * rows, features});
+  const float* in = gathered_.f32();
+  float* out = whole_.f32();
+#pragma omp parallel for schedule(static) if (rows * features * ranks > (1 << 16))
+  for (std::int64_t b = 0; b < sequences; ++b)
+    for (std::int64_t k = 0; k < ranks; ++k)
+      std::copy(in + (k * sequences + b) * piece, in + (k * sequences + b + 1) * piece, out + (b * ranks + k) * piece);
+  return whole_;
+}
+
+void SequenceParallelSink::forward(int probe, const Tensor& x, std::int64_t sequences) {
+  const Tensor& t = whole(x, sequences);
+  if (ring_.rank() == 0) recorder_.forward(probe, t, sequences);
+}
+
+void SequenceParallelSink::backward(int probe, const Tensor& d_x, std::int64_t sequences) {
+  const Tensor& t = whole(d_x, sequences);
+  if (ring_.rank() == 0) recorder_.backward(probe, t, sequences);
+}
+
+void SequenceParallelSink::attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
+                                            float logit_scale) {
+  const probe::LogitSums total = sum_logit_sums(ring_, sums);
+  if (ring_.rank() == 0) recorder_.attention_logits(probe, total, qkv, heads, logit_scale);
+}
+
+Batch sequence_piece(const Batch& batch, int rank, int ranks) {
+  auto piece = [&](const Tensor& tokens) {
+    PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::i32 && tokens.device() == Device::cpu &&
+                      tokens.is_contiguous() && tokens.dim(1) % ranks == 0,
+                  "sequence_piece: tokens must be contiguous i32 [B, T] on the host with T divisible by ", ranks,
+                  ", got ", shape_string(tokens.shape()));
+    const std::int64_t rows = tokens.dim(0), length = tokens.dim(1) / ranks;
+    Tensor out = Tensor::empty({rows, length}, DType::i32);
+    for (std::int64_t b = 0; b < rows; ++b) {
+      const std::int32_t* from = tokens.i32() + b * tokens.dim(1) + rank * length;
+      std::copy(from, from + length, out.i32() + b * length);
+    }
+    return out;
+  };
+  return Batch{piece(batch.inputs), piece(batch.targets)};
+}
+
+void sum_gradients_over_ring(dist::Communicator& ring, ParameterStore& params, const std::vector<bool>& which) {
+  const auto& all = params.all();
+  PROPLAB_CHECK(which.empty() || which.size() == all.size(), which.size(), " marks for ", all.size(), " parameters");
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (which.empty() || which[i]) total += all[i]->grad.numel();
+  std::vector<float> flat(static_cast<std::size_t>(total));
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (!which.empty() && !which[i]) continue;
+    const Tensor& g = all[i]->grad;
+    PROPLAB_CHECK(g.device() == Device::cpu && g.is_contiguous(), "sequence parallel: gradients on the host");
+    std::copy(g.f32(), g.f32() + g.numel(), flat.data() + at);
+    at += g.numel();
+  }
+  ring.all_reduce(flat.data(), total);
+  at = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (!which.empty() && !which[i]) continue;
+    Tensor& g = all[i]->grad;
+    std::copy(flat.data() + at, flat.data() + at + g.numel(), g.f32());
+    at += g.numel();
+  }
+}
+
+}  // namespace proplab

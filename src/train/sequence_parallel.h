@@ -1,0 +1,52 @@
+// train/sequence_parallel: what the training loop does differently when every sequence is split over a
+// sequence-parallel ring (models/sequence_parallel.h, docs/distributed.md "Sequence parallelism"), so that the run
+// file matches a single-process run.
+//
+// - Data: ring rank r of sp takes tokens [r·T/sp, (r+1)·T/sp) of every row its replica takes (inputs and targets).
+// - Loss and gradients: each rank's loss is the mean over its tokens and its gradients are scaled by 1/sp more
+//   (the trainer's grad_scale); the ring sums the gradients (every rank then holds the replica's whole gradient, so
+//   the data-parallel exchange, clipping and the update run as without the ring) and averages the loss.
+// - Probes: every probed tensor is per token, so the ring's pieces of it are all-gathered on recorded steps into
+//   the single-process [B·T, F] layout (sequence b's tokens in order) and recorded whole by ring rank 0: the
+//   per-sequence sums behind corr span the ring exactly as in one process. The attention logits arrive as power sums
+//   over this rank's queries: summed (max for max_abs) over the ring.
+#pragma once
+
+#include <vector>
+
+#include "dist/communicator.h"
+#include "models/model.h"
+#include "nn/parameter.h"
+#include "probe/probe.h"
+
+namespace proplab {
+
+// A ProbeSink in front of the recorder (or of a TensorParallelSink's recorder) on every rank of a ring. Every rank
+// of the ring calls it for the same probes in the same order (the model does).
+class SequenceParallelSink final : public ProbeSink {
+ public:
+  SequenceParallelSink(ProbeSink& recorder, dist::Communicator& ring);
+
+  void forward(int probe, const Tensor& x, std::int64_t sequences) override;
+  void backward(int probe, const Tensor& d_x, std::int64_t sequences) override;
+  void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
+                        float logit_scale) override;
+
+ private:
+  // The whole sequences' [B·T, F] tensor on ring rank 0 (gathered from every rank's [B·T/sp, F]); x elsewhere.
+  const Tensor& whole(const Tensor& x, std::int64_t sequences);
+
+  ProbeSink& recorder_;
+  dist::Communicator& ring_;
+  Tensor gathered_, whole_;
+};
+
+// Tokens [rank·T/ranks, (rank+1)·T/ranks) of every row of a language-model batch (inputs and targets i32 [B, T]),
+// copied (contiguous, on the host).
+Batch sequence_piece(const Batch& batch, int rank, int ranks);
+
+// Sums every gradient (those marked in `which`, in store order; empty: all) over the ring, in one all-reduce: each
+// rank then holds the sum. Every rank of the ring calls it.
+void sum_gradients_over_ring(dist::Communicator& ring, ParameterStore& params, const std::vector<bool>& which = {});
+
+}  // namespace proplab
