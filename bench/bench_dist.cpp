@@ -6,13 +6,14 @@
 //   mpirun -np 2 bench_dist --set parallel.dp=2 [--set parallel.zero=1]   data parallel
 //   mpirun -np 2 bench_dist --set parallel.tp=2                           tensor parallel
 //   mpirun -np 2 bench_dist --set parallel.pp=2 --set parallel.microbatches=4   pipeline parallel
+//   mpirun -np 2 bench_dist --set parallel.sp=2                           sequence parallel
 //
 // Runs the study twice, for N/3 and N steps (records only at the first and last step of each), and takes the
 // bytes per step from the difference between the two runs, so the recorded steps' extra traffic, the final
 // evaluation and the final checkpoint cancel out. Bytes are the payload every communicator of the layout (data,
-// tensor, pipeline groups) counted, on rank 0 and summed over all ranks. ms/step is the median over the longer
-// run's unrecorded steps (rank 0's run file). With --reference-ms T1 (the one-process ms/step at one thread) it
-// also prints the parallel efficiency T1 / (ranks · T). Every layout also reports the gradient exchange's exposed
+// tensor, pipeline groups and sequence rings) counted, on rank 0 and summed over all ranks. ms/step is the median over
+// the longer run's unrecorded steps (rank 0's run file). With --reference-ms T1 (the one-process ms/step at one thread)
+// it also prints the parallel efficiency T1 / (ranks · T). Every layout also reports the gradient exchange's exposed
 // time: host seconds per step spent completing it after backward (allreduce mode). With --overlap the longer run is
 // repeated with every bucket started after backward instead of during it (the same buckets, the same sums), and the
 // measured overlap is 1 − exposed(during) / exposed(after): the fraction of the exchange that backward hid.
@@ -76,7 +77,20 @@ Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
   const TransformerConfig& m = spec.model.transformer();
   const double batch = static_cast<double>(spec.train.batch), t = m.seq_len, d = m.width, v = m.vocab;
   Expected out;
-  if (p.tp == 1 && p.pp == 1) {  // data parallel: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag
+  if (p.sp > 1 && p.dp == 1 && p.tp == 1 && p.pp == 1) {
+    // Sequence parallel, per rank: each micro-batch's ring attention in every layer sends its key/value block on
+    // (sp − 1 times, 2D floats per token) forward and its key/value block with their gradients (sp times, 4D floats
+    // per token) backward, for Bm = batch / grad_accum rows of Tl = T / sp tokens; then the gradients summed over
+    // the ring (N floats), the loss (a double) and the stop flag.
+    const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
+    const double tokens = batch / spec.train.grad_accum * (t / p.sp);
+    const double attention = 4.0 * (p.sp - 1) * tokens * 2.0 * d + 4.0 * p.sp * tokens * 4.0 * d;
+    const double rank = spec.train.grad_accum * m.layers * attention + 4.0 * n + 16.0;
+    out.rank0 = rank;
+    out.all = p.sp * rank;
+  } else if (p.sp > 1) {
+    return out;                         // (no formula for sequence parallelism combined with another split)
+  } else if (p.tp == 1 && p.pp == 1) {  // data parallel: N parameters, c = ceil(N / dp); 16 bytes of loss and stop flag
     const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
     const double c = std::ceil(n / p.dp);
     double rank = 0.0;
@@ -130,7 +144,9 @@ Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("bench_dist: data-, tensor- and pipeline-parallel step time and bytes per step on the reference model");
+  CLI::App app(
+      "bench_dist: data-, tensor-, pipeline- and sequence-parallel step time and bytes per step on the reference "
+      "model");
   std::int64_t steps = 12;
   int threads = 0;
   double reference_ms = 0.0;
@@ -160,15 +176,17 @@ int main(int argc, char** argv) {
     std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
       groups.emplace(make_run_process_groups(to_run_spec(base), options));  // (CUDA ranks as `proplab run` has them)
-      counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get()};
+      counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get(),
+                        groups->sequence.get()};
     }
     const bool root = !groups || groups->world->rank() == 0;
     const int ranks = groups ? groups->world->size() : 1;
     const ParallelConfig& layout = base.parallel;
-    options.out_dir = std::filesystem::path(out) /
-                      (layout.dp_mode + "-dp" + std::to_string(layout.dp) + "-tp" + std::to_string(layout.tp) + "-pp" +
-                       std::to_string(layout.pp) + "-m" + std::to_string(layout.microbatches) + "-zero" +
-                       std::to_string(layout.zero) + "-" + layout.compress + "-pp_" + layout.pp_compress);
+    options.out_dir =
+        std::filesystem::path(out) /
+        (layout.dp_mode + "-dp" + std::to_string(layout.dp) + "-tp" + std::to_string(layout.tp) + "-pp" +
+         std::to_string(layout.pp) + "-sp" + std::to_string(layout.sp) + "-m" + std::to_string(layout.microbatches) +
+         "-zero" + std::to_string(layout.zero) + "-" + layout.compress + "-pp_" + layout.pp_compress);
     options.force = true;
     auto bytes_now = [&](dist::Traffic kind) {
       std::int64_t total = 0;
@@ -208,10 +226,11 @@ int main(int argc, char** argv) {
     const Expected expected = expected_bytes(base, options.tensor_parallel);
     const double ms = 1e3 * median(seconds);
     std::printf(
-        "bench_dist: reference transformer, dp=%d tp=%d pp=%d microbatches=%d dp_mode=%s zero=%d bucket_mb=%g "
+        "bench_dist: reference transformer, dp=%d tp=%d pp=%d sp=%d microbatches=%d dp_mode=%s zero=%d bucket_mb=%g "
         "compress=%s (ratio %g, rank %d) pp_compress=%s threads=%d\n",
-        layout.dp, layout.tp, layout.pp, layout.microbatches, layout.dp_mode.c_str(), layout.zero, layout.bucket_mb,
-        layout.compress.c_str(), layout.compress_ratio, layout.compress_rank, layout.pp_compress.c_str(), threads);
+        layout.dp, layout.tp, layout.pp, layout.sp, layout.microbatches, layout.dp_mode.c_str(), layout.zero,
+        layout.bucket_mb, layout.compress.c_str(), layout.compress_ratio, layout.compress_rank,
+        layout.pp_compress.c_str(), threads);
     std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), ms);
     if (layout.dp > 1 && layout.dp_mode == "allreduce") {
       std::printf("  exchange after backward: %.2f ms/step (rank 0; buckets started during backward)\n",

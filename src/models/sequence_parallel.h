@@ -6,9 +6,11 @@
 // - forward: each rank's key/value block travels once around the ring (sp − 1 paired sends to r + 1 and receives
 //   from r − 1); a block from a later rank is wholly masked and skipped (still passed on), a block from an earlier
 //   rank is wholly visible, the own block is causal. The softmax is taken online (a running maximum m, sum l and
-//   weighted value sum per query, in double), and each query keeps its log-sum-exp m + log l for the backward pass;
-// - backward: the probabilities are recomputed from the saved log-sum-exp; each key/value block travels around the
-//   whole ring (sp sends) with its gradient accumulating beside it and arrives home with every query's part.
+//   weighted value sum per query, in float: ops::attention_block_forward, whose logits are the attention op's own
+//   float products), and each query keeps its log-sum-exp m + log l for the backward pass;
+// - backward: the probabilities are recomputed from the saved log-sum-exp (ops::attention_block_backward); each
+//   key/value block travels around the whole ring (sp sends) with its gradient accumulating beside it and arrives
+//   home with every query's part.
 // Every (sequence, head) pair is one task with a fixed loop order, so results are bitwise the same for any thread
 // count; against ops::attention_forward on the whole sequence they agree within float rounding.
 // Bytes sent per rank: forward 4·(sp − 1)·B·Tl·2D, backward 4·sp·B·Tl·4D.

@@ -261,6 +261,186 @@ void attention_backward_cpu(const Tensor& qkv, const Tensor& probs, const Tensor
   }
 }
 
+// The shapes of a blockwise step: queries from qkv [B, Tq, 3D], keys and values from kv [B, Tk, W].
+struct BlockLayout {
+  std::int64_t batch, queries, keys, heads, head_dim, model_dim, kv_stride;
+  std::int64_t queries_padded, keys_padded, head_dim_padded, transposed_ld;
+};
+
+BlockLayout make_block_layout(const char* op, const Tensor& qkv, const Tensor& kv, int heads, bool causal,
+                              std::int64_t kv_features) {
+  PROPLAB_CHECK(qkv.device() == Device::cpu && kv.device() == Device::cpu, "op '", op, "': CPU tensors only");
+  PROPLAB_CHECK(qkv.dtype() == DType::f32 && qkv.ndim() == 3 && qkv.dim(2) % 3 == 0 && qkv.is_contiguous(), "op '", op,
+                "': qkv must be contiguous f32 [B, Tq, 3D], got ", shape_string(qkv.shape()));
+  BlockLayout L{};
+  L.batch = qkv.dim(0);
+  L.queries = qkv.dim(1);
+  L.model_dim = qkv.dim(2) / 3;
+  L.heads = heads;
+  PROPLAB_CHECK(heads > 0 && L.model_dim % heads == 0, "op '", op, "': ", heads, " heads do not divide the width ",
+                L.model_dim);
+  L.head_dim = L.model_dim / heads;
+  PROPLAB_CHECK(kv.dtype() == DType::f32 && kv.ndim() == 3 && kv.dim(0) == L.batch &&
+                    kv.dim(2) >= kv_features * L.model_dim && kv.is_contiguous(),
+                "op '", op, "': kv must be contiguous f32 [", L.batch, ", Tk, >= ", kv_features * L.model_dim,
+                "], got ", shape_string(kv.shape()));
+  L.keys = kv.dim(1);
+  PROPLAB_CHECK(!causal || L.keys == L.queries, "op '", op, "': a causal block holds the queries' own ", L.queries,
+                " tokens, got ", L.keys);
+  L.kv_stride = kv.dim(2);
+  L.queries_padded = round_up(std::max<std::int64_t>(L.queries, 1), kLanes);
+  L.keys_padded = round_up(std::max<std::int64_t>(L.keys, 1), kLanes);
+  L.head_dim_padded = round_up(L.head_dim, kLanes);
+  L.transposed_ld = L.keys_padded + kLanes;
+  return L;
+}
+
+// Keys of `row` (query i) visible in the block.
+std::int64_t visible_keys(const BlockLayout& L, std::int64_t i, bool causal) { return causal ? i + 1 : L.keys; }
+
+void attention_block_forward_cpu(const Tensor& qkv, const Tensor& kv, const BlockLayout& L, float logit_scale,
+                                 bool causal, float* m, float* l, float* o, LogitSums* logit_sums) {
+  const std::int64_t Tqp = L.queries_padded, Tkp = L.keys_padded, Dp = L.head_dim_padded, Dh = L.head_dim;
+  const std::int64_t Tq = L.queries, Tk = L.keys, D = L.model_dim;
+  const float* qkv_data = qkv.f32();
+  const float* kv_data = kv.f32();
+  const std::int64_t pairs = L.batch * L.heads;
+  std::vector<LogitSums> pair_sums(logit_sums ? static_cast<std::size_t>(pairs) : 0);
+#pragma omp parallel
+  {
+    Scratch scratch(2 * round_up(Tqp * Dp, kLanes) + round_up(Tkp * Dp, kLanes) +
+                    round_up(Dp * L.transposed_ld, kLanes) + Tqp * Tkp);
+    float* q = scratch.take(Tqp * Dp);
+    float* k_t = scratch.take(Dp * L.transposed_ld);
+    float* v = scratch.take(Tkp * Dp);
+    float* p = scratch.take(Tqp * Tkp);
+    float* block_out = scratch.take(Tqp * Dp);
+#pragma omp for schedule(static)
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      const std::int64_t b = pair / L.heads, h = pair % L.heads;
+      pack_rows(qkv_data + b * Tq * 3 * D + h * Dh, 3 * D, Tq, Dh, q, Dp);
+      const float* k_source = kv_data + b * Tk * L.kv_stride + h * Dh;
+      pack_transposed(k_source, L.kv_stride, Tk, Dh, k_t, L.transposed_ld);
+      pack_rows(k_source + D, L.kv_stride, Tk, Dh, v, Dp);
+      for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows)
+        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp, Tkp);
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        float* row = p + i * Tkp;
+        const std::int64_t valid = visible_keys(L, i, causal), chunks_end = round_up(valid, kLanes);
+        if (logit_sums) probe::add_logit_row(row, valid, pair_sums[static_cast<std::size_t>(pair)]);
+        Vec max_v = simd::splat(-std::numeric_limits<float>::infinity());
+        for (std::int64_t j = 0; j < chunks_end; j += kLanes)
+          max_v = simd::max(max_v, simd::select(simd::lanes_below(j, valid), load(row + j), max_v));
+        const std::int64_t at = (b * L.heads + h) * Tq + i;
+        const float m_new = std::max(m[at], simd::horizontal_max(max_v));
+        const float factor = std::exp(m[at] - m_new);  // (0 on the first block: m = -inf)
+        const Vec shift = simd::splat(m_new);
+        Vec sum_v = Vec{};
+        for (std::int64_t j = 0; j < chunks_end; j += kLanes) {
+          const Vec e = simd::select(simd::lanes_below(j, valid), simd::exp_nonpositive(load(row + j) - shift), Vec{});
+          store(row + j, e);
+          sum_v += e;
+        }
+        for (std::int64_t j = chunks_end; j < Tkp; j += kLanes) store(row + j, Vec{});
+        l[at] = l[at] * factor + simd::horizontal_sum(sum_v);
+        m[at] = m_new;
+        float* o_row = o + (b * Tq + i) * D + h * Dh;
+        for (std::int64_t d = 0; d < Dh; ++d) o_row[d] *= factor;
+      }
+      // The block's P V (a causal block's rows sum only up to each tile's last row), added to the running output.
+      for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows)
+        tile_rows(p + i0 * Tkp, Tkp, 1, v, Dp, 0, causal ? std::min(i0 + kTileRows, Tk) : Tk, 1.0f, block_out + i0 * Dp,
+                  Dp, Dp);
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        float* o_row = o + (b * Tq + i) * D + h * Dh;
+        for (std::int64_t d = 0; d < Dh; ++d) o_row[d] += block_out[i * Dp + d];
+      }
+    }
+  }
+  if (logit_sums) {
+    for (const LogitSums& part : pair_sums) logit_sums->add(part);  // in (sequence, head) order
+  }
+}
+
+void attention_block_backward_cpu(const Tensor& qkv, const Tensor& d_out, const float* lse, const float* row_dot,
+                                  const BlockLayout& L, float logit_scale, bool causal, float* kv_data, float* d_q) {
+  const std::int64_t Tqp = L.queries_padded, Tkp = L.keys_padded, Dp = L.head_dim_padded, Dh = L.head_dim;
+  const std::int64_t Tq = L.queries, Tk = L.keys, D = L.model_dim;
+  const float* qkv_data = qkv.f32();
+  const float* d_out_data = d_out.f32();
+  const std::int64_t pairs = L.batch * L.heads;
+#pragma omp parallel
+  {
+    Scratch scratch(3 * round_up(Tqp * Dp, kLanes) + 3 * round_up(Tkp * Dp, kLanes) +
+                    2 * round_up(Dp * L.transposed_ld, kLanes) + 2 * Tqp * Tkp);
+    float* q = scratch.take(Tqp * Dp);
+    float* k = scratch.take(Tkp * Dp);
+    float* k_t = scratch.take(Dp * L.transposed_ld);
+    float* v_t = scratch.take(Dp * L.transposed_ld);
+    float* d_o = scratch.take(Tqp * Dp);
+    float* p = scratch.take(Tqp * Tkp);
+    float* d_s = scratch.take(Tqp * Tkp);
+    float* d_q_block = scratch.take(Tqp * Dp);
+    float* d_k = scratch.take(Tkp * Dp);
+    float* d_v = scratch.take(Tkp * Dp);
+#pragma omp for schedule(static)
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      const std::int64_t b = pair / L.heads, h = pair % L.heads;
+      pack_rows(qkv_data + b * Tq * 3 * D + h * Dh, 3 * D, Tq, Dh, q, Dp);
+      float* k_source = kv_data + b * Tk * L.kv_stride + h * Dh;
+      pack_rows(k_source, L.kv_stride, Tk, Dh, k, Dp);
+      pack_transposed(k_source, L.kv_stride, Tk, Dh, k_t, L.transposed_ld);
+      pack_transposed(k_source + D, L.kv_stride, Tk, Dh, v_t, L.transposed_ld);
+      pack_rows(d_out_data + b * Tq * D + h * Dh, D, Tq, Dh, d_o, Dp);
+      // P recomputed from the saved log-sum-exp; dP = d_out V^T.
+      for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows) {
+        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp, Tkp);
+        tile_rows(d_o + i0 * Dp, Dp, 1, v_t, L.transposed_ld, 0, Dh, 1.0f, d_s + i0 * Tkp, Tkp, Tkp);
+      }
+      const Vec scale_v = simd::splat(logit_scale);
+      for (std::int64_t i = 0; i < Tqp; ++i) {
+        float* p_row = p + i * Tkp;
+        float* d_row = d_s + i * Tkp;
+        const std::int64_t valid = i < Tq ? visible_keys(L, i, causal) : 0, chunks_end = round_up(valid, kLanes);
+        const std::int64_t at = (b * L.heads + h) * Tq + i;
+        const Vec shift = simd::splat(i < Tq ? lse[at] : 0.0f), dot = simd::splat(i < Tq ? row_dot[at] : 0.0f);
+        for (std::int64_t j = 0; j < chunks_end; j += kLanes) {
+          const auto visible = simd::lanes_below(j, valid);
+          // (a logit can exceed the rounded log-sum-exp by an ulp: exp of a non-positive argument)
+          const Vec x = load(p_row + j) - shift;
+          const Vec e = simd::select(visible, simd::exp_nonpositive(simd::select(x < Vec{}, x, Vec{})), Vec{});
+          store(p_row + j, e);
+          store(d_row + j, simd::select(visible, e * (load(d_row + j) - dot) * scale_v, Vec{}));
+        }
+        for (std::int64_t j = chunks_end; j < Tkp; j += kLanes) {
+          store(p_row + j, Vec{});
+          store(d_row + j, Vec{});
+        }
+      }
+      // d_v = P^T d_out, d_k = dS^T Q (sums over the queries), d_q = dS K (sum over the keys).
+      for (std::int64_t j0 = 0; j0 < Tkp; j0 += kTileRows) {
+        tile_rows(p + j0, 1, Tkp, d_o, Dp, causal ? j0 : 0, Tq, 1.0f, d_v + j0 * Dp, Dp, Dp);
+        tile_rows(d_s + j0, 1, Tkp, q, Dp, causal ? j0 : 0, Tq, 1.0f, d_k + j0 * Dp, Dp, Dp);
+      }
+      for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows)
+        tile_rows(d_s + i0 * Tkp, Tkp, 1, k, Dp, 0, causal ? std::min(i0 + kTileRows, Tk) : Tk, 1.0f,
+                  d_q_block + i0 * Dp, Dp, Dp);
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        float* target = d_q + (b * Tq + i) * D + h * Dh;
+        for (std::int64_t d = 0; d < Dh; ++d) target[d] += d_q_block[i * Dp + d];
+      }
+      for (std::int64_t j = 0; j < Tk; ++j) {
+        float* d_k_target = k_source + j * L.kv_stride + 2 * D;
+        float* d_v_target = d_k_target + D;
+        for (std::int64_t d = 0; d < Dh; ++d) {
+          d_k_target[d] += d_k[j * Dp + d];
+          d_v_target[d] += d_v[j * Dp + d];
+        }
+      }
+    }
+  }
+}
+
 void check_qkv(const char* op, const Tensor& qkv, int heads) {
   PROPLAB_CHECK(qkv.defined() && qkv.ndim() == 3, "op '", op, "': qkv must be [B, T, 3D], got ",
                 qkv.defined() ? shape_string(qkv.shape()) : std::string("undefined"));
@@ -321,6 +501,31 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_
 #endif
   }
   attention_backward_cpu(qkv, probs, d_out, heads, logit_scale, d_qkv);
+}
+
+void attention_block_forward(const Tensor& qkv, const Tensor& kv, int heads, float logit_scale, bool causal, Tensor& m,
+                             Tensor& l, Tensor& o, LogitSums* logit_sums) {
+  const char* op = "attention_block_forward";
+  const BlockLayout L = make_block_layout(op, qkv, kv, heads, causal, 2);
+  const std::int64_t rows = L.batch * L.heads * L.queries;
+  PROPLAB_CHECK(m.numel() == rows && l.numel() == rows && o.numel() == L.batch * L.queries * L.model_dim &&
+                    m.device() == Device::cpu && l.device() == Device::cpu && o.device() == Device::cpu &&
+                    m.is_contiguous() && l.is_contiguous() && o.is_contiguous(),
+                "op '", op, "': m and l must hold [B, H, Tq] and o [B, Tq, D] on the host");
+  attention_block_forward_cpu(qkv, kv, L, logit_scale, causal, m.f32(), l.f32(), o.f32(), logit_sums);
+}
+
+void attention_block_backward(const Tensor& qkv, const Tensor& d_out, const Tensor& lse, const Tensor& row_dot,
+                              int heads, float logit_scale, bool causal, Tensor& kv, Tensor& d_q) {
+  const char* op = "attention_block_backward";
+  const BlockLayout L = make_block_layout(op, qkv, kv, heads, causal, 4);
+  const std::int64_t rows = L.batch * L.heads * L.queries, values = L.batch * L.queries * L.model_dim;
+  PROPLAB_CHECK(lse.numel() == rows && row_dot.numel() == rows && d_out.numel() == values && d_q.numel() == values &&
+                    lse.device() == Device::cpu && row_dot.device() == Device::cpu && d_out.device() == Device::cpu &&
+                    d_q.device() == Device::cpu && lse.is_contiguous() && row_dot.is_contiguous() &&
+                    d_out.is_contiguous() && d_q.is_contiguous(),
+                "op '", op, "': lse and row_dot must hold [B, H, Tq], d_out and d_q [B, Tq, D], on the host");
+  attention_block_backward_cpu(qkv, d_out, lse.f32(), row_dot.f32(), L, logit_scale, causal, kv.f32(), d_q.f32());
 }
 
 }  // namespace proplab::ops

@@ -96,6 +96,21 @@ void attention_forward(const Tensor& qkv, int heads, float logit_scale, Tensor& 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& d_out, int heads, float logit_scale,
                         Tensor& d_qkv);
 
+// ---- blockwise attention (ring attention's steps, models/sequence_parallel.h; CPU) ------------------------------
+// The queries of qkv [B, Tq, 3D] against one block of keys and values kv [B, Tk, W] (per token its keys at
+// features [0, D) and values at [D, 2D); W >= 2D). `causal`: the block is the queries' own tokens (Tk = Tq; key j is
+// visible to query i when j <= i); otherwise every key is visible. Logits as attention_forward's (the same float
+// products), the softmax taken online over the blocks (flash-attention style) in float:
+// forward: the running row maximum m and sum l [B, H, Tq] and the unnormalised output o [B, Tq, D] are updated in
+// place (start from m = -inf, l = 0, o = 0; after the last block out = o / l and the log-sum-exp is m + log l).
+// With logit_sums, adds the visible logits' power sums, per (sequence, head) and added in that order.
+void attention_block_forward(const Tensor& qkv, const Tensor& kv, int heads, float logit_scale, bool causal, Tensor& m,
+                             Tensor& l, Tensor& o, LogitSums* logit_sums = nullptr);
+// backward: from the forward's log-sum-exp lse and row_dot = Σ_d d_out·out [B, H, Tq], adds this block's part of
+// d_q to d_q [B, Tq, D] and the block's key and value gradients to kv's features [2D, 3D) and [3D, 4D) (W >= 4D).
+void attention_block_backward(const Tensor& qkv, const Tensor& d_out, const Tensor& lse, const Tensor& row_dot,
+                              int heads, float logit_scale, bool causal, Tensor& kv, Tensor& d_q);
+
 // ---- residual combine: y = lambda * x + beta * f ------------------------------------------------------------------
 // With `moments`, the statistics of f (input) and y (output).
 void residual_forward(const Tensor& x, const Tensor& f, float lambda, float beta, Tensor& y,

@@ -1,0 +1,151 @@
+// ops::attention_block_forward/backward (ring attention's steps) against the whole-sequence attention op: the
+// sequence cut into equal chunks, each chunk's queries run over the earlier chunks' blocks and its own (causal), as
+// the ranks of a ring do, in one process.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+#include "support/gradcheck.h"
+
+namespace proplab {
+namespace {
+
+struct BlockCase {
+  std::int64_t batch, tokens, model_dim;
+  int heads, chunks;
+};
+
+// Tokens [c·Tc, (c+1)·Tc) of every sequence of x [B, T, W], features [0, take) into a zeroed [B, Tc, width].
+Tensor chunk_of(const Tensor& x, std::int64_t c, std::int64_t tokens, std::int64_t first_feature, std::int64_t take,
+                std::int64_t width) {
+  const std::int64_t B = x.dim(0), T = x.dim(1), W = x.dim(2);
+  Tensor out = Tensor::zeros({B, tokens, width});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < tokens; ++t)
+      std::memcpy(out.f32() + (b * tokens + t) * width, x.f32() + (b * T + c * tokens + t) * W + first_feature,
+                  static_cast<std::size_t>(take) * sizeof(float));
+  return out;
+}
+
+struct Blockwise {
+  Tensor out, d_qkv;  // [B, T, D] and [B, T, 3D] assembled from the chunks
+  ops::LogitSums sums;
+};
+
+Blockwise run_blockwise(const BlockCase& c, const Tensor& qkv, const Tensor& d_out, float scale) {
+  const std::int64_t B = c.batch, T = c.tokens, D = c.model_dim, H = c.heads, Tc = T / c.chunks;
+  Blockwise result{Tensor::zeros({B, T, D}), Tensor::zeros({B, T, 3 * D}), {}};
+  // Every chunk's key/value block with room for its gradients, [B, Tc, 4D].
+  std::vector<Tensor> blocks;
+  for (int k = 0; k < c.chunks; ++k) blocks.push_back(chunk_of(qkv, k, Tc, D, 2 * D, 4 * D));
+  for (int q = 0; q < c.chunks; ++q) {
+    const Tensor queries = chunk_of(qkv, q, Tc, 0, 3 * D, 3 * D);
+    Tensor m = Tensor::empty({B, H, Tc}), l = Tensor::zeros({B, H, Tc}), o = Tensor::zeros({B, Tc, D});
+    std::fill(m.f32(), m.f32() + m.numel(), -std::numeric_limits<float>::infinity());
+    for (int k = 0; k <= q; ++k)
+      ops::attention_block_forward(queries, blocks[static_cast<std::size_t>(k)], c.heads, scale, k == q, m, l, o,
+                                   &result.sums);
+    Tensor out = Tensor::empty({B, Tc, D}), lse = Tensor::empty({B, H, Tc}), row_dot = Tensor::empty({B, H, Tc});
+    const Tensor g = chunk_of(d_out, q, Tc, 0, D, D);
+    const std::int64_t Dh = D / H;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Tc; ++i) {
+          const std::int64_t at = (b * H + h) * Tc + i;
+          lse.f32()[at] = m.f32()[at] + std::log(l.f32()[at]);
+          double dot = 0.0;
+          for (std::int64_t d = 0; d < Dh; ++d) {
+            const std::int64_t e = (b * Tc + i) * D + h * Dh + d;
+            out.f32()[e] = o.f32()[e] / l.f32()[at];
+            dot += static_cast<double>(out.f32()[e]) * g.f32()[e];
+          }
+          row_dot.f32()[at] = static_cast<float>(dot);
+        }
+    Tensor d_q = Tensor::zeros({B, Tc, D});
+    for (int k = 0; k <= q; ++k)
+      ops::attention_block_backward(queries, g, lse, row_dot, c.heads, scale, k == q,
+                                    blocks[static_cast<std::size_t>(k)], d_q);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < Tc; ++t) {
+        const std::int64_t row = b * T + q * Tc + t;
+        std::memcpy(result.out.f32() + row * D, out.f32() + (b * Tc + t) * D, static_cast<std::size_t>(D) * 4);
+        std::memcpy(result.d_qkv.f32() + row * 3 * D, d_q.f32() + (b * Tc + t) * D, static_cast<std::size_t>(D) * 4);
+      }
+  }
+  for (int k = 0; k < c.chunks; ++k)  // each block's key and value gradients, home
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < Tc; ++t)
+        std::memcpy(result.d_qkv.f32() + (b * T + k * Tc + t) * 3 * D + D,
+                    blocks[static_cast<std::size_t>(k)].f32() + (b * Tc + t) * 4 * D + 2 * D,
+                    static_cast<std::size_t>(2 * D) * 4);
+  return result;
+}
+
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(a.f32()[i]) - b.f32()[i]));
+  return worst;
+}
+
+TEST(AttentionBlocks, ChunksMatchTheWholeSequence) {
+  // Chunks of one token, sizes below and above a vector's lanes, and several heads; two tensor widths.
+  for (const BlockCase c :
+       {BlockCase{2, 10, 8, 2, 2}, BlockCase{1, 3, 4, 1, 3}, BlockCase{3, 40, 24, 3, 4}, BlockCase{2, 64, 32, 2, 2}}) {
+    SCOPED_TRACE("B " + std::to_string(c.batch) + " T " + std::to_string(c.tokens) + " chunks " +
+                 std::to_string(c.chunks));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.model_dim / c.heads));
+    const Tensor qkv = testing::random_tensor({c.batch, c.tokens, 3 * c.model_dim}, 11);
+    const Tensor d_out = testing::random_tensor({c.batch, c.tokens, c.model_dim}, 12);
+    Tensor probs = Tensor::empty({c.batch, c.heads, c.tokens, c.tokens});
+    Tensor out = Tensor::empty({c.batch, c.tokens, c.model_dim}), d_qkv = Tensor::empty(qkv.shape());
+    ops::LogitSums whole;
+    ops::attention_forward(qkv, c.heads, scale, probs, out, &whole);
+    ops::attention_backward(qkv, probs, d_out, c.heads, scale, d_qkv);
+    const Blockwise blocks = run_blockwise(c, qkv, d_out, scale);
+    EXPECT_LT(max_abs_difference(out, blocks.out), 2e-6);
+    EXPECT_LT(max_abs_difference(d_qkv, blocks.d_qkv), 1e-5);
+    EXPECT_EQ(blocks.sums.count, whole.count);
+    EXPECT_NEAR(blocks.sums.sum, whole.sum, 1e-9 * (1.0 + std::abs(whole.sum)));
+    EXPECT_NEAR(blocks.sums.sum_sq, whole.sum_sq, 1e-9 * whole.sum_sq);
+    EXPECT_NEAR(blocks.sums.sum_quad, whole.sum_quad, 1e-9 * whole.sum_quad);
+    EXPECT_EQ(blocks.sums.max_abs, whole.max_abs);  // (the same float logits)
+  }
+}
+
+TEST(AttentionBlocks, BitwiseIdenticalForAnyThreadCount) {
+  const BlockCase c{3, 24, 16, 2, 3};
+  const Tensor qkv = testing::random_tensor({c.batch, c.tokens, 3 * c.model_dim}, 21);
+  const Tensor d_out = testing::random_tensor({c.batch, c.tokens, c.model_dim}, 22);
+  const int before = threads();
+  set_threads(1);
+  const Blockwise one = run_blockwise(c, qkv, d_out, 0.25f);
+  set_threads(2);
+  const Blockwise two = run_blockwise(c, qkv, d_out, 0.25f);
+  set_threads(before);
+  EXPECT_EQ(one.out.to_vector(), two.out.to_vector());
+  EXPECT_EQ(one.d_qkv.to_vector(), two.d_qkv.to_vector());
+}
+
+TEST(AttentionBlocks, RejectsBadShapes) {
+  const Tensor qkv = testing::random_tensor({2, 4, 12}, 1);  // D = 4
+  Tensor m = Tensor::empty({2, 2, 4}), l = Tensor::zeros({2, 2, 4}), o = Tensor::zeros({2, 4, 4});
+  const Tensor narrow = Tensor::zeros({2, 4, 7});  // fewer than 2D features per token
+  EXPECT_THROW(ops::attention_block_forward(qkv, narrow, 2, 1.0f, false, m, l, o), InternalError);
+  const Tensor other_length = Tensor::zeros({2, 3, 8});  // a causal block must be the queries' own tokens
+  EXPECT_THROW(ops::attention_block_forward(qkv, other_length, 2, 1.0f, true, m, l, o), InternalError);
+  EXPECT_NO_THROW(ops::attention_block_forward(qkv, other_length, 2, 1.0f, false, m, l, o));
+  Tensor kv = Tensor::zeros({2, 4, 8}), d_q = Tensor::zeros({2, 4, 4});  // backward needs 4D features
+  const Tensor rows = Tensor::zeros({2, 2, 4}), d_out = Tensor::zeros({2, 4, 4});
+  EXPECT_THROW(ops::attention_block_backward(qkv, d_out, rows, rows, 2, 1.0f, true, kv, d_q), InternalError);
+}
+
+}  // namespace
+}  // namespace proplab
