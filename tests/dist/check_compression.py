@@ -3,7 +3,8 @@
 
 - Bytes: bench_dist --check on a small transformer counts every byte the layout's communicators are handed per
   step and requires it to equal the documented formula: dp = 2 with each compressor, dp = 4 with topk and
-  powersgd, pp = 2 with bf16 and int8 boundaries.
+  powersgd, pp = 2 with bf16 and int8 boundaries, and (uncompressed) sequence parallelism at sp = 2 and 4: ring
+  attention's transfers, the ring's gradient sum and the loss.
 - Run files: dp = 2 with each compressor records /compression (error and residual per parameter and in total,
   every recorded step) and names the scheme in the layout; bf16 and int8 stay within their rounding of the
   uncompressed run and keep no residual, topk and powersgd keep one; a repeated topk run is bitwise identical;
@@ -47,6 +48,7 @@ def main():
     layouts += [(4, ["parallel.dp=4", "parallel.compress=topk", "parallel.compress_ratio=0.05"]),
                 (4, ["parallel.dp=4", "parallel.compress=powersgd", "parallel.compress_rank=2"])]
     layouts += [(2, ["parallel.pp=2", "parallel.microbatches=4", "parallel.pp_compress=" + s]) for s in ("bf16", "int8")]
+    layouts += [(2, ["parallel.sp=2"]), (4, ["parallel.sp=4"])]
     for ranks, options in layouts:
         result = run([mpiexec, "-np", str(ranks), "--oversubscribe", bench, "--steps", "6", "--threads", "1", "--check",
                       "--out", os.path.join(work, "bench")] + sets(SMALL + options), env, allowed=(1,))
