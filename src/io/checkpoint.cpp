@@ -292,7 +292,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
   return checkpoint;
 }
 
-Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std::string, Tensor>& targets) {
+Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std::string, Tensor>& targets,
+                           const std::map<std::string, Tensor>& optional,
+                           const std::vector<std::string>& skipped_prefixes) {
   H5Guard guard;
   CheckpointFileReader reader(path);
   const std::vector<std::string> stored = reader.dataset_names(group_tensors);
@@ -303,8 +305,13 @@ Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std
                                      "' (it holds: ", join_names(stored), ")"));
     }
   }
+  auto skipped = [&](const std::string& name) {
+    for (const std::string& prefix : skipped_prefixes)
+      if (name.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
   for (const std::string& name : stored) {
-    if (targets.count(name) == 0) {
+    if (targets.count(name) == 0 && optional.count(name) == 0 && !skipped(name)) {
       throw UserError(detail::concat("checkpoint '", reader.file_name, "' holds tensor '", name,
                                      "', which the model does not have (was it saved from another model?)"));
     }
@@ -325,6 +332,18 @@ Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std
                   "' is a contiguous f32 tensor");
     const Tensor host = reader.tensor(name, &target.shape());
     Tensor filled = target;  // shares the caller's storage
+    filled.copy_from(host);
+    checkpoint.tensors.emplace(name, filled);
+  }
+  for (const auto& [name, target] : optional) {
+    if (stored_set.count(name) == 0 || targets.count(name) != 0) continue;
+    const std::string dataset_path = std::string(group_tensors) + "/" + name;
+    H5Handle dataset = reader.open(dataset_path);
+    if (reader.shape(dataset.get(), dataset_path) != target.shape()) continue;
+    PROPLAB_CHECK(target.dtype() == DType::f32 && target.is_contiguous(), "checkpoint target '", name,
+                  "' is a contiguous f32 tensor");
+    const Tensor host = reader.tensor(name, &target.shape());
+    Tensor filled = target;
     filled.copy_from(host);
     checkpoint.tensors.emplace(name, filled);
   }

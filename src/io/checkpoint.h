@@ -14,13 +14,14 @@
 //   checkpoint stays as it was.
 // - load_checkpoint checks the caller's expectations: every expected tensor must be present with the expected
 //   shape, and the file may hold no tensor the caller did not expect (UserError naming the tensor and, for a
-//   shape mismatch, both shapes).
+//   shape mismatch, both shapes) — except the optional ones and those under prefixes the caller says to skip.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -51,6 +52,11 @@ Checkpoint read_checkpoint(const std::filesystem::path& path);
 // Restores into the caller's tensors: `targets` names every tensor expected, each already allocated with the
 // expected shape (f32, any device); they are filled in place. Returns the scalars and strings (its `tensors`
 // map refers to the filled targets).
-Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std::string, Tensor>& targets);
+// `optional` tensors are filled only when the file holds them with the expected shape (they appear in the
+// returned `tensors` map only then); stored tensors whose names start with one of `skipped_prefixes` and that are
+// not targets are left unread instead of refused.
+Checkpoint load_checkpoint(const std::filesystem::path& path, const std::map<std::string, Tensor>& targets,
+                           const std::map<std::string, Tensor>& optional = {},
+                           const std::vector<std::string>& skipped_prefixes = {});
 
 }  // namespace proplab

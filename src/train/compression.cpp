@@ -259,6 +259,51 @@ GradientCompressor::GradientCompressor(const ParallelConfig& config, dist::Commu
   residual_sq_ = input_sq_;
 }
 
+std::map<std::string, Tensor> gather_compression_state(dist::Communicator& world,
+                                                       const GradientCompressor* compressor) {
+  std::map<std::string, Tensor> out;
+  if (compressor == nullptr) return out;
+  const std::vector<float> mine = compressor->state();
+  const int ranks = world.size(), rank = world.rank();
+  std::vector<double> sizes(static_cast<std::size_t>(ranks), 0.0);
+  sizes[static_cast<std::size_t>(rank)] = static_cast<double>(mine.size());
+  world.all_reduce(sizes.data(), ranks);
+  if (rank != 0) {
+    if (!mine.empty()) world.send(mine.data(), static_cast<std::int64_t>(mine.size()), 0, 0);
+    return out;
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const auto n = static_cast<std::int64_t>(sizes[static_cast<std::size_t>(r)]);
+    if (n == 0) continue;
+    Tensor state = Tensor::empty({n});
+    if (r == 0)
+      std::copy(mine.begin(), mine.end(), state.f32());
+    else
+      world.receive(state.f32(), n, r, 0);
+    out.emplace("compression/state/" + std::to_string(r), std::move(state));
+  }
+  return out;
+}
+
+std::vector<float> GradientCompressor::state() const {
+  std::vector<float> out;
+  for (const auto* part : {&residual_, &q_})
+    for (const std::vector<float>& values : *part) out.insert(out.end(), values.begin(), values.end());
+  return out;
+}
+
+void GradientCompressor::set_state(const std::vector<float>& state) {
+  std::size_t at = 0;
+  for (auto* part : {&residual_, &q_})
+    for (std::vector<float>& values : *part) {
+      PROPLAB_CHECK(at + values.size() <= state.size(), "compression state of ", state.size(), " values is too short");
+      std::copy(state.begin() + static_cast<std::ptrdiff_t>(at),
+                state.begin() + static_cast<std::ptrdiff_t>(at + values.size()), values.begin());
+      at += values.size();
+    }
+  PROPLAB_CHECK(at == state.size(), "compression state of ", state.size(), " values, ", at, " expected");
+}
+
 std::int64_t GradientCompressor::words_of(std::size_t i) const {
   return compressed_bytes(config_, params_.all()[i]->grad.shape()) / 4;
 }

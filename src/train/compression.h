@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,13 @@ void decode_payload(Compression scheme, const std::uint32_t* words, std::int64_t
 // vector; none 4·n.
 std::int64_t compressed_bytes(const ParallelConfig& config, const Shape& shape);
 
+class GradientCompressor;
+
+// Checkpoints: the state (GradientCompressor::state()) of every rank of `world` as tensors
+// "compression/state/<world rank>" [n_r] on world rank 0 (empty elsewhere). Collective over `world`; every rank
+// passes its compressor (all or none of them have one).
+std::map<std::string, Tensor> gather_compression_state(dist::Communicator& world, const GradientCompressor* compressor);
+
 class GradientCompressor {
  public:
   // `exchanged`: per parameter in store order (empty: all). UserError naming the keys for a combination that does
@@ -75,6 +83,11 @@ class GradientCompressor {
   void measure(std::vector<double>& error, std::vector<double>& residual);
   // This replica's error-feedback residual of parameter i (empty without error feedback).
   const std::vector<float>& residual(std::size_t i) const { return residual_[i]; }
+  // What carries over from step to step, as one flat vector for checkpoints: every exchanged parameter's residual,
+  // then PowerSGD's Q of every matrix, in store order (empty for bf16 and int8). set_state takes back what state()
+  // gave on this rank under the same layout and scheme.
+  std::vector<float> state() const;
+  void set_state(const std::vector<float>& state);
 
  private:
   void exchange_gathered(bool measure);  // bf16, int8, topk

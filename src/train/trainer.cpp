@@ -285,6 +285,11 @@ class TrainingRun {
   void end_diverged(double loss, double grad_norm, double lr, bool recorded);
   double evaluate();
   void save(std::int64_t step);
+  // The layout a checkpoint's compression state belongs to: [parallel] as the run file's layout attribute, and the
+  // number of processes.
+  std::string compression_layout() const {
+    return layout_text(spec_.parallel) + " ranks=" + std::to_string(options_.world ? options_.world->size() : 1);
+  }
   // Runs a write of rank 0's; a write the operating system refuses stops the run at the next step boundary.
   template <typename Write>
   void guarded(bool checkpoint, Write&& write) {
@@ -409,14 +414,35 @@ void TrainingRun::resume() {
   const auto optimizer_state = data_parallel_->optimizer_state_to_load(*optimizer_);
   std::map<std::string, Tensor> local = checkpoint_tensors(*model_, optimizer_state);
   const std::map<std::string, Tensor> targets = full_tensor_targets(model_->params(), local);
+  // The compressed exchange's error feedback, this rank's own, when the checkpoint has it under this layout (any
+  // other layout's is skipped: the state then starts afresh).
+  GradientCompressor* compressor = data_parallel_->compressor();
+  const std::vector<float> fresh = compressor ? compressor->state() : std::vector<float>{};
+  const std::string state_name = "compression/state/" + std::to_string(options_.world ? options_.world->rank() : 0);
+  std::map<std::string, Tensor> optional;
+  if (!fresh.empty()) optional.emplace(state_name, Tensor::empty({static_cast<std::int64_t>(fresh.size())}));
   // (io/checkpoint reads into tensors on any device: a run checkpointed on a GPU resumes on the CPU and back)
-  Checkpoint loaded = load_checkpoint(summary_.checkpoint, targets);
+  Checkpoint loaded = load_checkpoint(summary_.checkpoint, targets, optional, {"compression/"});
   keep_local_pieces(model_->params(), targets, local);
   data_parallel_->after_optimizer_load(*optimizer_, optimizer_state);
   if (experiment_config(loaded.string_value("config")) != experiment_config(spec_.config_toml))
     throw UserError("--resume: the study differs from the one the checkpoint " + summary_.checkpoint.string() +
                     " was written with; resume with the same study and --set options (only [parallel] and "
                     "[device] may change)");
+  if (!fresh.empty()) {
+    const auto layout = loaded.strings.find("compression/layout");
+    const auto state = loaded.tensors.find(state_name);
+    // (every rank decides alike: the layout string is the same file's, and a matching layout has every rank's state)
+    if (layout != loaded.strings.end() && layout->second == compression_layout() && state != loaded.tensors.end()) {
+      compressor->set_state(state->second.to_vector());
+    } else if (layout_.root && options_.log) {
+      *options_.log << "proplab: " << spec_.name << ": the " << compression_name(compressor->scheme())
+                    << " error feedback starts afresh: the checkpoint was written "
+                    << (layout == loaded.strings.end() ? std::string("without it")
+                                                       : "under another layout (" + layout->second + ")")
+                    << "\n";
+    }
+  }
   start_step_ = loaded.int_value("step");
   optimizer_->set_steps_taken(loaded.int_value("optimizer_steps"));
   model_->after_parameter_load();
@@ -520,6 +546,8 @@ void TrainingRun::save(std::int64_t step) {
   if (layout_.tensor && (!layout_.group || layout_.group->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0) &&
       (!layout_.sequence || layout_.sequence->rank() == 0))
     tensors = gather_full_tensors(*layout_.tensor, model_->params(), tensors);
+  // The compressed exchange's error feedback: every rank's own state, to rank 0 (resumed under the same layout).
+  if (options_.world) tensors.merge(gather_compression_state(*options_.world, data_parallel_->compressor()));
   if (!layout_.root) return;
   // A checkpoint is taken only once the run file holds everything before it (written and flushed by its writer
   // thread), so that --resume from it leaves no gap in the run file whatever happens to the rows written after it.
@@ -536,6 +564,8 @@ void TrainingRun::save(std::int64_t step) {
   checkpoint.ints["seed"] = static_cast<std::int64_t>(spec_.seed);
   checkpoint.ints["data_position"] = step * tc_.grad_accum;  // next train batch index
   checkpoint.strings["config"] = spec_.config_toml;
+  // (the layout the compression state belongs to: a resume under another one starts it afresh)
+  checkpoint.strings["compression/layout"] = compression_layout();
   guarded(true, [&] {
     save_checkpoint(summary_.checkpoint, checkpoint);  // (a checkpoint that fails leaves the previous one)
     checkpoint_step_ = step;

@@ -10,7 +10,8 @@
   uncompressed run and keep no residual, topk and powersgd keep one; a repeated topk run is bitwise identical;
   pp = 2 with bf16 boundaries records each boundary's activation and gradient error.
 - `proplab inspect` shows the scheme and the last record's errors.
-- Resume: a topk run stopped after 3 steps and resumed keeps its /compression rows.
+- Resume: topk and powersgd runs stopped after 3 steps and resumed keep their /compression rows and their error
+  feedback (bitwise the uninterrupted runs); under another layout the state starts afresh with a note.
 - Sweeps: points of several processes run under `proplab sweep --mpirun`, and are refused without it.
 - Refusals: a compressor without replicas, pp_compress without stages, powersgd's rank above a matrix's smaller
   side and compression with ZeRO-1 end with exit status 2 naming the key, before any run file is written.
@@ -134,16 +135,37 @@ def main():
     if "pp_compress: bf16: boundary 0 activations" not in shown:
         failures.append("inspect of the pp bf16 run:\n" + shown)
 
-    # Resume keeps the history.
-    moved = os.path.join(work, "topk-resumed")
-    topk = mpirun_cmd(mpiexec, 2, proplab, study, ["parallel.dp=2", "parallel.compress=topk"])
-    run(topk + ["--out", moved, "--force", "--stop-after", "3"], env, allowed=(4,))
-    resumed = run(topk + ["--out", moved, "--resume"], env)
-    if "resuming at step 3" not in resumed:
-        failures.append("topk resume did not resume at step 3:\n" + resumed)
-    with h5py.File(os.path.join(moved, "parity.h5"), "r") as f:
-        if list(f["compression/steps"][()]) != [0, 1, 2, 3, 4] or f["compression/error"].shape[0] != 5:
-            failures.append("topk resumed: /compression/steps %s" % f["compression/steps"][()])
+    # Resume keeps the history and the error feedback: a stopped and resumed run is bitwise the uninterrupted one.
+    for scheme in ("topk", "powersgd"):
+        moved = os.path.join(work, scheme + "-resumed")
+        command = mpirun_cmd(mpiexec, 2, proplab, study, ["parallel.dp=2", "parallel.compress=" + scheme])
+        run(command + ["--out", moved, "--force", "--stop-after", "3"], env, allowed=(4,))
+        resumed = run(command + ["--out", moved, "--resume"], env)
+        if "resuming at step 3" not in resumed or "afresh" in resumed:
+            failures.append("%s resume did not resume at step 3 with its state:\n%s" % (scheme, resumed))
+        with h5py.File(os.path.join(moved, "parity.h5"), "r") as f, \
+                h5py.File(os.path.join(work, scheme, "parity.h5"), "r") as whole:
+            if list(f["compression/steps"][()]) != [0, 1, 2, 3, 4] or f["compression/error"].shape[0] != 5:
+                failures.append("%s resumed: /compression/steps %s" % (scheme, f["compression/steps"][()]))
+            for path in ("train/loss", "compression/error", "compression/residual", "forward/var", "backward/var",
+                         "params/grad_rms"):
+                if not np.array_equal(f[path][()], whole[path][()], equal_nan=True):
+                    failures.append("%s resumed: %s differs from the uninterrupted run" % (scheme, path))
+    # Under another layout the state starts afresh, said once, and the run goes on: a topk checkpoint resumed with
+    # powersgd, and as one process without compression.
+    stopped, alone = os.path.join(work, "topk-then-powersgd"), os.path.join(work, "topk-then-one-process")
+    run(mpirun_cmd(mpiexec, 2, proplab, study, ["parallel.dp=2", "parallel.compress=topk"]) +
+        ["--out", stopped, "--force", "--stop-after", "3"], env, allowed=(4,))
+    shutil.rmtree(alone, ignore_errors=True)
+    shutil.copytree(stopped, alone)
+    resumed = run(mpirun_cmd(mpiexec, 2, proplab, study, ["parallel.dp=2", "parallel.compress=powersgd"]) +
+                  ["--out", stopped, "--resume"], env)
+    if resumed.count("the powersgd error feedback starts afresh: the checkpoint was written under another layout "
+                     "(dp=2 tp=1 pp=1 compress=topk(ratio=0.01) ranks=2)") != 1 or "completed" not in resumed:
+        failures.append("powersgd resumed from topk: expected one note and completion, got:\n" + resumed)
+    resumed = run([proplab, "run", study, "--out", alone, "--resume"], env)
+    if "resuming at step 3" not in resumed or "completed" not in resumed:
+        failures.append("one process resumed from topk:\n" + resumed)
 
     # Refusals: exit 2, the key named, no run file.
     refusals = [

@@ -146,6 +146,34 @@ TEST(Checkpoint, MissingAndUnexpectedTensorsAreUserErrors) {
   EXPECT_NE(user_error_message([&] { loaded.float_value("step"); }).find("'step'"), std::string::npos);
 }
 
+TEST(Checkpoint, OptionalTensorsAndSkippedPrefixes) {
+  ScratchDirectory dir;
+  const auto path = dir / "model.h5";
+  const Checkpoint written = sample_checkpoint();
+  save_checkpoint(path, written);
+  std::map<std::string, Tensor> targets = blank_targets(written);
+  const Tensor wanted = targets.at("adam/m/embed.weight");
+  targets.erase("adam/m/embed.weight");
+  targets.erase("blocks.0/attn.qkv.weight");
+  // Optional: filled when present with the expected shape; absent or of another shape, left alone and not returned.
+  Tensor other_shape = Tensor::empty({8, 24});  // stored as [24, 8]
+  other_shape.fill(-7.0f);
+  const std::map<std::string, Tensor> optional{
+      {"adam/m/embed.weight", wanted}, {"adam/missing", Tensor::zeros({3})}, {"blocks.0/attn.qkv.weight", other_shape}};
+  const Checkpoint loaded = load_checkpoint(path, targets, optional, {"blocks."});
+  EXPECT_TRUE(bitwise_equal(wanted, written.tensors.at("adam/m/embed.weight")));
+  EXPECT_EQ(loaded.tensors.count("adam/m/embed.weight"), 1u);
+  EXPECT_EQ(loaded.tensors.count("adam/missing"), 0u);
+  EXPECT_EQ(loaded.tensors.count("blocks.0/attn.qkv.weight"), 0u);
+  EXPECT_EQ(other_shape.to_vector(), std::vector<float>(24 * 8, -7.0f));
+  // A stored tensor that is neither asked for nor under a skipped prefix is still refused.
+  std::string message = user_error_message([&] { load_checkpoint(path, targets, {}, {"adam/"}); });
+  EXPECT_NE(message.find("holds tensor 'blocks.0/attn.qkv.weight'"), std::string::npos) << message;
+  targets.erase("embed.weight");
+  message = user_error_message([&] { load_checkpoint(path, targets, {}, {"blocks.", "adam/"}); });
+  EXPECT_NE(message.find("holds tensor 'embed.weight'"), std::string::npos) << message;
+}
+
 TEST(Checkpoint, ReplacingKeepsTheOldFileUntilTheNewOneIsComplete) {
   ScratchDirectory dir;
   const auto path = dir / "model.h5";
