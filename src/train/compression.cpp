@@ -369,10 +369,28 @@ void GradientCompressor::exchange(bool measure) {
   std::fill(input_sq_.begin(), input_sq_.end(), 0.0);
   std::fill(error_sq_.begin(), error_sq_.end(), 0.0);
   std::fill(residual_sq_.begin(), residual_sq_.end(), 0.0);
+  auto& all = params_.all();
+  // CUDA ranks: the exchanged gradients are staged through host copies, compressed and summed there, and copied back.
+  const bool staged = params_.device() != Device::cpu;
+  if (staged) {
+    host_.resize(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (!exchanged_[i]) continue;
+      if (!host_[i].defined()) host_[i] = Tensor::empty(all[i]->grad.shape());
+      host_[i].copy_from(all[i]->grad);
+    }
+  }
   if (scheme_ == Compression::powersgd)
     exchange_powersgd(measure);
   else
     exchange_gathered(measure);
+  if (staged)
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (exchanged_[i]) all[i]->grad.copy_from(host_[i]);
+}
+
+Tensor& GradientCompressor::gradient(std::size_t i) {
+  return params_.device() != Device::cpu ? host_[i] : params_.all()[i]->grad;
 }
 
 void GradientCompressor::exchange_gathered(bool measure) {
@@ -385,7 +403,7 @@ void GradientCompressor::exchange_gathered(bool measure) {
   std::vector<float> decoded;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!exchanged_[i]) continue;
-    Tensor& grad = all[i]->grad;
+    Tensor& grad = gradient(i);
     const std::int64_t n = grad.numel();
     const float* x = grad.f32();
     if (error_feedback()) {  // x = g + e, kept in the residual's buffer until what is sent is taken out
@@ -410,7 +428,7 @@ void GradientCompressor::exchange_gathered(bool measure) {
   group_.all_gather(reinterpret_cast<const float*>(send.data()), reinterpret_cast<float*>(receive.data()), words);
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!exchanged_[i]) continue;
-    Tensor& grad = all[i]->grad;
+    Tensor& grad = gradient(i);
     float* sum = grad.f32();
     std::fill(sum, sum + grad.numel(), 0.0f);
     for (int r = 0; r < ranks; ++r) add_decoded(receive.data() + r * words + offset[i], grad.numel(), sum);
@@ -423,15 +441,15 @@ void GradientCompressor::exchange_powersgd(bool measure) {
   // First all-reduce: P = x·Q per matrix, then the vectors whole; second: Q = xᵀ·P̂ per matrix.
   std::vector<std::int64_t> first(all.size() + 1, 0), second(all.size() + 1, 0);
   for (std::size_t i = 0; i < all.size(); ++i) {
-    const auto [rows, cols] = matrix_of(all[i]->grad.shape());
+    const auto [rows, cols] = matrix_of(all[i]->value.shape());
     const bool matrix = exchanged_[i] && rows > 0;
-    first[i + 1] = first[i] + (!exchanged_[i] ? 0 : matrix ? rows * r : all[i]->grad.numel());
+    first[i + 1] = first[i] + (!exchanged_[i] ? 0 : matrix ? rows * r : all[i]->value.numel());
     second[i + 1] = second[i] + (matrix ? cols * r : 0);
   }
   std::vector<float> p(static_cast<std::size_t>(first.back())), q(static_cast<std::size_t>(second.back()));
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!exchanged_[i]) continue;
-    Tensor& grad = all[i]->grad;
+    Tensor& grad = gradient(i);
     const std::int64_t n = grad.numel();
     const auto [rows, cols] = matrix_of(grad.shape());
     if (rows == 0) {
@@ -445,7 +463,7 @@ void GradientCompressor::exchange_powersgd(bool measure) {
   }
   group_.all_reduce(p.data(), first.back());
   for (std::size_t i = 0; i < all.size(); ++i) {
-    const auto [rows, cols] = matrix_of(all[i]->grad.shape());
+    const auto [rows, cols] = matrix_of(all[i]->value.shape());
     if (!exchanged_[i] || rows == 0) continue;
     orthonormalise(p.data() + first[i], rows, r);
     transpose_times(residual_[i].data(), p.data() + first[i], rows, cols, r, q.data() + second[i]);
@@ -455,7 +473,7 @@ void GradientCompressor::exchange_powersgd(bool measure) {
   std::vector<float> decoded;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!exchanged_[i]) continue;
-    Tensor& grad = all[i]->grad;
+    Tensor& grad = gradient(i);
     const std::int64_t n = grad.numel();
     const auto [rows, cols] = matrix_of(grad.shape());
     if (rows == 0) {

@@ -19,7 +19,8 @@
 // float rounding): nothing a replica computed is dropped, only delayed.
 //
 // Deterministic: the same inputs give bitwise the same sums on every replica and in every run of the layout.
-// CPU ranks only in this version (the trainer refuses it on CUDA ranks).
+// CUDA ranks stage the exchanged gradients through host memory: the same codecs on the same values, so a CUDA rank's
+// exchange sums what a CPU rank's would for the same gradients.
 #pragma once
 
 #include <cstdint>
@@ -97,6 +98,8 @@ class GradientCompressor {
   // Adds what a payload of n elements stands for to `sum`.
   void add_decoded(const std::uint32_t* words, std::int64_t n, float* sum) const;
   std::int64_t words_of(std::size_t i) const;  // payload words of parameter i
+  // Parameter i's gradient where the exchange reads and writes it: the gradient itself, or its host copy on a GPU.
+  Tensor& gradient(std::size_t i);
 
   Compression scheme_;
   ParallelConfig config_;
@@ -106,6 +109,7 @@ class GradientCompressor {
   std::vector<std::vector<float>> residual_;               // error feedback, per parameter
   std::vector<std::vector<float>> q_;                      // powersgd: Q per matrix [cols, r], empty for vectors
   std::vector<double> input_sq_, error_sq_, residual_sq_;  // of the last measured exchange, this replica's
+  std::vector<Tensor> host_;                               // CUDA ranks: host copies of the exchanged gradients
 };
 
 }  // namespace proplab

@@ -63,8 +63,6 @@ DataParallel::DataParallel(const ParallelConfig& config, dist::Communicator* gro
                       " compresses the summed gradients of dp_mode = \"allreduce\" with zero = 0; allowed with "
                       "parallel.dp_mode = \"" +
                       config.dp_mode + "\" and zero = " + std::to_string(config.zero) + ": \"none\"");
-    if (device_ != Device::cpu)
-      throw UserError(key + " runs on CPU ranks only in this version; allowed with device.type = \"cuda\": \"none\"");
   }
   local_ = replicas_ > 1 && config.dp_mode != "allreduce";
   zero_ = replicas_ > 1 && config.zero == 1;

@@ -104,9 +104,6 @@ PipelineStage::PipelineStage(const RunSpec& spec, Model& model, dist::Communicat
   for (int s = 0; s < slots_; ++s) received_.push_back(Tensor::empty({chunk_rows_ * t, d}, DType::f32, device));
   received_gradient_ = Tensor::empty({chunk_rows_ * t, d}, DType::f32, device);
   boundary_ = boundary_compression_of(spec.parallel);
-  if (boundary_ != Compression::none && device != Device::cpu)
-    throw UserError("parallel.pp_compress = \"" + spec.parallel.pp_compress +
-                    "\" runs on CPU ranks only in this version; allowed with device.type = \"cuda\": \"none\"");
   boundary_sums_.assign(4 * static_cast<std::size_t>(stage_count_ - 1), 0.0);
   const bool last = stage_ == stage_count_ - 1;
   for (auto& p : model_.params().all()) {
@@ -139,8 +136,11 @@ void PipelineStage::send_tensor(const Tensor& x, int to, int tag, bool gradient,
     return;
   }
   const std::int64_t n = x.numel();
+  // (CUDA ranks encode and decode on the host: the payload is the same bits either way)
+  const Tensor host = x.device() == Device::cpu ? x : x.to(Device::cpu);
+  const float* values = host.f32();
   words_.resize(static_cast<std::size_t>(payload_words(boundary_, n)));
-  encode_payload(boundary_, x.f32(), n, words_.data());
+  encode_payload(boundary_, values, n, words_.data());
   if (measure) {
     decoded_.resize(static_cast<std::size_t>(n));
     decode_payload(boundary_, words_.data(), n, decoded_.data());
@@ -148,7 +148,7 @@ void PipelineStage::send_tensor(const Tensor& x, int to, int tag, bool gradient,
     const int boundary = gradient ? stage_ - 1 : stage_;
     double* sums = &boundary_sums_[static_cast<std::size_t>(4 * boundary + (gradient ? 2 : 0))];
     for (std::int64_t e = 0; e < n; ++e) {
-      const double value = x.f32()[e], left = value - decoded_[e];
+      const double value = values[e], left = value - decoded_[e];
       sums[0] += left * left;
       sums[1] += value * value;
     }
@@ -164,7 +164,13 @@ void PipelineStage::receive_tensor(Tensor& into, int from, int tag) {
   }
   words_.resize(static_cast<std::size_t>(payload_words(boundary_, into.numel())));
   stages_.receive(reinterpret_cast<float*>(words_.data()), static_cast<std::int64_t>(words_.size()), from, tag);
-  decode_payload(boundary_, words_.data(), into.numel(), into.f32());
+  if (into.device() == Device::cpu) {
+    decode_payload(boundary_, words_.data(), into.numel(), into.f32());
+    return;
+  }
+  if (!decoded_host_.defined() || decoded_host_.numel() != into.numel()) decoded_host_ = Tensor::empty(into.shape());
+  decode_payload(boundary_, words_.data(), into.numel(), decoded_host_.f32());
+  into.copy_from(decoded_host_.reshape(into.shape()));
 }
 
 double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,

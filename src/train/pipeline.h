@@ -124,6 +124,7 @@ class PipelineStage {
   Compression boundary_ = Compression::none;
   std::vector<std::uint32_t> words_;  // a compressed transfer's payload
   std::vector<float> decoded_;        // what a sent payload stands for (measured steps)
+  Tensor decoded_host_;               // CUDA ranks: a received payload decoded on the host
   std::vector<double> boundary_sums_;  // per boundary: activations' Σ‖x − x̂‖², Σ‖x‖², then gradients' (4 each)
   std::vector<double> boundary_error_;  // of the last recorded step: activations' per boundary, then gradients'
   SeriesId boundary_steps_series_, activation_error_series_, gradient_error_series_;

@@ -9,7 +9,12 @@ the probe's rms, corr against 1), parameters within 1e-5. Also:
 - the same layout twice gives bitwise the same statistics and checkpoint (determinism on the device);
 - local SGD and gossip on CUDA ranks match the same modes on CPU ranks (MPI), replica disagreement included;
 - AdamW with ZeRO-1 at dp = 2 matches the one-GPU loss;
-- a ZeRO-1 dp = 2 run stopped after 3 steps resumes at tp = 2 and matches the uninterrupted run.
+- a ZeRO-1 dp = 2 run stopped after 3 steps resumes at tp = 2 and matches the uninterrupted run;
+- compressed communication on CUDA ranks (the gradients and boundary tensors staged through host memory) against CPU
+  ranks with the same scheme: dp = 2 with bf16, int8, topk and powersgd, pp = 2 with bf16 boundaries — loss within
+  1e-3 relative and the recorded compression errors within 2% (the compressors see the devices' float rounding); a
+  topk run repeated is bitwise identical, and a powersgd run stopped after 3 steps and resumed is bitwise the
+  uninterrupted one (its error feedback checkpointed).
 With COMM = "nccl" the layouts need one GPU per rank: on a machine with fewer GPUs than 4 ranks, the check instead
 requires the refusal (exit 2 naming parallel.comm) and stops there. Exits 77 (skipped) when this proplab has no CUDA
 backend or the machine has no GPU.
@@ -114,6 +119,34 @@ def main():
                 elif path.endswith("before_mix_total") and not np.any(u > 0):
                     failures.append("%s: /%s is zero on every step: the replicas never disagreed" % (mode, path))
 
+    # Compressed communication: CUDA ranks against CPU ranks with the same scheme.
+    schemes = [("dp=2 " + s, ["parallel.dp=2", "parallel.compress=" + s], "compression/error_total")
+               for s in ("bf16", "int8", "topk", "powersgd")]
+    schemes.append(("pp=2 bf16", ["parallel.pp=2", "parallel.microbatches=4", "parallel.pp_compress=bf16"],
+                    "compression/boundaries/activation_error"))
+    for name, sets, errors in schemes:
+        on_gpu, on_cpu = folder(work, name + "-cuda"), folder(work, name + "-cpu")
+        mpirun(2, cuda + sets, on_gpu, ["--force"])
+        mpirun(2, ["device.type=cpu"] + sets, on_cpu, ["--force"])
+        with h5py.File(os.path.join(on_cpu, "parity.h5"), "r") as x, h5py.File(os.path.join(on_gpu, "parity.h5"),
+                                                                                "r") as y:
+            u, v = x["train/loss"][()], y["train/loss"][()]
+            if u.shape != v.shape or not np.all(np.abs(u - v) <= 1e-3 * np.abs(u)):
+                failures.append("%s: loss CPU %s vs CUDA %s" % (name, u, v))
+            u, v = x[errors][()], y[errors][()]
+            if u.shape != v.shape or not np.all(u > 0) or not np.all(np.abs(u - v) <= 2e-2 * u):
+                failures.append("%s: /%s CPU %s vs CUDA %s" % (name, errors, u.ravel(), v.ravel()))
+    again = folder(work, "dp=2 topk again")
+    mpirun(2, cuda + ["parallel.dp=2", "parallel.compress=topk"], again, ["--force"])
+    identical_runs(folder(work, "dp=2 topk-cuda"), again, "dp=2 topk repeated on CUDA ranks", failures)
+    out = folder(work, "powersgd-resumed")
+    mpirun(2, cuda + ["parallel.dp=2", "parallel.compress=powersgd"], out, ["--force", "--stop-after", "3"],
+           allowed=(4,))
+    resumed = mpirun(2, cuda + ["parallel.dp=2", "parallel.compress=powersgd"], out, ["--resume"])
+    if "resuming at step 3" not in resumed or "afresh" in resumed:
+        failures.append("powersgd on CUDA ranks did not resume at step 3 with its state:\n" + resumed)
+    identical_runs(folder(work, "dp=2 powersgd-cuda"), out, "dp=2 powersgd resumed on CUDA ranks", failures)
+
     # AdamW with ZeRO-1: the loss.
     adamw = write_study(os.path.join(work, "parity-adamw.toml"), PARITY_STUDY.replace("{optimizer}", ADAMW))
     adamw_single = folder(work, "adamw-single")
@@ -134,7 +167,7 @@ def main():
 
     finish(failures, "comm=%s: %d CUDA layouts match the one-GPU run (loss 1e-5, statistics 1e-4, parameters "
                      "1e-5): %s; repeated run bitwise identical; gossip and local SGD match CPU ranks; AdamW ZeRO-1 "
-                     "loss matches; ZeRO-1 dp=2 resumed at tp=2 matches" % (comm, len(compared), ", ".join(compared)))
+                     "loss matches; ZeRO-1 dp=2 resumed at tp=2 matches; compression matches CPU ranks" % (comm, len(compared), ", ".join(compared)))
 
 
 if __name__ == "__main__":
