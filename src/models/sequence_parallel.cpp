@@ -32,7 +32,6 @@ struct Shape3 {
 };
 
 Shape3 check(const char* op, const Tensor& qkv, int heads) {
-  PROPLAB_CHECK(qkv.device() == Device::cpu, op, ": CPU tensors only in this version");
   PROPLAB_CHECK(qkv.dtype() == DType::f32 && qkv.ndim() == 3 && qkv.dim(2) % 3 == 0, op,
                 ": qkv must be [B, T, 3D] f32, got ", shape_string(qkv.shape()));
   Shape3 s{qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, heads};
@@ -54,6 +53,20 @@ Tensor key_value_block(const Shape3& s, const Tensor& qkv, std::int64_t width) {
   return block;
 }
 
+// A contiguous host tensor with x's values (x itself when it is one).
+Tensor on_host(const Tensor& x) {
+  if (x.device() == Device::cpu) return x.is_contiguous() ? x : x.clone();
+  return x.to(Device::cpu);
+}
+
+// Where an op writes: `target` itself on the host, else a host tensor copied into it by deliver().
+Tensor host_target(const Tensor& target) {
+  return target.device() == Device::cpu && target.is_contiguous() ? target : Tensor::empty(target.shape());
+}
+void deliver(const Tensor& computed, Tensor& target) {
+  if (computed.f32() != target.f32()) target.copy_from(computed.reshape(target.shape()));
+}
+
 // Passes the travelling block to rank + 1 and takes rank − 1's.
 void pass_on(dist::Communicator& ring, Tensor& block, Tensor& incoming, int tag) {
   const int ranks = ring.size(), rank = ring.rank();
@@ -67,11 +80,11 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
                             Tensor& lse, probe::LogitSums* logit_sums) {
   const Shape3 s = check("ring_attention_forward", qkv, heads);
   const std::int64_t B = s.batch, T = s.tokens, D = s.model_dim, H = s.heads, Dh = D / H;
-  PROPLAB_CHECK(out.numel() == B * T * D && lse.numel() == B * H * T && out.device() == Device::cpu &&
-                    lse.device() == Device::cpu && out.is_contiguous() && lse.is_contiguous(),
+  PROPLAB_CHECK(out.numel() == B * T * D && lse.numel() == B * H * T,
                 "ring_attention_forward: out must hold [B, Tl, D] and lse [B, H, Tl]");
   const int ranks = ring.size(), rank = ring.rank();
-  const Tensor queries = qkv.is_contiguous() ? qkv : qkv.clone();
+  const Tensor queries = on_host(qkv);
+  Tensor host_out = host_target(out), host_lse = host_target(lse);
   Tensor block = key_value_block(s, queries, 2 * D), incoming = Tensor::empty(block.shape());
   // The online softmax's running maximum and sum per query, and its unnormalised output.
   Tensor m = Tensor::empty({B, H, T}), l = Tensor::zeros({B, H, T});
@@ -84,8 +97,8 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
       ops::attention_block_forward(queries, block, heads, logit_scale, source == rank, m, l, o, logit_sums);
     if (step + 1 < ranks) pass_on(ring, block, incoming, 3);
   }
-  float* y = out.f32();
-  float* saved = lse.f32();
+  float* y = host_out.f32();
+  float* saved = host_lse.f32();
   const float* m_data = m.f32();
   const float* l_data = l.f32();
   const float* o_data = o.f32();
@@ -100,6 +113,8 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
           y[e] = o_data[e] * inverse;
         }
       }
+  deliver(host_out, out);
+  deliver(host_lse, lse);
 }
 
 void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -107,18 +122,17 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
   const Shape3 s = check("ring_attention_backward", qkv, heads);
   const std::int64_t B = s.batch, T = s.tokens, D = s.model_dim, H = s.heads, Dh = D / H;
   PROPLAB_CHECK(out.numel() == B * T * D && d_out.numel() == B * T * D && lse.numel() == B * H * T &&
-                    d_qkv.numel() == B * T * 3 * D && d_qkv.is_contiguous(),
+                    d_qkv.numel() == B * T * 3 * D,
                 "ring_attention_backward: shapes of out, d_out, lse or d_qkv do not match qkv ",
                 shape_string(qkv.shape()));
   const int ranks = ring.size(), rank = ring.rank();
-  const Tensor queries = qkv.is_contiguous() ? qkv : qkv.clone();
-  const Tensor gradient = d_out.is_contiguous() ? d_out : d_out.clone();
-  const Tensor saved = lse.is_contiguous() ? lse : lse.clone();
+  const Tensor queries = on_host(qkv), gradient = on_host(d_out), saved = on_host(lse), output = on_host(out);
+  Tensor host_d_qkv = host_target(d_qkv);
   // The travelling block: per token its keys, values, and their gradients so far, [B, Tl, 4D].
   Tensor block = key_value_block(s, queries, 4 * D), incoming = Tensor::empty(block.shape());
   // Per query: Σ_d d_out·out (the softmax backward's row term), summed in double.
   Tensor row_dot = Tensor::empty({B, H, T});
-  const float* y = out.f32();
+  const float* y = output.f32();
   const float* g = gradient.f32();
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
@@ -137,13 +151,14 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
       ops::attention_block_backward(queries, gradient, saved, row_dot, heads, logit_scale, source == rank, block, d_q);
     if (ranks > 1) pass_on(ring, block, incoming, 4);  // every block goes all the way round, home with its gradient
   }
-  float* dx = d_qkv.f32();
+  float* dx = host_d_qkv.f32();
   const float* dq = d_q.f32();
   const float* home = block.f32();
   for (std::int64_t row = 0; row < B * T; ++row) {
     std::memcpy(dx + row * 3 * D, dq + row * D, static_cast<std::size_t>(D) * sizeof(float));
     std::memcpy(dx + row * 3 * D + D, home + row * 4 * D + 2 * D, static_cast<std::size_t>(2 * D) * sizeof(float));
   }
+  deliver(host_d_qkv, d_qkv);
 }
 
 }  // namespace proplab

@@ -14,7 +14,8 @@
 // Every (sequence, head) pair is one task with a fixed loop order, so results are bitwise the same for any thread
 // count; against ops::attention_forward on the whole sequence they agree within float rounding.
 // Bytes sent per rank: forward 4·(sp − 1)·B·Tl·2D, backward 4·sp·B·Tl·4D.
-// CPU tensors only in this version.
+// Tensors on a GPU are staged through host memory (copied in, computed on the host, copied back): the ring's
+// arithmetic and transfers are the host's in this version.
 #pragma once
 
 #include "core/tensor.h"

@@ -10,24 +10,27 @@ namespace proplab {
 SequenceParallelSink::SequenceParallelSink(ProbeSink& recorder, dist::Communicator& ring)
     : recorder_(recorder), ring_(ring) {}
 
-const Tensor& SequenceParallelSink::whole(const Tensor& x, std::int64_t sequences) {
-  PROPLAB_CHECK(x.is_contiguous() && x.dtype() == DType::f32 && x.device() == Device::cpu,
-                "a sequence-parallel probe tensor must be contiguous f32 on the host");
+const Tensor& SequenceParallelSink::whole(const Tensor& piece, std::int64_t sequences) {
+  PROPLAB_CHECK(piece.is_contiguous() && piece.dtype() == DType::f32,
+                "a sequence-parallel probe tensor must be contiguous f32");
+  // (a GPU's piece is gathered on the host: recorded steps only)
+  if (piece.device() != Device::cpu) staged_ = piece.to(Device::cpu);
+  const Tensor& x = piece.device() == Device::cpu ? piece : staged_;
   const std::int64_t ranks = ring_.size(), features = x.dim(-1), rows = x.numel() / features;
   PROPLAB_CHECK(sequences > 0 && rows % sequences == 0, "a probe tensor of ", rows, " rows for ", sequences,
                 " sequences");
   if (gathered_.numel() != ranks * rows * features) gathered_ = Tensor::empty({ranks * rows * features});
   ring_.all_gather(x.f32(), gathered_.f32(), x.numel());
-  if (ring_.rank() != 0) return x;
+  if (ring_.rank() != 0) return piece;
   // Block k of the gather is rank k's [B, Tl, F]: it becomes tokens [k·Tl, (k+1)·Tl) of every sequence.
-  const std::int64_t piece = (rows / sequences) * features;  // one sequence's part on one rank
+  const std::int64_t part = (rows / sequences) * features;  // one sequence's part on one rank
   whole_ = Tensor::empty({ranks * rows, features});
   const float* in = gathered_.f32();
   float* out = whole_.f32();
 #pragma omp parallel for schedule(static) if (rows * features * ranks > (1 << 16))
   for (std::int64_t b = 0; b < sequences; ++b)
     for (std::int64_t k = 0; k < ranks; ++k)
-      std::copy(in + (k * sequences + b) * piece, in + (k * sequences + b + 1) * piece, out + (b * ranks + k) * piece);
+      std::copy(in + (k * sequences + b) * part, in + (k * sequences + b + 1) * part, out + (b * ranks + k) * part);
   return whole_;
 }
 
@@ -70,21 +73,22 @@ void sum_gradients_over_ring(dist::Communicator& ring, ParameterStore& params, c
   std::int64_t total = 0;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (which.empty() || which[i]) total += all[i]->grad.numel();
-  std::vector<float> flat(static_cast<std::size_t>(total));
+  // One flat buffer where the gradients are (a GPU's, summed over its device transport).
+  Tensor flat = Tensor::empty({total}, DType::f32, params.device());
+  auto piece_of = [&](std::int64_t at, const Tensor& g) { return flat.slice(0, at, g.numel()).reshape(g.shape()); };
   std::int64_t at = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!which.empty() && !which[i]) continue;
     const Tensor& g = all[i]->grad;
-    PROPLAB_CHECK(g.device() == Device::cpu && g.is_contiguous(), "sequence parallel: gradients on the host");
-    std::copy(g.f32(), g.f32() + g.numel(), flat.data() + at);
+    piece_of(at, g).copy_from(g);
     at += g.numel();
   }
-  ring.all_reduce(flat.data(), total);
+  ring.all_reduce(flat.f32(), total);
   at = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (!which.empty() && !which[i]) continue;
     Tensor& g = all[i]->grad;
-    std::copy(flat.data() + at, flat.data() + at + g.numel(), g.f32());
+    g.copy_from(piece_of(at, g));
     at += g.numel();
   }
 }

@@ -33,12 +33,13 @@ class SequenceParallelSink final : public ProbeSink {
                         float logit_scale) override;
 
  private:
-  // The whole sequences' [B·T, F] tensor on ring rank 0 (gathered from every rank's [B·T/sp, F]); x elsewhere.
-  const Tensor& whole(const Tensor& x, std::int64_t sequences);
+  // The whole sequences' [B·T, F] tensor on ring rank 0 (gathered from every rank's [B·T/sp, F], on the host);
+  // `piece` elsewhere.
+  const Tensor& whole(const Tensor& piece, std::int64_t sequences);
 
   ProbeSink& recorder_;
   dist::Communicator& ring_;
-  Tensor gathered_, whole_;
+  Tensor staged_, gathered_, whole_;
 };
 
 // Tokens [rank·T/ranks, (rank+1)·T/ranks) of every row of a language-model batch (inputs and targets i32 [B, T]),

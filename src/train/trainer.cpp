@@ -218,10 +218,6 @@ RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
   RunLayout layout;
   // Sequence parallel: the ranks that share every sequence, each holding a part of its tokens.
   check_sequence_parallel(spec.model, spec.parallel.sp);
-  if (spec.parallel.sp > 1 && run_device(spec) != Device::cpu)
-    throw UserError("parallel.sp = " + std::to_string(spec.parallel.sp) +
-                    ": sequence parallelism (ring attention) runs on CPU ranks only in this version; allowed with "
-                    "sp > 1: device.type = \"cpu\" or \"auto\"");
   layout.sequence = options.sequence_parallel;
   layout.ring = layout.sequence ? layout.sequence->size() : 1;
   if (layout.ring != spec.parallel.sp)

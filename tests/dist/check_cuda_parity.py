@@ -2,7 +2,8 @@
 """CUDA ranks against one GPU: the parity study (parity_util.PARITY_STUDY, SGD with momentum and clipping, fp32)
 run by one process with device.type = "cuda" and by `mpirun` with device.type = "cuda" and parallel.comm = COMM in
 every layout: dp = 2 (one bucket, several overlapped buckets, one all-reduce per tensor, ZeRO-1), tp = 2,
-pp = 2 with 4 micro-batches, dp = 2 x tp = 2 and dp = 2 x pp = 2. Each must match the one-GPU run after 5 steps
+pp = 2 with 4 micro-batches, dp = 2 x tp = 2, dp = 2 x pp = 2, sp = 2 and dp = 2 x sp = 2 (ring attention staged
+through host memory). Each must match the one-GPU run after 5 steps
 with every statistic recorded every step: loss within 1e-5 relative, statistics within 1e-4 relative (mean against
 the probe's rms, corr against 1), parameters within 1e-5. Also:
 - the run file's layout attribute names the transport ("comm=<COMM>");
@@ -44,6 +45,8 @@ LAYOUTS = [
     ("pp=2", 2, ["parallel.pp=2", "parallel.microbatches=4"]),
     ("dp=2 tp=2", 4, ["parallel.dp=2", "parallel.tp=2"]),
     ("dp=2 pp=2", 4, ["parallel.dp=2", "parallel.pp=2", "parallel.microbatches=2"]),
+    ("sp=2", 2, ["parallel.sp=2"]),
+    ("dp=2 sp=2", 4, ["parallel.dp=2", "parallel.sp=2"]),
 ]
 
 
