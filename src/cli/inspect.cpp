@@ -245,6 +245,7 @@ void inspect_run_file(const InspectOptions& options, std::ostream& out) {
   line(report, "host", or_dash(attribute("host")));
   line(report, "device", or_dash(attribute("device")));
   line(report, "threads", reader.has_attribute("threads") ? std::to_string(reader.attribute_int("threads")) : "-");
+  line(report, "layout", or_dash(attribute("layout")));
   report << config_lines.str();
 
   const bool has_statistics = reader.exists("/steps");

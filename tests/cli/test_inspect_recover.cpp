@@ -232,7 +232,8 @@ TEST_F(InspectRecoverTest, InspectSummarisesAFinishedRun) {
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   for (const std::string& text :
        {std::string("status:   completed"), std::string("name:     tiny"), std::string("device:   cpu"),
-        std::string("threads:  1"), std::string("model:    transformer, layers 1, width 16, heads 2"),
+        std::string("threads:  1"), std::string("layout:   dp=1 tp=1 pp=1\n"),
+        std::string("model:    transformer, layers 1, width 16, heads 2"),
         std::string("scaling:  standard"), std::string("data:     markov"), std::string("steps:    20"),
         "started:  " + reader.attribute_string("start_time"), "ended:    " + reader.attribute_string("end_time"),
         "host:     " + reader.attribute_string("host"),
