@@ -11,8 +11,9 @@
 #   5. deep1000       studies/deep1000_deepscalelm.toml: a 1000-layer transformer trains, records, checkpoints
 # and, for CUDA ranks (mpirun: the bundle's own Open MPI, or the machine's in a source tree):
 #   6. cuda_communicator   test_cuda_communicator_mpi on 2 ranks sharing the GPU (every collective staged)
-#   7. cuda_parity_staged  tests/dist/check_cuda_parity.py staged: dp, tp, pp, dp x tp, dp x pp on ranks sharing
-#                          the GPU against the one-GPU run, determinism, local SGD/gossip, ZeRO-1, resume
+#   7. cuda_parity_staged  tests/dist/check_cuda_parity.py staged: dp, tp, pp, dp x tp, dp x pp, sp, dp x sp on
+#                          ranks sharing the GPU against the one-GPU run, determinism, local SGD/gossip, ZeRO-1,
+#                          resume, compressed exchange and boundaries against CPU ranks
 #   8. nccl_one_rank       NCCL itself on one rank: test_nccl_collectives_mpi, then bench_nccl (where built)
 #   9. cuda_parity_nccl    check_cuda_parity.py nccl: the layouts over NCCL with one GPU per rank, or (fewer GPUs
 #                          than 4) the refusal naming parallel.comm
