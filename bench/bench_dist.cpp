@@ -11,12 +11,13 @@
 // Runs the study twice, for N/3 and N steps (records only at the first and last step of each), and takes the
 // bytes per step from the difference between the two runs, so the recorded steps' extra traffic, the final
 // evaluation and the final checkpoint cancel out. Bytes are the payload every communicator of the layout (data,
-// tensor, pipeline groups and sequence rings) counted, on rank 0 and summed over all ranks. ms/step is the median over
-// the longer run's unrecorded steps (rank 0's run file). With --reference-ms T1 (the one-process ms/step at one thread)
-// it also prints the parallel efficiency T1 / (ranks · T). Every layout also reports the gradient exchange's exposed
-// time: host seconds per step spent completing it after backward (allreduce mode). With --overlap the longer run is
-// repeated with every bucket started after backward instead of during it (the same buckets, the same sums), and the
-// measured overlap is 1 − exposed(during) / exposed(after): the fraction of the exchange that backward hid.
+// tensor, pipeline groups, sequence rings and the gradient groups of dp·sp ranks) counted, on rank 0 and summed over
+// all ranks. ms/step is the median over the longer run's unrecorded steps (rank 0's run file). With --reference-ms T1
+// (the one-process ms/step at one thread) it also prints the parallel efficiency T1 / (ranks · T). Every layout also
+// reports the gradient exchange's exposed time: host seconds per step spent completing it after backward (allreduce
+// mode). With --overlap the longer run is repeated with every bucket started after backward instead of during it (the
+// same buckets, the same sums), and the measured overlap is 1 − exposed(during) / exposed(after): the fraction of the
+// exchange that backward hid.
 //
 // CUDA ranks: --set device.type=cuda (and parallel.comm=nccl|staged) under mpirun, as `proplab run` does.
 #include <CLI/CLI.hpp>
@@ -81,7 +82,7 @@ Expected expected_bytes(const Study& study, dist::Communicator* tensor) {
     // Sequence parallel, per rank: each micro-batch's ring attention in every layer sends its key/value block on
     // (sp − 1 times, 2D floats per token) forward and its key/value block with their gradients (sp times, 4D floats
     // per token) backward, for Bm = batch / grad_accum rows of Tl = T / sp tokens; then the gradients summed over
-    // the ring (N floats), the loss (a double) and the stop flag.
+    // the ring (N floats, in buckets), the loss (a double) and the stop flag.
     const double n = static_cast<double>(make_model(spec.model, spec.scaling, spec.seed)->params().count_elements());
     const double tokens = batch / spec.train.grad_accum * (t / p.sp);
     const double attention = 4.0 * (p.sp - 1) * tokens * 2.0 * d + 4.0 * p.sp * tokens * 4.0 * d;
@@ -176,8 +177,8 @@ int main(int argc, char** argv) {
     std::vector<dist::Communicator*> counted_groups;
     if (dist::launched_by_mpi()) {
       groups.emplace(make_run_process_groups(to_run_spec(base), options));  // (CUDA ranks as `proplab run` has them)
-      counted_groups = {groups->world.get(), groups->data.get(), groups->tensor.get(), groups->pipeline.get(),
-                        groups->sequence.get()};
+      counted_groups = {groups->world.get(),    groups->data.get(),     groups->tensor.get(),
+                        groups->pipeline.get(), groups->sequence.get(), groups->gradient.get()};
     }
     const bool root = !groups || groups->world->rank() == 0;
     const int ranks = groups ? groups->world->size() : 1;

@@ -142,6 +142,7 @@ ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Lay
   groups.tensor = world->split((at.pp * layout.dp + at.dp) * layout.sp + at.sp, at.tp);
   groups.pipeline = world->split((at.dp * layout.sp + at.sp) * layout.tp + at.tp, at.pp);
   groups.sequence = world->split((at.pp * layout.dp + at.dp) * layout.tp + at.tp, at.sp);
+  groups.gradient = world->split(at.pp * layout.tp + at.tp, at.dp * layout.sp + at.sp);
   groups.world = std::move(world);
   return groups;
 }

@@ -123,11 +123,12 @@ Coordinates coordinates_of(const Layout& layout, int world_rank);
 int world_rank_of(const Layout& layout, const Coordinates& at);
 
 // The process groups of a layout: ranks that share (tp, pp, sp) form a data-parallel group, ranks that share
-// (dp, tp, pp) a sequence-parallel ring, and so on.
+// (dp, tp, pp) a sequence-parallel ring, and so on; ranks that share (tp, pp) — the data-parallel replicas and their
+// rings together, dp·sp ranks ranked by (dp, sp) — sum their gradients (`gradient`).
 struct ProcessGroups {
   Layout layout;
   Coordinates at;
-  std::unique_ptr<Communicator> world, data, tensor, pipeline, sequence;
+  std::unique_ptr<Communicator> world, data, tensor, pipeline, sequence, gradient;
 };
 // UserError when the world's size is not dp·tp·pp·sp (naming both).
 ProcessGroups make_process_groups(std::unique_ptr<Communicator> world, const Layout& layout);

@@ -102,17 +102,19 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
   const float* m_data = m.f32();
   const float* l_data = l.f32();
   const float* o_data = o.f32();
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < T; ++i) {
-        const std::int64_t at = (b * H + h) * T + i;
-        saved[at] = m_data[at] + std::log(l_data[at]);
-        const float inverse = 1.0f / l_data[at];
-        for (std::int64_t d = 0; d < Dh; ++d) {
-          const std::int64_t e = (b * T + i) * D + h * Dh + d;
-          y[e] = o_data[e] * inverse;
-        }
+#pragma omp parallel for schedule(static)
+  for (std::int64_t pair = 0; pair < B * H; ++pair) {
+    const std::int64_t b = pair / H, h = pair % H;
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::int64_t at = pair * T + i;
+      saved[at] = m_data[at] + std::log(l_data[at]);
+      const float inverse = 1.0f / l_data[at];
+      for (std::int64_t d = 0; d < Dh; ++d) {
+        const std::int64_t e = (b * T + i) * D + h * Dh + d;
+        y[e] = o_data[e] * inverse;
       }
+    }
+  }
   deliver(host_out, out);
   deliver(host_lse, lse);
 }
@@ -134,16 +136,18 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
   Tensor row_dot = Tensor::empty({B, H, T});
   const float* y = output.f32();
   const float* g = gradient.f32();
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < T; ++i) {
-        double dot = 0.0;
-        for (std::int64_t d = 0; d < Dh; ++d) {
-          const std::int64_t e = (b * T + i) * D + h * Dh + d;
-          dot += static_cast<double>(g[e]) * y[e];
-        }
-        row_dot.f32()[(b * H + h) * T + i] = static_cast<float>(dot);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t pair = 0; pair < B * H; ++pair) {
+    const std::int64_t b = pair / H, h = pair % H;
+    for (std::int64_t i = 0; i < T; ++i) {
+      double dot = 0.0;
+      for (std::int64_t d = 0; d < Dh; ++d) {
+        const std::int64_t e = (b * T + i) * D + h * Dh + d;
+        dot += static_cast<double>(g[e]) * y[e];
       }
+      row_dot.f32()[pair * T + i] = static_cast<float>(dot);
+    }
+  }
   Tensor d_q = Tensor::zeros({B, T, D});
   for (int step = 0; step < ranks; ++step) {
     const int source = source_at(rank, step, ranks);

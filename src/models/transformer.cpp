@@ -324,11 +324,15 @@ void Transformer::embed_backward(const Tensor& tokens, const StepContext& contex
                          first_position());
 }
 
-double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
-  const Tensor& tokens = batch.inputs;
+void Transformer::check_tokens(const Tensor& tokens) const {
   const std::int64_t ring = sequence_ ? sequence_->size() : 1;
   PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) * ring <= config_.seq_len, "transformer input shape ",
                 shape_string(tokens.shape()), " (", ring, " sequence-parallel ranks)");
+}
+
+double Transformer::forward_backward(const Batch& batch, float grad_scale, const StepContext& context) {
+  const Tensor& tokens = batch.inputs;
+  check_tokens(tokens);
   ensure_buffers(tokens.dim(0), tokens.dim(1));
 
   // Forward.

@@ -105,6 +105,8 @@ class Transformer final : public Model {
   void head_backward(const StepContext& context);
   void embed_backward(const Tensor& tokens, const StepContext& context);
   void ensure_buffers(std::int64_t batch, std::int64_t tokens);
+  // InternalError unless `tokens` is i32 [B, T] with T·sp <= seq_len (a ring rank's part of every sequence).
+  void check_tokens(const Tensor& tokens) const;
   bool dropout_active(const StepContext& context) const { return context.training && config_.dropout > 0; }
   std::uint64_t dropout_stream(const StepContext& context, int site) const;
 

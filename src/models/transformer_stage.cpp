@@ -70,8 +70,7 @@ double Transformer::stage_forward(int slot, const Batch& batch, const Tensor& x_
   PROPLAB_CHECK(stage_last_ >= 0, "stage_forward before set_stage");
   PROPLAB_CHECK(slot >= 0 && slot < stage_slot_count_, "stage_forward: slot ", slot, " of ", stage_slot_count_);
   const Tensor& tokens = batch.inputs;
-  PROPLAB_CHECK(tokens.ndim() == 2 && tokens.dim(1) <= config_.seq_len, "transformer input shape ",
-                shape_string(tokens.shape()));
+  check_tokens(tokens);
   ensure_buffers(tokens.dim(0), tokens.dim(1));
   if (slots_batch_ != batch_ || slots_tokens_ != tokens_) {
     stage_slots_.assign(static_cast<std::size_t>(stage_slot_count_ - 1), {});

@@ -298,6 +298,12 @@ BlockLayout make_block_layout(const char* op, const Tensor& qkv, const Tensor& k
 // Keys of `row` (query i) visible in the block.
 std::int64_t visible_keys(const BlockLayout& L, std::int64_t i, bool causal) { return causal ? i + 1 : L.keys; }
 
+// The logit columns a tile of rows [i0, i0 + kTileRows) needs: up to the diagonal's column block in a causal block
+// (the rest is masked, and the rows' tails are zeroed after), every one otherwise.
+std::int64_t causal_width(const BlockLayout& L, std::int64_t i0, bool causal) {
+  return causal ? std::min(L.keys_padded, round_up(i0 + kTileRows, kLanes)) : L.keys_padded;
+}
+
 void attention_block_forward_cpu(const Tensor& qkv, const Tensor& kv, const BlockLayout& L, float logit_scale,
                                  bool causal, float* m, float* l, float* o, LogitSums* logit_sums) {
   const std::int64_t Tqp = L.queries_padded, Tkp = L.keys_padded, Dp = L.head_dim_padded, Dh = L.head_dim;
@@ -322,18 +328,25 @@ void attention_block_forward_cpu(const Tensor& qkv, const Tensor& kv, const Bloc
       const float* k_source = kv_data + b * Tk * L.kv_stride + h * Dh;
       pack_transposed(k_source, L.kv_stride, Tk, Dh, k_t, L.transposed_ld);
       pack_rows(k_source + D, L.kv_stride, Tk, Dh, v, Dp);
+      // Logits (a causal block's only up to the column blocks that reach the diagonal).
       for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows)
-        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp, Tkp);
+        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp,
+                  causal_width(L, i0, causal));
       for (std::int64_t i = 0; i < Tq; ++i) {
         float* row = p + i * Tkp;
         const std::int64_t valid = visible_keys(L, i, causal), chunks_end = round_up(valid, kLanes);
+        if (valid == 0) {  // (a block without keys adds nothing)
+          std::fill(row, row + Tkp, 0.0f);
+          continue;
+        }
         if (logit_sums) probe::add_logit_row(row, valid, pair_sums[static_cast<std::size_t>(pair)]);
         Vec max_v = simd::splat(-std::numeric_limits<float>::infinity());
         for (std::int64_t j = 0; j < chunks_end; j += kLanes)
           max_v = simd::max(max_v, simd::select(simd::lanes_below(j, valid), load(row + j), max_v));
         const std::int64_t at = (b * L.heads + h) * Tq + i;
         const float m_new = std::max(m[at], simd::horizontal_max(max_v));
-        const float factor = std::exp(m[at] - m_new);  // (0 on the first block: m = -inf)
+        // (0 on the first block: m = -inf)
+        const float factor = m[at] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[at] - m_new);
         const Vec shift = simd::splat(m_new);
         Vec sum_v = Vec{};
         for (std::int64_t j = 0; j < chunks_end; j += kLanes) {
@@ -394,8 +407,9 @@ void attention_block_backward_cpu(const Tensor& qkv, const Tensor& d_out, const 
       pack_rows(d_out_data + b * Tq * D + h * Dh, D, Tq, Dh, d_o, Dp);
       // P recomputed from the saved log-sum-exp; dP = d_out V^T.
       for (std::int64_t i0 = 0; i0 < Tqp; i0 += kTileRows) {
-        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp, Tkp);
-        tile_rows(d_o + i0 * Dp, Dp, 1, v_t, L.transposed_ld, 0, Dh, 1.0f, d_s + i0 * Tkp, Tkp, Tkp);
+        const std::int64_t width = causal_width(L, i0, causal);
+        tile_rows(q + i0 * Dp, Dp, 1, k_t, L.transposed_ld, 0, Dh, logit_scale, p + i0 * Tkp, Tkp, width);
+        tile_rows(d_o + i0 * Dp, Dp, 1, v_t, L.transposed_ld, 0, Dh, 1.0f, d_s + i0 * Tkp, Tkp, width);
       }
       const Vec scale_v = simd::splat(logit_scale);
       for (std::int64_t i = 0; i < Tqp; ++i) {

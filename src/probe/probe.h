@@ -48,7 +48,8 @@ class ProbeSink {
   // The gradient of the loss with respect to probe `probe`'s tensor, same layout.
   virtual void backward(int probe, const Tensor& d_x, std::int64_t sequences) = 0;
   // Attention logits (pre-softmax, causal entries only): their power sums, gathered by the attention op while it
-  // computed q·k·scale from the packed qkv [B, T, 3D] (also given, for sinks that want the tensor itself).
+  // computed q·k·scale from the packed qkv [B, T, 3D] (also given, for sinks that want the tensor itself; with
+  // sequence parallelism the sums are the whole sequences' and qkv is ring rank 0's own tokens [B, T/sp, 3D]).
   virtual void attention_logits(int probe, const probe::LogitSums& sums, const Tensor& qkv, int heads,
                                 float logit_scale) = 0;
   // An NCHW image tensor [samples, C, H, W] for probe `probe` (its activation, or with `backward` its gradient),

@@ -67,30 +67,4 @@ Batch sequence_piece(const Batch& batch, int rank, int ranks) {
   return Batch{piece(batch.inputs), piece(batch.targets)};
 }
 
-void sum_gradients_over_ring(dist::Communicator& ring, ParameterStore& params, const std::vector<bool>& which) {
-  const auto& all = params.all();
-  PROPLAB_CHECK(which.empty() || which.size() == all.size(), which.size(), " marks for ", all.size(), " parameters");
-  std::int64_t total = 0;
-  for (std::size_t i = 0; i < all.size(); ++i)
-    if (which.empty() || which[i]) total += all[i]->grad.numel();
-  // One flat buffer where the gradients are (a GPU's, summed over its device transport).
-  Tensor flat = Tensor::empty({total}, DType::f32, params.device());
-  auto piece_of = [&](std::int64_t at, const Tensor& g) { return flat.slice(0, at, g.numel()).reshape(g.shape()); };
-  std::int64_t at = 0;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (!which.empty() && !which[i]) continue;
-    const Tensor& g = all[i]->grad;
-    piece_of(at, g).copy_from(g);
-    at += g.numel();
-  }
-  ring.all_reduce(flat.f32(), total);
-  at = 0;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (!which.empty() && !which[i]) continue;
-    Tensor& g = all[i]->grad;
-    g.copy_from(piece_of(at, g));
-    at += g.numel();
-  }
-}
-
 }  // namespace proplab

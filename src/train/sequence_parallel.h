@@ -4,19 +4,17 @@
 //
 // - Data: ring rank r of sp takes tokens [r·T/sp, (r+1)·T/sp) of every row its replica takes (inputs and targets).
 // - Loss and gradients: each rank's loss is the mean over its tokens and its gradients are scaled by 1/sp more
-//   (the trainer's grad_scale); the ring sums the gradients (every rank then holds the replica's whole gradient, so
-//   the data-parallel exchange, clipping and the update run as without the ring) and averages the loss.
+//   (the trainer's grad_scale), so every rank's gradient is a part of the global one: the gradient exchange runs over
+//   the dp·sp ranks of the replicas and their rings together (dist::ProcessGroups::gradient), as data parallelism
+//   over dp·sp ranks would, buckets overlapped with backward, and the loss is their mean.
 // - Probes: every probed tensor is per token, so the ring's pieces of it are all-gathered on recorded steps into
 //   the single-process [B·T, F] layout (sequence b's tokens in order) and recorded whole by ring rank 0: the
 //   per-sequence sums behind corr span the ring exactly as in one process. The attention logits arrive as power sums
 //   over this rank's queries: summed (max for max_abs) over the ring.
 #pragma once
 
-#include <vector>
-
 #include "dist/communicator.h"
 #include "models/model.h"
-#include "nn/parameter.h"
 #include "probe/probe.h"
 
 namespace proplab {
@@ -45,9 +43,5 @@ class SequenceParallelSink final : public ProbeSink {
 // Tokens [rank·T/ranks, (rank+1)·T/ranks) of every row of a language-model batch (inputs and targets i32 [B, T]),
 // copied (contiguous, on the host).
 Batch sequence_piece(const Batch& batch, int rank, int ranks);
-
-// Sums every gradient (those marked in `which`, in store order; empty: all) over the ring, in one all-reduce: each
-// rank then holds the sum. Every rank of the ring calls it.
-void sum_gradients_over_ring(dist::Communicator& ring, ParameterStore& params, const std::vector<bool>& which = {});
 
 }  // namespace proplab

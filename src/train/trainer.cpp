@@ -201,6 +201,8 @@ struct RunLayout {
   int ring = 1;                            // its ranks
   dist::Communicator* group = nullptr;   // the data-parallel replicas; null for one process
   int replicas = 1;
+  // The ranks that sum their gradients: the replicas and, with a ring, their rings (dp·sp); null for one process.
+  dist::Communicator* exchange = nullptr;
   bool root = true;             // this rank writes the run file and checkpoints
   std::int64_t micro = 0;       // rows of a micro-batch
   std::int64_t local_rows = 0;  // this replica's rows of it
@@ -210,11 +212,17 @@ struct RunLayout {
 RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
   // device.type names a device this build and machine have, for a run that can use it, in a precision it has
   run_device(spec);
-  if ((spec.parallel.tp > 1 || spec.parallel.pp > 1 || spec.parallel.sp > 1) &&
+  if ((spec.parallel.tp > 1 || spec.parallel.pp > 1) &&
       (spec.parallel.zero != 0 || spec.parallel.dp_mode != "allreduce"))
     throw UserError(
-        "parallel: zero = 1, dp_mode = \"local_sgd\" and dp_mode = \"gossip\" combine with data parallelism "
-        "only in this version; allowed with tp > 1, pp > 1 or sp > 1: zero = 0, dp_mode = \"allreduce\"");
+        "parallel: zero = 1, dp_mode = \"local_sgd\" and dp_mode = \"gossip\" combine with data and sequence "
+        "parallelism only in this version; allowed with tp > 1 or pp > 1: zero = 0, dp_mode = \"allreduce\"");
+  // (a ring's ranks hold parts of one replica's gradient: they must sum it every step)
+  if (spec.parallel.sp > 1 && spec.parallel.dp_mode != "allreduce")
+    throw UserError("parallel.dp_mode = \"" + spec.parallel.dp_mode +
+                    "\" with parallel.sp = " + std::to_string(spec.parallel.sp) +
+                    ": each replica steps on its own gradient, but a sequence-parallel ring holds parts of one "
+                    "replica's gradient; allowed with sp > 1: dp_mode = \"allreduce\"");
   RunLayout layout;
   // Sequence parallel: the ranks that share every sequence, each holding a part of its tokens.
   check_sequence_parallel(spec.model, spec.parallel.sp);
@@ -250,6 +258,9 @@ RunLayout check_layout(const RunSpec& spec, const RunOptions& options) {
   check_pipeline_layout(spec, options.pipeline, layout.replicas);
   layout.local_rows = layout.micro / layout.replicas;
   layout.first_row = layout.group ? layout.group->rank() * layout.local_rows : 0;
+  layout.exchange = layout.sequence ? options.gradient_sum : layout.group;
+  PROPLAB_CHECK(!layout.sequence || (layout.exchange && layout.exchange->size() == layout.replicas * layout.ring),
+                "a sequence-parallel run sums its gradients over dp·sp ranks");
   return layout;
 }
 
@@ -281,10 +292,12 @@ class TrainingRun {
   void end_diverged(double loss, double grad_norm, double lr, bool recorded);
   double evaluate();
   void save(std::int64_t step);
-  // The layout a checkpoint's compression state belongs to: [parallel] as the run file's layout attribute, and the
-  // number of processes.
+  // The layout a checkpoint's compression state belongs to: [parallel] as the run file's layout attribute says it
+  // (without pp_compress, which keeps no state, and without the device transport), and the number of processes.
   std::string compression_layout() const {
-    return layout_text(spec_.parallel) + " ranks=" + std::to_string(options_.world ? options_.world->size() : 1);
+    ParallelConfig layout = spec_.parallel;
+    layout.pp_compress = "none";
+    return layout_text(layout) + " ranks=" + std::to_string(options_.world ? options_.world->size() : 1);
   }
   // Runs a write of rank 0's; a write the operating system refuses stops the run at the next step boundary.
   template <typename Write>
@@ -377,10 +390,10 @@ TrainingRun::TrainingRun(const RunSpec& spec, const RunOptions& options, const R
     stage_.emplace(spec, *model_, *options.pipeline, layout_.group, layout_.tensor, layout_.sequence);
   pipeline_ = stage_ ? &*stage_ : nullptr;
   // (a stage's replicas exchange only the gradients it updates)
-  data_parallel_.emplace(spec.parallel, layout_.group, model_->params(),
+  // (with a ring, over the replicas and their rings: every rank's gradient is a part of the global one)
+  data_parallel_.emplace(spec.parallel, layout_.exchange, model_->params(),
                          pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{}, spec.seed);
-  // (with a ring, the replicas exchange the ring's summed gradients: nothing starts during backward)
-  data_parallel_->set_overlap(options.overlap_buckets && !layout_.sequence);
+  data_parallel_->set_overlap(options.overlap_buckets);
   optimizer_.emplace(tc_, model_->params(), data_parallel_->optimizer_shard());
   recorder_.emplace(spec.record, model_->probes(), model_->params(), tc_.steps);
   recorder_->set_tensor_parallel(layout_.tensor);
@@ -428,14 +441,18 @@ void TrainingRun::resume() {
   if (!fresh.empty()) {
     const auto layout = loaded.strings.find("compression/layout");
     const auto state = loaded.tensors.find(state_name);
-    // (every rank decides alike: the layout string is the same file's, and a matching layout has every rank's state)
-    if (layout != loaded.strings.end() && layout->second == compression_layout() && state != loaded.tensors.end()) {
+    const bool same_layout = layout != loaded.strings.end() && layout->second == compression_layout();
+    // Every rank takes its state back, or none does (a rank whose state is missing restarts them all).
+    double found = same_layout && state != loaded.tensors.end() ? 1.0 : 0.0;
+    if (options_.world) options_.world->all_reduce(&found, 1, dist::ReduceOp::min);
+    if (found == 1.0) {
       compressor->set_state(state->second.to_vector());
     } else if (layout_.root && options_.log) {
       *options_.log << "proplab: " << spec_.name << ": the " << compression_name(compressor->scheme())
                     << " error feedback starts afresh: the checkpoint was written "
                     << (layout == loaded.strings.end() ? std::string("without it")
-                                                       : "under another layout (" + layout->second + ")")
+                        : !same_layout                 ? "under another layout (" + layout->second + ")"
+                                                       : std::string("without every rank's state"))
                     << "\n";
     }
   }
@@ -590,22 +607,18 @@ double TrainingRun::forward_backward(bool record) {
                                 step_, record ? sink_ : nullptr,
                                 [&](int m) { return local(data_.batch(Split::train, step_ * tc_.grad_accum + m)); })
                           : total / tc_.grad_accum;
-  if (layout_.sequence) {  // the ring's tokens' gradients and mean loss: the replica's (a stage's: its own)
-    sum_gradients_over_ring(*layout_.sequence, model_->params(),
-                            pipeline_ ? pipeline_->updated_parameters() : std::vector<bool>{});
-    layout_.sequence->all_reduce(&loss, 1);
-    loss /= layout_.ring;
-  }
   // (tensor and sequence parallel: only the rank 0 of both groups holds probe sums; the others' data groups skip)
   const bool holds_sums =
       (!layout_.tensor || layout_.tensor->rank() == 0) && (!layout_.sequence || layout_.sequence->rank() == 0);
-  dist::Communicator* group = layout_.group;
-  if (group && layout_.replicas > 1) {
-    data_parallel_->finish_gradients(record);  // summed, reduce-scattered, or (local modes) the replica's own
-    group->all_reduce(&loss, 1);
-    loss /= layout_.replicas;
-    if (record && holds_sums) recorder_->merge_replicas(*group);
+  dist::Communicator* exchange = layout_.exchange;
+  if (exchange && exchange->size() > 1) {
+    // Summed, reduce-scattered, or (local modes) the replica's own; every rank's loss is its tokens' mean (the
+    // ranks' token counts are equal), so the step's loss is their mean.
+    data_parallel_->finish_gradients(record);
+    exchange->all_reduce(&loss, 1);
+    loss /= exchange->size();
   }
+  if (record && holds_sums && layout_.group && layout_.replicas > 1) recorder_->merge_replicas(*layout_.group);
   if (pipeline_)  // (tp × pp: the stages merge among the tensor groups' rank 0s, as the replicas do)
     loss = pipeline_->finish_backward(loss, record && holds_sums ? &*recorder_ : nullptr);
   return loss;
@@ -782,7 +795,10 @@ void use_process_groups(RunOptions& options, const dist::ProcessGroups& groups) 
   options.data_parallel = groups.data.get();
   if (groups.layout.pp > 1) options.pipeline = groups.pipeline.get();
   if (groups.tensor->size() > 1) options.tensor_parallel = groups.tensor.get();
-  if (groups.sequence->size() > 1) options.sequence_parallel = groups.sequence.get();
+  if (groups.sequence->size() > 1) {
+    options.sequence_parallel = groups.sequence.get();
+    options.gradient_sum = groups.gradient.get();
+  }
 }
 
 dist::ProcessGroups make_run_process_groups(const RunSpec& spec, RunOptions& options) {

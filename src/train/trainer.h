@@ -62,6 +62,10 @@ struct RunOptions {
   // its part of every sequence's tokens (train/sequence_parallel.h); the loss, gradients and statistics are the
   // ring's whole.
   dist::Communicator* sequence_parallel = nullptr;
+  // With sequence parallelism: the ranks that sum their gradients, the data-parallel replicas and their rings together
+  // (size dp·sp); the gradient exchange ([parallel] dp_mode, bucket_mb, zero, compress) runs over it. Null for
+  // sp = 1, where it is the data-parallel group.
+  dist::Communicator* gradient_sum = nullptr;
   // Every rank of the layout, null for one process: the ranks agree over it on when to stop and on rank 0's
   // verdict about non-finite statistics.
   dist::Communicator* world = nullptr;

@@ -115,9 +115,62 @@ TEST(AttentionBlocks, ChunksMatchTheWholeSequence) {
     EXPECT_EQ(blocks.sums.count, whole.count);
     EXPECT_NEAR(blocks.sums.sum, whole.sum, 1e-9 * (1.0 + std::abs(whole.sum)));
     EXPECT_NEAR(blocks.sums.sum_sq, whole.sum_sq, 1e-9 * whole.sum_sq);
+    EXPECT_NEAR(blocks.sums.sum_cube, whole.sum_cube, 1e-9 * (whole.sum_sq * std::sqrt(whole.sum_sq) + 1.0));
     EXPECT_NEAR(blocks.sums.sum_quad, whole.sum_quad, 1e-9 * whole.sum_quad);
     EXPECT_EQ(blocks.sums.max_abs, whole.max_abs);  // (the same float logits)
   }
+}
+
+// Queries [8, 12) of a 12-token sequence against a non-causal block of the 8 earlier tokens (Tk != Tq) and their own
+// causal block. With d_out zero on tokens [0, 8), the whole-sequence op's gradients come from those queries alone, so
+// every gradient is comparable: d_q of the 4 queries, and the keys' and values' of both blocks.
+TEST(AttentionBlocks, AnEarlierBlockOfAnotherLength) {
+  const std::int64_t B = 2, T = 12, D = 8, first = 8, Tq = T - first;
+  const int H = 2;
+  const float scale = 0.35f;
+  const Tensor qkv = testing::random_tensor({B, T, 3 * D}, 31);
+  Tensor d_out = testing::random_tensor({B, T, D}, 32);
+  for (std::int64_t b = 0; b < B; ++b) std::fill(d_out.f32() + b * T * D, d_out.f32() + (b * T + first) * D, 0.0f);
+  Tensor probs = Tensor::empty({B, H, T, T}), out = Tensor::empty({B, T, D}), d_qkv = Tensor::empty(qkv.shape());
+  ops::attention_forward(qkv, H, scale, probs, out);
+  ops::attention_backward(qkv, probs, d_out, H, scale, d_qkv);
+
+  const Tensor queries = chunk_of(qkv, 2, Tq, 0, 3 * D, 3 * D);  // tokens [8, 12): chunk 2 of length 4
+  Tensor earlier = chunk_of(qkv, 0, first, D, 2 * D, 4 * D), own = chunk_of(qkv, 2, Tq, D, 2 * D, 4 * D);
+  Tensor m = Tensor::empty({B, H, Tq}), l = Tensor::zeros({B, H, Tq}), o = Tensor::zeros({B, Tq, D});
+  std::fill(m.f32(), m.f32() + m.numel(), -std::numeric_limits<float>::infinity());
+  ops::attention_block_forward(queries, earlier, H, scale, false, m, l, o);
+  ops::attention_block_forward(queries, own, H, scale, true, m, l, o);
+  const Tensor g = chunk_of(d_out, 2, Tq, 0, D, D), whole_out = chunk_of(out, 2, Tq, 0, D, D);
+  Tensor lse = Tensor::empty({B, H, Tq}), row_dot = Tensor::empty({B, H, Tq});
+  const std::int64_t Dh = D / H;
+  double worst_out = 0.0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        const std::int64_t at = (b * H + h) * Tq + i;
+        lse.f32()[at] = m.f32()[at] + std::log(l.f32()[at]);
+        double dot = 0.0;
+        for (std::int64_t d = 0; d < Dh; ++d) {
+          const std::int64_t e = (b * Tq + i) * D + h * Dh + d;
+          const float y = o.f32()[e] / l.f32()[at];
+          worst_out = std::max(worst_out, std::abs(static_cast<double>(y) - whole_out.f32()[e]));
+          dot += static_cast<double>(y) * g.f32()[e];
+        }
+        row_dot.f32()[at] = static_cast<float>(dot);
+      }
+  EXPECT_LT(worst_out, 2e-6);
+  Tensor d_q = Tensor::zeros({B, Tq, D});
+  ops::attention_block_backward(queries, g, lse, row_dot, H, scale, false, earlier, d_q);
+  ops::attention_block_backward(queries, g, lse, row_dot, H, scale, true, own, d_q);
+  const Tensor whole_d_q = chunk_of(d_qkv, 2, Tq, 0, D, D);
+  EXPECT_LT(max_abs_difference(d_q, whole_d_q), 1e-5);
+  // Keys' and values' gradients: features [2D, 4D) of each block against the whole op's [D, 3D).
+  EXPECT_LT(
+      max_abs_difference(chunk_of(earlier, 0, first, 2 * D, 2 * D, 2 * D), chunk_of(d_qkv, 0, first, D, 2 * D, 2 * D)),
+      1e-5);
+  EXPECT_LT(max_abs_difference(chunk_of(own, 0, Tq, 2 * D, 2 * D, 2 * D), chunk_of(d_qkv, 2, Tq, D, 2 * D, 2 * D)),
+            1e-5);
 }
 
 TEST(AttentionBlocks, BitwiseIdenticalForAnyThreadCount) {

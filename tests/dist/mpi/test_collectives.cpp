@@ -135,13 +135,15 @@ TEST(MpiCollectives, ProcessGroupsOfEveryLayout) {
         ASSERT_EQ(groups.tensor->size(), layout.tp);
         ASSERT_EQ(groups.pipeline->size(), layout.pp);
         ASSERT_EQ(groups.sequence->size(), layout.sp);
+        ASSERT_EQ(groups.gradient->size(), layout.dp * layout.sp);
+        EXPECT_EQ(groups.gradient->rank(), groups.at.dp * layout.sp + groups.at.sp);
         EXPECT_EQ(groups.data->rank(), groups.at.dp);
         EXPECT_EQ(groups.tensor->rank(), groups.at.tp);
         EXPECT_EQ(groups.pipeline->rank(), groups.at.pp);
         EXPECT_EQ(groups.sequence->rank(), groups.at.sp);
         // A sum over each group adds exactly its members' world ranks: those that share every other coordinate.
-        for (Communicator* group :
-             {groups.data.get(), groups.tensor.get(), groups.pipeline.get(), groups.sequence.get()}) {
+        for (Communicator* group : {groups.data.get(), groups.tensor.get(), groups.pipeline.get(),
+                                    groups.sequence.get(), groups.gradient.get()}) {
           double sum = groups.world->rank();
           group->all_reduce(&sum, 1);
           double expected = 0;
@@ -152,7 +154,8 @@ TEST(MpiCollectives, ProcessGroupsOfEveryLayout) {
             const bool member = group == groups.data.get()       ? same_tp && same_pp && same_sp
                                 : group == groups.tensor.get()   ? same_dp && same_pp && same_sp
                                 : group == groups.pipeline.get() ? same_dp && same_tp && same_sp
-                                                                 : same_dp && same_tp && same_pp;
+                                : group == groups.sequence.get() ? same_dp && same_tp && same_pp
+                                                                 : same_tp && same_pp;
             if (member) expected += q;
           }
           EXPECT_EQ(sum, expected);
