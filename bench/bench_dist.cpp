@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
         layout.bucket_mb, layout.compress.c_str(), layout.compress_ratio, layout.compress_rank,
         layout.pp_compress.c_str(), threads);
     std::printf("  ms/step (median of %zu unrecorded steps): %.1f\n", seconds.size(), ms);
-    if (layout.dp > 1 && layout.dp_mode == "allreduce") {
+    if ((layout.dp > 1 || layout.sp > 1) && layout.dp_mode == "allreduce") {
       std::printf("  exchange after backward: %.2f ms/step (rank 0; buckets started during backward)\n",
                   1e3 * exposed[0]);
       if (overlap) {

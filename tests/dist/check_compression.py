@@ -4,7 +4,7 @@
 - Bytes: bench_dist --check on a small transformer counts every byte the layout's communicators are handed per
   step and requires it to equal the documented formula: dp = 2 with each compressor, dp = 4 with topk and
   powersgd, pp = 2 with bf16 and int8 boundaries, and (uncompressed) sequence parallelism at sp = 2 and 4: ring
-  attention's transfers, the ring's gradient sum and the loss.
+  attention's transfers, the gradient exchange over the dp·sp ranks and the loss.
 - Run files: dp = 2 with each compressor records /compression (error and residual per parameter and in total,
   every recorded step) and names the scheme in the layout; bf16 and int8 stay within their rounding of the
   uncompressed run and keep no residual, topk and powersgd keep one; a repeated topk run is bitwise identical;
