@@ -39,6 +39,30 @@ struct Blockwise {
   ops::LogitSums sums;
 };
 
+// After a query block's last step: out = o / l, lse = m + log l and row_dot = Σ_d out·d_out [B, H, Tq] (d_out: the
+// block's gradient [B, Tq, D]).
+struct Finished {
+  Tensor out, lse, row_dot;
+};
+Finished finish(const Tensor& m, const Tensor& l, const Tensor& o, const Tensor& d_out, std::int64_t heads) {
+  const std::int64_t B = o.dim(0), Tq = o.dim(1), D = o.dim(2), Dh = D / heads;
+  Finished f{Tensor::empty({B, Tq, D}), Tensor::empty({B, heads, Tq}), Tensor::empty({B, heads, Tq})};
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < Tq; ++i) {
+        const std::int64_t at = (b * heads + h) * Tq + i;
+        f.lse.f32()[at] = m.f32()[at] + std::log(l.f32()[at]);
+        double dot = 0.0;
+        for (std::int64_t d = 0; d < Dh; ++d) {
+          const std::int64_t e = (b * Tq + i) * D + h * Dh + d;
+          f.out.f32()[e] = o.f32()[e] / l.f32()[at];
+          dot += static_cast<double>(f.out.f32()[e]) * d_out.f32()[e];
+        }
+        f.row_dot.f32()[at] = static_cast<float>(dot);
+      }
+  return f;
+}
+
 Blockwise run_blockwise(const BlockCase& c, const Tensor& qkv, const Tensor& d_out, float scale) {
   const std::int64_t B = c.batch, T = c.tokens, D = c.model_dim, H = c.heads, Tc = T / c.chunks;
   Blockwise result{Tensor::zeros({B, T, D}), Tensor::zeros({B, T, 3 * D}), {}};
@@ -52,22 +76,9 @@ Blockwise run_blockwise(const BlockCase& c, const Tensor& qkv, const Tensor& d_o
     for (int k = 0; k <= q; ++k)
       ops::attention_block_forward(queries, blocks[static_cast<std::size_t>(k)], c.heads, scale, k == q, m, l, o,
                                    &result.sums);
-    Tensor out = Tensor::empty({B, Tc, D}), lse = Tensor::empty({B, H, Tc}), row_dot = Tensor::empty({B, H, Tc});
     const Tensor g = chunk_of(d_out, q, Tc, 0, D, D);
-    const std::int64_t Dh = D / H;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < Tc; ++i) {
-          const std::int64_t at = (b * H + h) * Tc + i;
-          lse.f32()[at] = m.f32()[at] + std::log(l.f32()[at]);
-          double dot = 0.0;
-          for (std::int64_t d = 0; d < Dh; ++d) {
-            const std::int64_t e = (b * Tc + i) * D + h * Dh + d;
-            out.f32()[e] = o.f32()[e] / l.f32()[at];
-            dot += static_cast<double>(out.f32()[e]) * g.f32()[e];
-          }
-          row_dot.f32()[at] = static_cast<float>(dot);
-        }
+    const Finished done = finish(m, l, o, g, H);
+    const Tensor &out = done.out, &lse = done.lse, &row_dot = done.row_dot;
     Tensor d_q = Tensor::zeros({B, Tc, D});
     for (int k = 0; k <= q; ++k)
       ops::attention_block_backward(queries, g, lse, row_dot, c.heads, scale, k == q,
@@ -141,24 +152,10 @@ TEST(AttentionBlocks, AnEarlierBlockOfAnotherLength) {
   std::fill(m.f32(), m.f32() + m.numel(), -std::numeric_limits<float>::infinity());
   ops::attention_block_forward(queries, earlier, H, scale, false, m, l, o);
   ops::attention_block_forward(queries, own, H, scale, true, m, l, o);
-  const Tensor g = chunk_of(d_out, 2, Tq, 0, D, D), whole_out = chunk_of(out, 2, Tq, 0, D, D);
-  Tensor lse = Tensor::empty({B, H, Tq}), row_dot = Tensor::empty({B, H, Tq});
-  const std::int64_t Dh = D / H;
-  double worst_out = 0.0;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t i = 0; i < Tq; ++i) {
-        const std::int64_t at = (b * H + h) * Tq + i;
-        lse.f32()[at] = m.f32()[at] + std::log(l.f32()[at]);
-        double dot = 0.0;
-        for (std::int64_t d = 0; d < Dh; ++d) {
-          const std::int64_t e = (b * Tq + i) * D + h * Dh + d;
-          const float y = o.f32()[e] / l.f32()[at];
-          worst_out = std::max(worst_out, std::abs(static_cast<double>(y) - whole_out.f32()[e]));
-          dot += static_cast<double>(y) * g.f32()[e];
-        }
-        row_dot.f32()[at] = static_cast<float>(dot);
-      }
+  const Tensor g = chunk_of(d_out, 2, Tq, 0, D, D);
+  const Finished done = finish(m, l, o, g, H);
+  const Tensor &lse = done.lse, &row_dot = done.row_dot;
+  const double worst_out = max_abs_difference(done.out, chunk_of(out, 2, Tq, 0, D, D));
   EXPECT_LT(worst_out, 2e-6);
   Tensor d_q = Tensor::zeros({B, Tq, D});
   ops::attention_block_backward(queries, g, lse, row_dot, H, scale, false, earlier, d_q);
