@@ -42,17 +42,6 @@ Shape3 check(const char* op, const Tensor& qkv, int heads) {
 // The block of the ring that is visiting at step t: from rank (r − t) mod sp.
 int source_at(int rank, int step, int ranks) { return ((rank - step) % ranks + ranks) % ranks; }
 
-// The travelling block [B, Tl, width]: per token its keys and values from qkv (the rest zero).
-Tensor key_value_block(const Shape3& s, const Tensor& qkv, std::int64_t width) {
-  Tensor block = Tensor::zeros({s.batch, s.tokens, width});
-  const std::int64_t D = s.model_dim;
-  const float* x = qkv.f32();
-  float* out = block.f32();
-  for (std::int64_t row = 0; row < s.batch * s.tokens; ++row)
-    std::memcpy(out + row * width, x + row * 3 * D + D, static_cast<std::size_t>(2 * D) * sizeof(float));
-  return block;
-}
-
 // A contiguous host tensor with x's values (x itself when it is one).
 Tensor on_host(const Tensor& x) {
   if (x.device() == Device::cpu) return x.is_contiguous() ? x : x.clone();
@@ -67,6 +56,56 @@ void deliver(const Tensor& computed, Tensor& target) {
   if (computed.f32() != target.f32()) target.copy_from(computed.reshape(target.shape()));
 }
 
+// Chunk j of a tensor [B, Tl, F] whose local tokens are chunks of `chunk` tokens: a contiguous copy [B, chunk, F].
+Tensor chunk_copy(const Tensor& x, std::int64_t j, std::int64_t chunk) {
+  const std::int64_t B = x.dim(0), Tl = x.dim(1), F = x.dim(2);
+  Tensor out = Tensor::empty({B, chunk, F});
+  for (std::int64_t b = 0; b < B; ++b)
+    std::memcpy(out.f32() + b * chunk * F, x.f32() + (b * Tl + j * chunk) * F,
+                static_cast<std::size_t>(chunk * F) * sizeof(float));
+  return out;
+}
+
+// Writes features [0, F) of a chunk [B, chunk, F] into features [first, first + F) of chunk j of x [B, Tl, W].
+void put_chunk(const Tensor& piece, std::int64_t j, std::int64_t chunk, std::int64_t first, Tensor& x) {
+  const std::int64_t B = x.dim(0), Tl = x.dim(1), W = x.dim(2), F = piece.dim(2);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < chunk; ++t)
+      std::memcpy(x.f32() + (b * Tl + j * chunk + t) * W + first, piece.f32() + (b * chunk + t) * F,
+                  static_cast<std::size_t>(F) * sizeof(float));
+}
+
+// The travelling block [k, B, chunk, width], chunk-major so that each chunk is a contiguous [B, chunk, width]: per
+// token its keys and values from qkv (the rest zero).
+Tensor key_value_block(const Shape3& s, const Tensor& qkv, std::int64_t chunks, std::int64_t chunk,
+                       std::int64_t width) {
+  Tensor block = Tensor::zeros({chunks, s.batch, chunk, width});
+  const std::int64_t D = s.model_dim;
+  const float* x = qkv.f32();
+  float* out = block.f32();
+  for (std::int64_t j = 0; j < chunks; ++j)
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t t = 0; t < chunk; ++t)
+        std::memcpy(out + ((j * s.batch + b) * chunk + t) * width, x + (b * s.tokens + j * chunk + t) * 3 * D + D,
+                    static_cast<std::size_t>(2 * D) * sizeof(float));
+  return block;
+}
+
+// Chunk j of the travelling block, as a [B, chunk, width] view.
+Tensor block_chunk(const Tensor& block, std::int64_t j) {
+  return block.slice(0, j, 1).reshape({block.dim(1), block.dim(2), block.dim(3)});
+}
+
+// Calls visit(i, j, causal) for every pair of a local query chunk i and a chunk j of the block from rank `source`
+// whose keys some of chunk i's queries see (j earlier in the sequence: all of them; the same chunk: causally).
+template <typename Visit>
+void for_each_visible(const SequenceSplit& mine, const SequenceSplit& theirs, Visit&& visit) {
+  for (std::size_t i = 0; i < mine.chunks.size(); ++i)
+    for (std::size_t j = 0; j < theirs.chunks.size(); ++j)
+      if (theirs.chunks[j] <= mine.chunks[i])
+        visit(static_cast<std::int64_t>(i), static_cast<std::int64_t>(j), theirs.chunks[j] == mine.chunks[i]);
+}
+
 // Passes the travelling block to rank + 1 and takes rank − 1's.
 void pass_on(dist::Communicator& ring, Tensor& block, Tensor& incoming, int tag) {
   const int ranks = ring.size(), rank = ring.rank();
@@ -76,6 +115,20 @@ void pass_on(dist::Communicator& ring, Tensor& block, Tensor& incoming, int tag)
 
 }  // namespace
 
+SequenceSplit sequence_split(std::int64_t tokens, int rank, int ranks) {
+  PROPLAB_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && tokens % ranks == 0, "sequence_split: ", tokens,
+                " tokens over ", ranks, " ranks (rank ", rank, ")");
+  SequenceSplit split;
+  if (ranks > 1 && tokens % (2 * ranks) == 0) {
+    split.chunk = tokens / (2 * ranks);
+    split.chunks = {rank, 2 * ranks - 1 - rank};
+  } else {
+    split.chunk = tokens / ranks;
+    split.chunks = {rank};
+  }
+  return split;
+}
+
 void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int heads, float logit_scale, Tensor& out,
                             Tensor& lse, probe::LogitSums* logit_sums) {
   const Shape3 s = check("ring_attention_forward", qkv, heads);
@@ -83,35 +136,44 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
   PROPLAB_CHECK(out.numel() == B * T * D && lse.numel() == B * H * T,
                 "ring_attention_forward: out must hold [B, Tl, D] and lse [B, H, Tl]");
   const int ranks = ring.size(), rank = ring.rank();
+  const SequenceSplit mine = sequence_split(T * ranks, rank, ranks);
+  const std::int64_t chunks = static_cast<std::int64_t>(mine.chunks.size()), c = mine.chunk;
   const Tensor queries = on_host(qkv);
   Tensor host_out = host_target(out), host_lse = host_target(lse);
-  Tensor block = key_value_block(s, queries, 2 * D), incoming = Tensor::empty(block.shape());
-  // The online softmax's running maximum and sum per query, and its unnormalised output.
-  Tensor m = Tensor::empty({B, H, T}), l = Tensor::zeros({B, H, T});
-  std::fill(m.f32(), m.f32() + m.numel(), -std::numeric_limits<float>::infinity());
-  Tensor o = Tensor::zeros({B, T, D});
+  Tensor block = key_value_block(s, queries, chunks, c, 2 * D), incoming = Tensor::empty(block.shape());
+  // Per query chunk: its queries, and the online softmax's running maximum and sum and unnormalised output.
+  std::vector<Tensor> q, m, l, o;
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    q.push_back(chunk_copy(queries, i, c));
+    m.push_back(Tensor::empty({B, H, c}));
+    std::fill(m.back().f32(), m.back().f32() + m.back().numel(), -std::numeric_limits<float>::infinity());
+    l.push_back(Tensor::zeros({B, H, c}));
+    o.push_back(Tensor::zeros({B, c, D}));
+  }
   for (int step = 0; step < ranks; ++step) {
     const int source = source_at(rank, step, ranks);
-    // (a later rank's keys all come after this rank's queries: skipped, still passed on)
-    if (source <= rank)
-      ops::attention_block_forward(queries, block, heads, logit_scale, source == rank, m, l, o, logit_sums);
+    for_each_visible(mine, sequence_split(T * ranks, source, ranks), [&](std::int64_t i, std::int64_t j, bool causal) {
+      const std::size_t at = static_cast<std::size_t>(i);
+      ops::attention_block_forward(q[at], block_chunk(block, j), heads, logit_scale, causal, m[at], l[at], o[at],
+                                   logit_sums);
+    });
     if (step + 1 < ranks) pass_on(ring, block, incoming, 3);
   }
   float* y = host_out.f32();
   float* saved = host_lse.f32();
-  const float* m_data = m.f32();
-  const float* l_data = l.f32();
-  const float* o_data = o.f32();
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const float* m_data = m[static_cast<std::size_t>(i)].f32();
+    const float* l_data = l[static_cast<std::size_t>(i)].f32();
+    const float* o_data = o[static_cast<std::size_t>(i)].f32();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t pair = 0; pair < B * H; ++pair) {
-    const std::int64_t b = pair / H, h = pair % H;
-    for (std::int64_t i = 0; i < T; ++i) {
-      const std::int64_t at = pair * T + i;
-      saved[at] = m_data[at] + std::log(l_data[at]);
-      const float inverse = 1.0f / l_data[at];
-      for (std::int64_t d = 0; d < Dh; ++d) {
-        const std::int64_t e = (b * T + i) * D + h * Dh + d;
-        y[e] = o_data[e] * inverse;
+    for (std::int64_t pair = 0; pair < B * H; ++pair) {
+      const std::int64_t b = pair / H, h = pair % H;
+      for (std::int64_t t = 0; t < c; ++t) {
+        const std::int64_t at = pair * c + t, token = i * c + t;
+        saved[pair * T + token] = m_data[at] + std::log(l_data[at]);
+        const float inverse = 1.0f / l_data[at];
+        for (std::int64_t d = 0; d < Dh; ++d)
+          y[(b * T + token) * D + h * Dh + d] = o_data[(b * c + t) * D + h * Dh + d] * inverse;
       }
     }
   }
@@ -128,39 +190,58 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
                 "ring_attention_backward: shapes of out, d_out, lse or d_qkv do not match qkv ",
                 shape_string(qkv.shape()));
   const int ranks = ring.size(), rank = ring.rank();
+  const SequenceSplit mine = sequence_split(T * ranks, rank, ranks);
+  const std::int64_t chunks = static_cast<std::int64_t>(mine.chunks.size()), c = mine.chunk;
   const Tensor queries = on_host(qkv), gradient = on_host(d_out), saved = on_host(lse), output = on_host(out);
   Tensor host_d_qkv = host_target(d_qkv);
-  // The travelling block: per token its keys, values, and their gradients so far, [B, Tl, 4D].
-  Tensor block = key_value_block(s, queries, 4 * D), incoming = Tensor::empty(block.shape());
-  // Per query: Σ_d d_out·out (the softmax backward's row term), summed in double.
-  Tensor row_dot = Tensor::empty({B, H, T});
-  const float* y = output.f32();
-  const float* g = gradient.f32();
+  // The travelling block: per token its keys, values, and their gradients so far, [k, B, c, 4D].
+  Tensor block = key_value_block(s, queries, chunks, c, 4 * D), incoming = Tensor::empty(block.shape());
+  // Per query chunk: its queries, output gradient, log-sum-exp, row term Σ_d d_out·out (summed in double) and d_q.
+  std::vector<Tensor> q, g, chunk_lse, row_dot, d_q;
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    q.push_back(chunk_copy(queries, i, c));
+    g.push_back(chunk_copy(gradient, i, c));
+    chunk_lse.push_back(Tensor::empty({B, H, c}));
+    row_dot.push_back(Tensor::empty({B, H, c}));
+    d_q.push_back(Tensor::zeros({B, c, D}));
+    const float* y = output.f32();
+    const float* grad = gradient.f32();
+    float* lse_i = chunk_lse.back().f32();
+    float* dot_i = row_dot.back().f32();
 #pragma omp parallel for schedule(static)
-  for (std::int64_t pair = 0; pair < B * H; ++pair) {
-    const std::int64_t b = pair / H, h = pair % H;
-    for (std::int64_t i = 0; i < T; ++i) {
-      double dot = 0.0;
-      for (std::int64_t d = 0; d < Dh; ++d) {
-        const std::int64_t e = (b * T + i) * D + h * Dh + d;
-        dot += static_cast<double>(g[e]) * y[e];
+    for (std::int64_t pair = 0; pair < B * H; ++pair) {
+      const std::int64_t b = pair / H, h = pair % H;
+      for (std::int64_t t = 0; t < c; ++t) {
+        const std::int64_t token = i * c + t;
+        lse_i[pair * c + t] = saved.f32()[pair * T + token];
+        double dot = 0.0;
+        for (std::int64_t d = 0; d < Dh; ++d) {
+          const std::int64_t e = (b * T + token) * D + h * Dh + d;
+          dot += static_cast<double>(grad[e]) * y[e];
+        }
+        dot_i[pair * c + t] = static_cast<float>(dot);
       }
-      row_dot.f32()[pair * T + i] = static_cast<float>(dot);
     }
   }
-  Tensor d_q = Tensor::zeros({B, T, D});
   for (int step = 0; step < ranks; ++step) {
     const int source = source_at(rank, step, ranks);
-    if (source <= rank)
-      ops::attention_block_backward(queries, gradient, saved, row_dot, heads, logit_scale, source == rank, block, d_q);
+    for_each_visible(mine, sequence_split(T * ranks, source, ranks), [&](std::int64_t i, std::int64_t j, bool causal) {
+      const std::size_t at = static_cast<std::size_t>(i);
+      Tensor visiting = block_chunk(block, j);
+      ops::attention_block_backward(q[at], g[at], chunk_lse[at], row_dot[at], heads, logit_scale, causal, visiting,
+                                    d_q[at]);
+    });
     if (ranks > 1) pass_on(ring, block, incoming, 4);  // every block goes all the way round, home with its gradient
   }
-  float* dx = host_d_qkv.f32();
-  const float* dq = d_q.f32();
-  const float* home = block.f32();
-  for (std::int64_t row = 0; row < B * T; ++row) {
-    std::memcpy(dx + row * 3 * D, dq + row * D, static_cast<std::size_t>(D) * sizeof(float));
-    std::memcpy(dx + row * 3 * D + D, home + row * 4 * D + 2 * D, static_cast<std::size_t>(2 * D) * sizeof(float));
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    put_chunk(d_q[static_cast<std::size_t>(i)], i, c, 0, host_d_qkv);
+    // (the home block's key and value gradients: features [2D, 4D) of chunk i)
+    const Tensor home = chunk_copy(block_chunk(block, i), 0, c);
+    const std::int64_t W = 4 * D;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < c; ++t)
+        std::memcpy(host_d_qkv.f32() + (b * T + i * c + t) * 3 * D + D, home.f32() + (b * c + t) * W + 2 * D,
+                    static_cast<std::size_t>(2 * D) * sizeof(float));
   }
   deliver(host_d_qkv, d_qkv);
 }

@@ -93,11 +93,8 @@ void TensorParallel::all_reduce(Tensor& x) const {
   group_->all_reduce(x.f32(), x.numel());
 }
 
-void TensorParallel::embedding_forward(const Tensor& tokens, const Parameter& token_table,
-                                       const Parameter& position_table, std::int64_t first_position, std::int64_t vocab,
-                                       Tensor& y) const {
-  // (rows of the table from first_position on: a view)
-  const Tensor positions = position_table.value.slice(0, first_position, position_table.value.dim(0) - first_position);
+void TensorParallel::embedding_forward(const Tensor& tokens, const Parameter& token_table, const Tensor& positions,
+                                       std::int64_t vocab, Tensor& y) const {
   if (!split()) {
     ops::embedding_forward(tokens, token_table.value, &positions, y);
     return;
@@ -109,8 +106,7 @@ void TensorParallel::embedding_forward(const Tensor& tokens, const Parameter& to
 }
 
 void TensorParallel::embedding_backward(const Tensor& tokens, const Tensor& d_y, Parameter& token_table,
-                                        Parameter& position_table, std::int64_t first_position) const {
-  Tensor d_positions = position_table.grad.slice(0, first_position, position_table.grad.dim(0) - first_position);
+                                        Tensor& d_positions) const {
   if (!split()) {
     ops::embedding_backward(tokens, d_y, token_table.grad, &d_positions);
     return;

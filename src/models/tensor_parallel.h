@@ -60,13 +60,12 @@ class TensorParallel {
   // In-place sum over the group (f's backward, g's forward); nothing for one process.
   void all_reduce(Tensor& x) const;
 
-  // Vocab-parallel token embedding plus the position embedding: y [B, T, D], token t at position first_position + t
-  // (a sequence-parallel rank's tokens start past the earlier ranks').
-  void embedding_forward(const Tensor& tokens, const Parameter& token_table, const Parameter& position_table,
-                         std::int64_t first_position, std::int64_t vocab, Tensor& y) const;
-  // Gradients of both tables (+=) from d_y [B, T, D] (replicated).
-  void embedding_backward(const Tensor& tokens, const Tensor& d_y, Parameter& token_table, Parameter& position_table,
-                          std::int64_t first_position) const;
+  // Vocab-parallel token embedding plus the position embedding: y [B, T, D], token t adding row t of `positions`
+  // (the position table, or the rows of a sequence-parallel rank's tokens).
+  void embedding_forward(const Tensor& tokens, const Parameter& token_table, const Tensor& positions,
+                         std::int64_t vocab, Tensor& y) const;
+  // Gradients of the token table and of `d_positions` (rows as `positions`'s) (+=) from d_y [B, T, D] (replicated).
+  void embedding_backward(const Tensor& tokens, const Tensor& d_y, Parameter& token_table, Tensor& d_positions) const;
   // Vocab-parallel softmax cross-entropy of this rank's logits [rows, V/tp] against targets i32 [rows]: the mean
   // loss over rows (equal on every rank); d_logits (when given) = grad_scale·(softmax − onehot)/rows here.
   double cross_entropy(const Tensor& logits, const Tensor& targets, Tensor* d_logits, float grad_scale) const;

@@ -267,12 +267,25 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   if (sink && s.probe_input >= 0) sink->backward(s.probe_input, d_in, batch_);
 }
 
+Tensor Transformer::local_positions() {
+  const Tensor& table = position_embedding_->value;
+  if (!sequence_) return table;
+  const SequenceSplit split = sequence_split(tokens_ * sequence_->size(), sequence_->rank(), sequence_->size());
+  if (!position_rows_.defined() || position_rows_.dim(0) != tokens_ || position_rows_.device() != table.device())
+    position_rows_ = Tensor::empty({tokens_, table.dim(1)}, DType::f32, table.device());
+  for (std::size_t j = 0; j < split.chunks.size(); ++j) {
+    Tensor rows = position_rows_.slice(0, static_cast<std::int64_t>(j) * split.chunk, split.chunk);
+    rows.copy_from(table.slice(0, split.chunks[j] * split.chunk, split.chunk));
+  }
+  return position_rows_;
+}
+
 void Transformer::embed_forward(const Tensor& tokens, const StepContext& context) {
   Tensor& x0 = stream_[0];
   const std::int64_t d = config_.width;
   const bool drop = dropout_active(context);
   Tensor target = (drop ? embedded_ : x0).reshape({batch_, tokens_, d});
-  tp_.embedding_forward(tokens, *token_embedding_, *position_embedding_, first_position(), config_.vocab, target);
+  tp_.embedding_forward(tokens, *token_embedding_, local_positions(), config_.vocab, target);
   if (drop) ops::dropout_forward(embedded_, config_.dropout, context.seed, dropout_stream(context, -1), x0);
   if (context.sink) context.sink->forward(probe_embed_, x0, batch_);
 }
@@ -320,8 +333,19 @@ void Transformer::embed_backward(const Tensor& tokens, const StepContext& contex
     d_embedded = &d_tmp_;
   }
   const std::int64_t d = config_.width;
-  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, *position_embedding_,
-                         first_position());
+  Tensor& table = position_embedding_->grad;
+  if (!sequence_) {
+    tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, table);
+    return;
+  }
+  // A ring rank's tokens: their rows' gradient, added into the table's rows chunk by chunk.
+  const SequenceSplit split = sequence_split(tokens_ * sequence_->size(), sequence_->rank(), sequence_->size());
+  Tensor d_rows = Tensor::zeros({tokens_, d}, DType::f32, table.device());
+  tp_.embedding_backward(tokens, d_embedded->reshape({batch_, tokens_, d}), *token_embedding_, d_rows);
+  for (std::size_t j = 0; j < split.chunks.size(); ++j) {
+    Tensor rows = table.slice(0, split.chunks[j] * split.chunk, split.chunk);
+    ops::axpy(1.0f, d_rows.slice(0, static_cast<std::int64_t>(j) * split.chunk, split.chunk), rows);
+  }
 }
 
 void Transformer::check_tokens(const Tensor& tokens) const {

@@ -10,8 +10,8 @@
 // Activations are [rows, features] with rows = batch·tokens.
 // Tensor parallelism (models/tensor_parallel.h): with a group of tp ranks, each holds heads/tp heads, F/tp hidden
 // units and V/tp vocabulary rows; the residual stream, norms and branch outputs are replicated.
-// Sequence parallelism (models/sequence_parallel.h): with a ring of sp ranks, rank r holds tokens [r·T/sp,
-// (r+1)·T/sp) of every sequence (positions offset by r·T/sp); the attention is ring attention and every other op is
+// Sequence parallelism (models/sequence_parallel.h): with a ring of sp ranks, rank r holds T/sp tokens of every
+// sequence (sequence_split's chunks, with their positions); the attention is ring attention and every other op is
 // per token, so it runs on the local tokens alone. The loss is this rank's tokens' mean; the trainer averages it and
 // sums the parameter gradients over the ring.
 #pragma once
@@ -135,8 +135,10 @@ class Transformer final : public Model {
   TensorParallel tp_;
   int local_heads_ = 0;  // heads on this rank (all of them without tensor parallelism)
   dist::Communicator* sequence_ = nullptr;  // the sequence-parallel ring (null: whole sequences)
-  // The sequence position of this rank's first token, in the micro-batch's tokens (0 without a ring).
-  std::int64_t first_position() const { return sequence_ ? sequence_->rank() * tokens_ : 0; }
+  // The position embedding's rows of this rank's tokens (sequence_split's chunks: a copy), or the whole table without
+  // a ring.
+  Tensor local_positions();
+  Tensor position_rows_;
 
   // Buffers for the current micro-batch shape.
   std::int64_t batch_ = 0, tokens_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/sequence_parallel.h"
 #include "train/tensor_parallel.h"
 
 namespace proplab {
@@ -22,15 +23,21 @@ const Tensor& SequenceParallelSink::whole(const Tensor& piece, std::int64_t sequ
   if (gathered_.numel() != ranks * rows * features) gathered_ = Tensor::empty({ranks * rows * features});
   ring_.all_gather(x.f32(), gathered_.f32(), x.numel());
   if (ring_.rank() != 0) return piece;
-  // Block k of the gather is rank k's [B, Tl, F]: it becomes tokens [k·Tl, (k+1)·Tl) of every sequence.
-  const std::int64_t part = (rows / sequences) * features;  // one sequence's part on one rank
+  // Block k of the gather is rank k's [B, Tl, F]: its chunks go to their places in every sequence (sequence_split).
+  const std::int64_t local = rows / sequences, tokens = local * ranks;
   whole_ = Tensor::empty({ranks * rows, features});
   const float* in = gathered_.f32();
   float* out = whole_.f32();
-#pragma omp parallel for schedule(static) if (rows * features * ranks > (1 << 16))
-  for (std::int64_t b = 0; b < sequences; ++b)
-    for (std::int64_t k = 0; k < ranks; ++k)
-      std::copy(in + (k * sequences + b) * part, in + (k * sequences + b + 1) * part, out + (b * ranks + k) * part);
+  for (std::int64_t k = 0; k < ranks; ++k) {
+    const SequenceSplit split = sequence_split(tokens, static_cast<int>(k), static_cast<int>(ranks));
+    const std::int64_t piece = split.chunk * features;
+#pragma omp parallel for schedule(static) if (rows * features > (1 << 16))
+    for (std::int64_t b = 0; b < sequences; ++b)
+      for (std::size_t j = 0; j < split.chunks.size(); ++j) {
+        const float* from = in + ((k * sequences + b) * local + static_cast<std::int64_t>(j) * split.chunk) * features;
+        std::copy(from, from + piece, out + (b * tokens + split.chunks[j] * split.chunk) * features);
+      }
+  }
   return whole_;
 }
 
@@ -57,11 +64,13 @@ Batch sequence_piece(const Batch& batch, int rank, int ranks) {
                   "sequence_piece: tokens must be contiguous i32 [B, T] on the host with T divisible by ", ranks,
                   ", got ", shape_string(tokens.shape()));
     const std::int64_t rows = tokens.dim(0), length = tokens.dim(1) / ranks;
+    const SequenceSplit split = sequence_split(tokens.dim(1), rank, ranks);
     Tensor out = Tensor::empty({rows, length}, DType::i32);
-    for (std::int64_t b = 0; b < rows; ++b) {
-      const std::int32_t* from = tokens.i32() + b * tokens.dim(1) + rank * length;
-      std::copy(from, from + length, out.i32() + b * length);
-    }
+    for (std::int64_t b = 0; b < rows; ++b)
+      for (std::size_t j = 0; j < split.chunks.size(); ++j) {
+        const std::int32_t* from = tokens.i32() + b * tokens.dim(1) + split.chunks[j] * split.chunk;
+        std::copy(from, from + split.chunk, out.i32() + b * length + static_cast<std::int64_t>(j) * split.chunk);
+      }
     return out;
   };
   return Batch{piece(batch.inputs), piece(batch.targets)};

@@ -2,7 +2,8 @@
 // sequence-parallel ring (models/sequence_parallel.h, docs/distributed.md "Sequence parallelism"), so that the run
 // file matches a single-process run.
 //
-// - Data: ring rank r of sp takes tokens [r·T/sp, (r+1)·T/sp) of every row its replica takes (inputs and targets).
+// - Data: ring rank r of sp takes its tokens of every row its replica takes (inputs and targets): the chunks
+//   sequence_split names (r and 2·sp − 1 − r of T/(2·sp) tokens when 2·sp divides T, else chunk r of T/sp).
 // - Loss and gradients: each rank's loss is the mean over its tokens and its gradients are scaled by 1/sp more
 //   (the trainer's grad_scale), so every rank's gradient is a part of the global one: the gradient exchange runs over
 //   the dp·sp ranks of the replicas and their rings together (dist::ProcessGroups::gradient), as data parallelism
@@ -40,8 +41,8 @@ class SequenceParallelSink final : public ProbeSink {
   Tensor staged_, gathered_, whole_;
 };
 
-// Tokens [rank·T/ranks, (rank+1)·T/ranks) of every row of a language-model batch (inputs and targets i32 [B, T]),
-// copied (contiguous, on the host).
+// This rank's tokens (sequence_split's chunks, in order) of every row of a language-model batch (inputs and targets
+// i32 [B, T]), copied (contiguous, on the host).
 Batch sequence_piece(const Batch& batch, int rank, int ranks);
 
 }  // namespace proplab

@@ -26,13 +26,39 @@ Tensor random_tensor(const Shape& shape, std::uint64_t stream, float scale) {
   return t;
 }
 
-// Tokens [first, first + count) of every sequence of x [B, T, F].
-Tensor tokens_of(const Tensor& x, std::int64_t first, std::int64_t count) {
-  const std::int64_t B = x.dim(0), T = x.dim(1), F = x.dim(2);
+// This rank's tokens of every sequence of x [B, T, F] (sequence_split: zigzag chunks when 2·ranks divides T), in
+// local order.
+Tensor tokens_of(const Tensor& x, int rank, int ranks) {
+  const std::int64_t B = x.dim(0), T = x.dim(1), F = x.dim(2), count = T / ranks;
+  const SequenceSplit split = sequence_split(T, rank, ranks);
   Tensor out = Tensor::empty({B, count, F});
   for (std::int64_t b = 0; b < B; ++b)
-    std::copy(x.f32() + (b * T + first) * F, x.f32() + (b * T + first + count) * F, out.f32() + b * count * F);
+    for (std::int64_t t = 0; t < count; ++t)
+      std::copy(x.f32() + (b * T + split.position(t)) * F, x.f32() + (b * T + split.position(t) + 1) * F,
+                out.f32() + (b * count + t) * F);
   return out;
+}
+
+TEST(SequenceSplit, ZigzagWhenTwiceTheRanksDivideTheLength) {
+  const SequenceSplit zigzag = sequence_split(16, 1, 4);  // chunks of 2: rank 1 holds chunks 1 and 6
+  EXPECT_EQ(zigzag.chunk, 2);
+  EXPECT_EQ(zigzag.chunks, (std::vector<int>{1, 6}));
+  EXPECT_EQ(zigzag.position(0), 2);
+  EXPECT_EQ(zigzag.position(3), 13);
+  const SequenceSplit plain = sequence_split(12, 2, 4);  // 8 does not divide 12: chunk 2 of 3 tokens
+  EXPECT_EQ(plain.chunks, (std::vector<int>{2}));
+  EXPECT_EQ(plain.position(1), 7);
+  // Every position held once.
+  for (int ranks : {1, 2, 3, 4}) {
+    for (std::int64_t tokens : {ranks * 1, ranks * 2, ranks * 6}) {
+      std::vector<int> seen(static_cast<std::size_t>(tokens), 0);
+      for (int r = 0; r < ranks; ++r) {
+        const SequenceSplit s = sequence_split(tokens, r, ranks);
+        for (std::int64_t t = 0; t < tokens / ranks; ++t) ++seen[static_cast<std::size_t>(s.position(t))];
+      }
+      EXPECT_EQ(seen, std::vector<int>(static_cast<std::size_t>(tokens), 1)) << ranks << " ranks, " << tokens;
+    }
+  }
 }
 
 double largest(const Tensor& x) {
@@ -75,18 +101,18 @@ TEST(RingAttention, MatchesTheWholeSequencesAttention) {
     Tensor d_qkv = Tensor::empty({c.batch, T, 3 * D});
     ops::attention_backward(qkv, probs, d_out, c.heads, c.logit_scale, d_qkv);
     // This rank's slice.
-    const Tensor local_qkv = tokens_of(qkv, rank * Tl, Tl);
+    const Tensor local_qkv = tokens_of(qkv, rank, ranks);
     Tensor local_out = Tensor::empty({c.batch, Tl, D}), lse = Tensor::empty({c.batch, c.heads, Tl});
     probe::LogitSums sums;
     const std::int64_t sent_before = world->bytes_communicated(dist::Traffic::send);
     ring_attention_forward(*world, local_qkv, c.heads, c.logit_scale, local_out, lse, &sums);
     const std::int64_t forward_bytes = world->bytes_communicated(dist::Traffic::send) - sent_before;
-    expect_close(local_out, tokens_of(out, rank * Tl, Tl), 2e-6, "out");
+    expect_close(local_out, tokens_of(out, rank, ranks), 2e-6, "out");
     Tensor local_d_qkv = Tensor::empty({c.batch, Tl, 3 * D});
-    ring_attention_backward(*world, local_qkv, local_out, lse, tokens_of(d_out, rank * Tl, Tl), c.heads, c.logit_scale,
+    ring_attention_backward(*world, local_qkv, local_out, lse, tokens_of(d_out, rank, ranks), c.heads, c.logit_scale,
                             local_d_qkv);
     const std::int64_t backward_bytes = world->bytes_communicated(dist::Traffic::send) - sent_before - forward_bytes;
-    expect_close(local_d_qkv, tokens_of(d_qkv, rank * Tl, Tl), 1e-5, "d_qkv");
+    expect_close(local_d_qkv, tokens_of(d_qkv, rank, ranks), 1e-5, "d_qkv");
     // Bytes: the forward passes each key/value block sp − 1 times, the backward sp times with its gradient.
     EXPECT_EQ(forward_bytes, 4 * (ranks - 1) * c.batch * Tl * 2 * D);
     EXPECT_EQ(backward_bytes, 4 * ranks * c.batch * Tl * 4 * D);
