@@ -56,44 +56,39 @@ void deliver(const Tensor& computed, Tensor& target) {
   if (computed.f32() != target.f32()) target.copy_from(computed.reshape(target.shape()));
 }
 
-// Chunk j of a tensor [B, Tl, F] whose local tokens are chunks of `chunk` tokens: a contiguous copy [B, chunk, F].
+// Copies features [from, from + count) of `tokens` tokens of every sequence of src [B, Ts, Fs], starting at token
+// src_token, into features [to, to + count) of dst [B, Td, Fd] starting at token dst_token (both contiguous).
+void copy_tokens(const Tensor& src, std::int64_t src_token, std::int64_t from, Tensor& dst, std::int64_t dst_token,
+                 std::int64_t to, std::int64_t tokens, std::int64_t count) {
+  const std::int64_t B = src.dim(0), Ts = src.dim(1), Fs = src.dim(2), Td = dst.dim(1), Fd = dst.dim(2);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < tokens; ++t)
+      std::memcpy(dst.f32() + (b * Td + dst_token + t) * Fd + to, src.f32() + (b * Ts + src_token + t) * Fs + from,
+                  static_cast<std::size_t>(count) * sizeof(float));
+}
+
+// Local chunk j (of `chunk` tokens) of x [B, Tl, F]: a contiguous copy [B, chunk, F].
 Tensor chunk_copy(const Tensor& x, std::int64_t j, std::int64_t chunk) {
-  const std::int64_t B = x.dim(0), Tl = x.dim(1), F = x.dim(2);
-  Tensor out = Tensor::empty({B, chunk, F});
-  for (std::int64_t b = 0; b < B; ++b)
-    std::memcpy(out.f32() + b * chunk * F, x.f32() + (b * Tl + j * chunk) * F,
-                static_cast<std::size_t>(chunk * F) * sizeof(float));
+  Tensor out = Tensor::empty({x.dim(0), chunk, x.dim(2)});
+  copy_tokens(x, j * chunk, 0, out, 0, 0, chunk, x.dim(2));
   return out;
-}
-
-// Writes features [0, F) of a chunk [B, chunk, F] into features [first, first + F) of chunk j of x [B, Tl, W].
-void put_chunk(const Tensor& piece, std::int64_t j, std::int64_t chunk, std::int64_t first, Tensor& x) {
-  const std::int64_t B = x.dim(0), Tl = x.dim(1), W = x.dim(2), F = piece.dim(2);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < chunk; ++t)
-      std::memcpy(x.f32() + (b * Tl + j * chunk + t) * W + first, piece.f32() + (b * chunk + t) * F,
-                  static_cast<std::size_t>(F) * sizeof(float));
-}
-
-// The travelling block [k, B, chunk, width], chunk-major so that each chunk is a contiguous [B, chunk, width]: per
-// token its keys and values from qkv (the rest zero).
-Tensor key_value_block(const Shape3& s, const Tensor& qkv, std::int64_t chunks, std::int64_t chunk,
-                       std::int64_t width) {
-  Tensor block = Tensor::zeros({chunks, s.batch, chunk, width});
-  const std::int64_t D = s.model_dim;
-  const float* x = qkv.f32();
-  float* out = block.f32();
-  for (std::int64_t j = 0; j < chunks; ++j)
-    for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t t = 0; t < chunk; ++t)
-        std::memcpy(out + ((j * s.batch + b) * chunk + t) * width, x + (b * s.tokens + j * chunk + t) * 3 * D + D,
-                    static_cast<std::size_t>(2 * D) * sizeof(float));
-  return block;
 }
 
 // Chunk j of the travelling block, as a [B, chunk, width] view.
 Tensor block_chunk(const Tensor& block, std::int64_t j) {
   return block.slice(0, j, 1).reshape({block.dim(1), block.dim(2), block.dim(3)});
+}
+
+// The travelling block [k, B, chunk, width], chunk-major so that each chunk is a contiguous [B, chunk, width]: per
+// token the keys and values of the local qkv [B, k·chunk, 3D] (the rest zero).
+Tensor key_value_block(const Tensor& qkv, std::int64_t chunks, std::int64_t chunk, std::int64_t width) {
+  const std::int64_t D = qkv.dim(2) / 3;
+  Tensor block = Tensor::zeros({chunks, qkv.dim(0), chunk, width});
+  for (std::int64_t j = 0; j < chunks; ++j) {
+    Tensor part = block_chunk(block, j);
+    copy_tokens(qkv, j * chunk, D, part, 0, 0, chunk, 2 * D);
+  }
+  return block;
 }
 
 // Calls visit(i, j, causal) for every pair of a local query chunk i and a chunk j of the block from rank `source`
@@ -140,7 +135,7 @@ void ring_attention_forward(dist::Communicator& ring, const Tensor& qkv, int hea
   const std::int64_t chunks = static_cast<std::int64_t>(mine.chunks.size()), c = mine.chunk;
   const Tensor queries = on_host(qkv);
   Tensor host_out = host_target(out), host_lse = host_target(lse);
-  Tensor block = key_value_block(s, queries, chunks, c, 2 * D), incoming = Tensor::empty(block.shape());
+  Tensor block = key_value_block(queries, chunks, c, 2 * D), incoming = Tensor::empty(block.shape());
   // Per query chunk: its queries, and the online softmax's running maximum and sum and unnormalised output.
   std::vector<Tensor> q, m, l, o;
   for (std::int64_t i = 0; i < chunks; ++i) {
@@ -195,7 +190,7 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
   const Tensor queries = on_host(qkv), gradient = on_host(d_out), saved = on_host(lse), output = on_host(out);
   Tensor host_d_qkv = host_target(d_qkv);
   // The travelling block: per token its keys, values, and their gradients so far, [k, B, c, 4D].
-  Tensor block = key_value_block(s, queries, chunks, c, 4 * D), incoming = Tensor::empty(block.shape());
+  Tensor block = key_value_block(queries, chunks, c, 4 * D), incoming = Tensor::empty(block.shape());
   // Per query chunk: its queries, output gradient, log-sum-exp, row term Σ_d d_out·out (summed in double) and d_q.
   std::vector<Tensor> q, g, chunk_lse, row_dot, d_q;
   for (std::int64_t i = 0; i < chunks; ++i) {
@@ -233,15 +228,10 @@ void ring_attention_backward(dist::Communicator& ring, const Tensor& qkv, const 
     });
     if (ranks > 1) pass_on(ring, block, incoming, 4);  // every block goes all the way round, home with its gradient
   }
+  // Each chunk's d_q, and its home block's key and value gradients (features [2D, 4D)).
   for (std::int64_t i = 0; i < chunks; ++i) {
-    put_chunk(d_q[static_cast<std::size_t>(i)], i, c, 0, host_d_qkv);
-    // (the home block's key and value gradients: features [2D, 4D) of chunk i)
-    const Tensor home = chunk_copy(block_chunk(block, i), 0, c);
-    const std::int64_t W = 4 * D;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t t = 0; t < c; ++t)
-        std::memcpy(host_d_qkv.f32() + (b * T + i * c + t) * 3 * D + D, home.f32() + (b * c + t) * W + 2 * D,
-                    static_cast<std::size_t>(2 * D) * sizeof(float));
+    copy_tokens(d_q[static_cast<std::size_t>(i)], 0, 0, host_d_qkv, i * c, 0, c, D);
+    copy_tokens(block_chunk(block, i), 0, 2 * D, host_d_qkv, i * c, D, c, 2 * D);
   }
   deliver(host_d_qkv, d_qkv);
 }

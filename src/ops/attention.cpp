@@ -128,22 +128,33 @@ void pack_transposed(const float* source, std::int64_t source_ld, std::int64_t r
   }
 }
 
-// In place: row[0, valid) <- softmax(row[0, valid)) with max subtraction; row[valid, padded) <- 0.
-void softmax_row(float* row, std::int64_t valid, std::int64_t padded) {
-  const std::int64_t chunks_end = round_up(valid, kLanes);
+// The largest of row[0, valid) (-inf for none).
+float row_max(const float* row, std::int64_t valid) {
   Vec max_v = simd::splat(-std::numeric_limits<float>::infinity());
-  for (std::int64_t j = 0; j < chunks_end; j += kLanes)
+  for (std::int64_t j = 0; j < round_up(valid, kLanes); j += kLanes)
     max_v = simd::max(max_v, simd::select(simd::lanes_below(j, valid), load(row + j), max_v));
-  const Vec row_max = simd::splat(simd::horizontal_max(max_v));
+  return simd::horizontal_max(max_v);
+}
+
+// In place: row[0, valid) <- exp(row[0, valid) - shift) (shift at least their maximum), row[valid, padded) <- 0;
+// returns their sum.
+float exp_row(float* row, std::int64_t valid, std::int64_t padded, float shift) {
+  const std::int64_t chunks_end = round_up(valid, kLanes);
+  const Vec shift_v = simd::splat(shift);
   Vec sum_v = Vec{};
   for (std::int64_t j = 0; j < chunks_end; j += kLanes) {
-    Vec e = simd::select(simd::lanes_below(j, valid), simd::exp_nonpositive(load(row + j) - row_max), Vec{});
+    Vec e = simd::select(simd::lanes_below(j, valid), simd::exp_nonpositive(load(row + j) - shift_v), Vec{});
     store(row + j, e);
     sum_v += e;
   }
-  const Vec inverse = simd::splat(1.0f / simd::horizontal_sum(sum_v));
-  for (std::int64_t j = 0; j < chunks_end; j += kLanes) store(row + j, load(row + j) * inverse);
   for (std::int64_t j = chunks_end; j < padded; j += kLanes) store(row + j, Vec{});
+  return simd::horizontal_sum(sum_v);
+}
+
+// In place: row[0, valid) <- softmax(row[0, valid)) with max subtraction; row[valid, padded) <- 0.
+void softmax_row(float* row, std::int64_t valid, std::int64_t padded) {
+  const Vec inverse = simd::splat(1.0f / exp_row(row, valid, padded, row_max(row, valid)));
+  for (std::int64_t j = 0; j < round_up(valid, kLanes); j += kLanes) store(row + j, load(row + j) * inverse);
 }
 
 // In place: d_row[j] <- p[j] * (d_row[j] - Σ_k p[k] d_row[k]) * scale for j < valid; 0 for j in [valid, padded).
@@ -334,28 +345,17 @@ void attention_block_forward_cpu(const Tensor& qkv, const Tensor& kv, const Bloc
                   causal_width(L, i0, causal));
       for (std::int64_t i = 0; i < Tq; ++i) {
         float* row = p + i * Tkp;
-        const std::int64_t valid = visible_keys(L, i, causal), chunks_end = round_up(valid, kLanes);
+        const std::int64_t valid = visible_keys(L, i, causal);
         if (valid == 0) {  // (a block without keys adds nothing)
           std::fill(row, row + Tkp, 0.0f);
           continue;
         }
         if (logit_sums) probe::add_logit_row(row, valid, pair_sums[static_cast<std::size_t>(pair)]);
-        Vec max_v = simd::splat(-std::numeric_limits<float>::infinity());
-        for (std::int64_t j = 0; j < chunks_end; j += kLanes)
-          max_v = simd::max(max_v, simd::select(simd::lanes_below(j, valid), load(row + j), max_v));
         const std::int64_t at = (b * L.heads + h) * Tq + i;
-        const float m_new = std::max(m[at], simd::horizontal_max(max_v));
+        const float m_new = std::max(m[at], row_max(row, valid));
         // (0 on the first block: m = -inf)
         const float factor = m[at] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[at] - m_new);
-        const Vec shift = simd::splat(m_new);
-        Vec sum_v = Vec{};
-        for (std::int64_t j = 0; j < chunks_end; j += kLanes) {
-          const Vec e = simd::select(simd::lanes_below(j, valid), simd::exp_nonpositive(load(row + j) - shift), Vec{});
-          store(row + j, e);
-          sum_v += e;
-        }
-        for (std::int64_t j = chunks_end; j < Tkp; j += kLanes) store(row + j, Vec{});
-        l[at] = l[at] * factor + simd::horizontal_sum(sum_v);
+        l[at] = l[at] * factor + exp_row(row, valid, Tkp, m_new);
         m[at] = m_new;
         float* o_row = o + (b * Tq + i) * D + h * Dh;
         for (std::int64_t d = 0; d < Dh; ++d) o_row[d] *= factor;

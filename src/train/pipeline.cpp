@@ -137,8 +137,7 @@ void PipelineStage::send_tensor(const Tensor& x, int to, int tag, bool gradient,
   }
   const std::int64_t n = x.numel();
   // (CUDA ranks encode and decode on the host: the payload is the same bits either way)
-  const Tensor host = x.device() == Device::cpu ? x : x.to(Device::cpu);
-  const float* values = host.f32();
+  const float* values = x.device() == Device::cpu ? x.f32() : on_host(x).f32();
   words_.resize(static_cast<std::size_t>(payload_words(boundary_, n)));
   encode_payload(boundary_, values, n, words_.data());
   if (measure) {
@@ -157,6 +156,12 @@ void PipelineStage::send_tensor(const Tensor& x, int to, int tag, bool gradient,
   stages_.send(reinterpret_cast<const float*>(words_.data()), static_cast<std::int64_t>(words_.size()), to, tag);
 }
 
+Tensor& PipelineStage::on_host(const Tensor& x, bool copy) {
+  if (!host_.defined() || host_.shape() != x.shape()) host_ = Tensor::empty(x.shape());
+  if (copy) host_.copy_from(x);
+  return host_;
+}
+
 void PipelineStage::receive_tensor(Tensor& into, int from, int tag) {
   if (boundary_ == Compression::none) {
     stages_.receive(into.f32(), into.numel(), from, tag);
@@ -168,9 +173,9 @@ void PipelineStage::receive_tensor(Tensor& into, int from, int tag) {
     decode_payload(boundary_, words_.data(), into.numel(), into.f32());
     return;
   }
-  if (!decoded_host_.defined() || decoded_host_.numel() != into.numel()) decoded_host_ = Tensor::empty(into.shape());
-  decode_payload(boundary_, words_.data(), into.numel(), decoded_host_.f32());
-  into.copy_from(decoded_host_.reshape(into.shape()));
+  Tensor& host = on_host(into, false);
+  decode_payload(boundary_, words_.data(), into.numel(), host.f32());
+  into.copy_from(host);
 }
 
 double PipelineStage::forward_backward(std::int64_t step, ProbeSink* sink,

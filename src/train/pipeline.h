@@ -102,6 +102,9 @@ class PipelineStage {
   // A boundary transfer, compressed with pp_compress; `measure` adds the sender's rounding to boundary_sums_.
   void send_tensor(const Tensor& x, int to, int tag, bool gradient, bool measure);
   void receive_tensor(Tensor& into, int from, int tag);
+  // CUDA ranks: the host buffer a boundary tensor of x's shape is encoded from (a copy of x when `copy`) or decoded
+  // into; one buffer serves both, as a send and a receive never overlap.
+  Tensor& on_host(const Tensor& x, bool copy = true);
 
   Transformer& model_;
   dist::Communicator& stages_;
@@ -124,7 +127,7 @@ class PipelineStage {
   Compression boundary_ = Compression::none;
   std::vector<std::uint32_t> words_;  // a compressed transfer's payload
   std::vector<float> decoded_;        // what a sent payload stands for (measured steps)
-  Tensor decoded_host_;               // CUDA ranks: a received payload decoded on the host
+  Tensor host_;                       // CUDA ranks: on_host()'s buffer
   std::vector<double> boundary_sums_;  // per boundary: activations' Σ‖x − x̂‖², Σ‖x‖², then gradients' (4 each)
   std::vector<double> boundary_error_;  // of the last recorded step: activations' per boundary, then gradients'
   SeriesId boundary_steps_series_, activation_error_series_, gradient_error_series_;
