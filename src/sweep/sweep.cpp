@@ -261,6 +261,11 @@ void SweepReader::read_axes(const toml::table& sweep) {
     problem(sweep_line_, "sweep", "varies nothing", "grid, zip or seeds > 1 (or drop [sweep] and use proplab run)");
   for (const std::string& text : user_overrides_) {
     const std::string key = text.substr(0, text.find('='));
+    if (key == "sweep" || key.rfind("sweep.", 0) == 0)
+      add("--set " + text + ": " + key +
+          ": the sweep's own table is read from the file, not from --set; allowed: "
+          "--set of study keys (edit [sweep] in " +
+          source_ + " to change the points)");
     for (const Axis& axis : axes_)
       if (key == axis.key || key.rfind(axis.key + ".", 0) == 0 || axis.key.rfind(key + ".", 0) == 0)
         add("--set " + text + ": " + key + ": is swept by " + axis_path(axis) + " (" + at(source_, axis.line) +

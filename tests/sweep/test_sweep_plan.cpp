@@ -241,6 +241,14 @@ TEST(SweepValidate, RefusesMalformedSweeps) {
   EXPECT_NE(error_of(base + "[sweep]\ngrid = { \"model.layers\" = [2, 3] }\n", {"model.layers=4"})
                 .find("--set model.layers=4: model.layers: is swept by sweep.grid.\"model.layers\""),
             std::string::npos);
+  // --set of the sweep's own table would be ignored (the points come from the file): refused, naming the key.
+  EXPECT_NE(
+      error_of(base + "[sweep]\ngrid = { \"model.layers\" = [2, 3] }\n", {"sweep.grid={ \"model.layers\" = [2] }"})
+          .find("sweep.grid: the sweep's own table is read from the file, not from --set"),
+      std::string::npos);
+  EXPECT_NE(error_of(base + "[sweep]\ngrid = { \"model.layers\" = [2, 3] }\n", {"sweep.seeds=3"})
+                .find("sweep.seeds: the sweep's own table"),
+            std::string::npos);
   // No [sweep]: proplab run is the command.
   EXPECT_NE(error_of(base).find("has no [sweep] table; run a single study with `proplab run s.toml`"),
             std::string::npos);
