@@ -175,6 +175,21 @@ std::string attribute(const char* name, const std::string& value) {
   return std::string(" ") + name + "=\"" + escape_xml(value) + "\"";
 }
 
+// One point marker centred at (x, y), as the widget's draw_point_marker.
+void point_marker(std::ostringstream& svg, PointMarker marker, double size, double thickness, const Paint& paint,
+                  double x, double y) {
+  if (marker == PointMarker::circle) {
+    svg << "<circle class=\"marker marker-circle\" cx=\"" << number(x) << "\" cy=\"" << number(y) << "\" r=\""
+        << number(size) << "\" " << fill(paint) << " stroke=\"none\"/>\n";
+  } else if (marker == PointMarker::cross) {
+    const double half = size / std::sqrt(2.0);
+    svg << "<path class=\"marker marker-cross\" data-x=\"" << number(x) << "\" data-y=\"" << number(y) << "\" d=\"M"
+        << number(x - half) << "," << number(y - half) << " L" << number(x + half) << "," << number(y + half) << " M"
+        << number(x - half) << "," << number(y + half) << " L" << number(x + half) << "," << number(y - half)
+        << "\" stroke-width=\"" << number(thickness) << "\"/>\n";
+  }
+}
+
 void series_element(std::ostringstream& svg, const std::string& panel, const PlotSeries& series, const AxisTransform& x,
                     const AxisTransform& y) {
   const Paint paint = paint_of(series.colour);
@@ -185,8 +200,12 @@ void series_element(std::ostringstream& svg, const std::string& panel, const Plo
   if (series.dashed)
     svg << " stroke-dasharray=\"" << number(plot_dash_on_px) << " " << number(plot_dash_off_px) << "\"";
   svg << ">\n";
-  std::vector<std::pair<double, double>> stretch;
+  std::vector<std::pair<double, double>> stretch, marks;
   const auto flush = [&] {
+    if (!series.line) {
+      stretch.clear();
+      return;
+    }
     if (stretch.size() >= 2) {
       svg << "<polyline points=\"";
       for (std::size_t i = 0; i < stretch.size(); ++i) {
@@ -206,8 +225,11 @@ void series_element(std::ostringstream& svg, const std::string& panel, const Plo
       continue;
     }
     stretch.emplace_back(x.to_pixel(series.x[i]), y.to_pixel(series.y[i]));
+    marks.push_back(stretch.back());
   }
   flush();
+  for (const auto& [mark_x, mark_y] : marks)
+    point_marker(svg, series.marker, series.marker_size, series.thickness, paint, mark_x, mark_y);
   svg << "</g>\n";
 }
 
@@ -223,11 +245,17 @@ void legend(std::ostringstream& svg, const PixelRect& box, const std::vector<con
     const double top = box.y0 + 4.0 + static_cast<double>(i) * figure_line_height;
     const double mid = top + figure_line_height / 2.0;
     const Paint paint = paint_of(series.colour);
-    if (series.dashed) {
+    if (series.line && series.dashed) {
       line(svg, box.x0 + 5.0, mid, box.x0 + 11.0, mid, paint, 2.0);
       line(svg, box.x0 + 15.0, mid, box.x0 + 21.0, mid, paint, 2.0);
-    } else {
+    } else if (series.line) {
       line(svg, box.x0 + 5.0, mid, box.x0 + 21.0, mid, paint, 2.0);
+    }
+    if (series.marker != PointMarker::none) {
+      svg << "<g " << stroke(paint) << ">\n";
+      point_marker(svg, series.marker, std::min<double>(series.marker_size, legend_marker_px), 2.0, paint,
+                   box.x0 + 13.0, mid);
+      svg << "</g>\n";
     }
     text(svg, box.x0 + legend_swatch_px + 6.0, top, legend_key(series), text_paint, Anchor::start, "legend-entry");
   }

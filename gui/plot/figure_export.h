@@ -6,9 +6,11 @@
 // Invariants:
 // - Every series of a plot panel is one <g class="series"> with data-panel, data-run, data-probe (empty for a depth
 //   profile, whose points are probes), data-label and data-dashed attributes, holding one <polyline> per stretch of
-//   plottable points (a lone point is a <circle>); a heatmap cell is a <rect class="cell"> with data-row and
-//   data-column. Axis titles are <text class="axis-label">, the panel's x range is on its <g class="plot"> as
-//   data-x-min / data-x-max (the y range likewise) and its data area's pixels as data-area="x0 y0 x1 y1".
+//   plottable points (a lone point is a <circle>; neither when the series has no line), then one point marker per
+//   plottable point when it has them: <circle class="marker marker-circle"> or <path class="marker marker-cross">
+//   with its centre in data-x, data-y; a heatmap cell is a <rect class="cell"> with data-row and data-column. Axis
+//   titles are <text class="axis-label">, the panel's x range is on its <g class="plot"> as data-x-min / data-x-max
+//   (the y range likewise) and its data area's pixels as data-area="x0 y0 x1 y1".
 // - Ranges are the spec's fixed ones, else fitted to every series as the widget fits them (2 % x, 5 % y padding).
 // - CSV: a figure with a line plot writes one row per point (panel,series,run,probe,x,y); a figure of heatmaps only
 //   writes one row per cell (panel,run,row,column,probe,step,value). Numbers are "%.17g" (so "nan" and "inf" stay).

@@ -83,7 +83,19 @@ void draw_axes(ImDrawList* draw, const PlotLayout& layout, const AxisTransform& 
   draw->AddRect(layout.area_min, layout.area_max, ImGui::GetColorU32(ImGuiCol_Border));
 }
 
-// Draws one series as polylines broken at unplottable points; dashed series follow one dash pattern throughout.
+// One of a series' point markers centred at `at`.
+void draw_point_marker(ImDrawList* draw, PointMarker marker, float size, float thickness, ImU32 colour, ImVec2 at) {
+  if (marker == PointMarker::circle) {
+    draw->AddCircleFilled(at, size, colour);
+  } else if (marker == PointMarker::cross) {
+    const float half = size / std::sqrt(2.0f);
+    draw->AddLine(ImVec2(at.x - half, at.y - half), ImVec2(at.x + half, at.y + half), colour, thickness);
+    draw->AddLine(ImVec2(at.x - half, at.y + half), ImVec2(at.x + half, at.y - half), colour, thickness);
+  }
+}
+
+// Draws one series as polylines broken at unplottable points (dashed series follow one dash pattern throughout),
+// and its point markers.
 void draw_series(ImDrawList* draw, const PlotSeries& series, const AxisTransform& x, const AxisTransform& y,
                  std::vector<ImVec2>& scratch) {
   const std::size_t n = std::min(series.x.size(), series.y.size());
@@ -124,12 +136,14 @@ void draw_series(ImDrawList* draw, const PlotSeries& series, const AxisTransform
   scratch.clear();
   for (std::size_t i = 0; i < n; ++i) {
     if (!plottable(series.x[i], x.scale()) || !plottable(series.y[i], y.scale())) {
-      flush();
+      if (series.line) flush();
       continue;
     }
     scratch.emplace_back(static_cast<float>(x.to_pixel(series.x[i])), static_cast<float>(y.to_pixel(series.y[i])));
+    draw_point_marker(draw, series.marker, series.marker_size, series.thickness, series.colour, scratch.back());
   }
-  flush();
+  if (series.line) flush();
+  scratch.clear();
 }
 
 // The legend in its box beside the data area (place_legend); a click on an entry toggles its series. Lists as many
@@ -160,12 +174,14 @@ void draw_legend(ImDrawList* draw, const PixelRect& box, const std::vector<const
     const bool hidden = state.hidden.count(key) > 0;
     const float mid = top + line / 2.0f;
     const ImU32 colour = hidden ? ImGui::GetColorU32(ImGuiCol_TextDisabled) : series.colour;
-    if (series.dashed) {
+    if (series.line && series.dashed) {
       draw->AddLine(ImVec2(box_min.x + 5.0f, mid), ImVec2(box_min.x + 11.0f, mid), colour, 2.0f);
       draw->AddLine(ImVec2(box_min.x + 15.0f, mid), ImVec2(box_min.x + 21.0f, mid), colour, 2.0f);
-    } else {
+    } else if (series.line) {
       draw->AddLine(ImVec2(box_min.x + 5.0f, mid), ImVec2(box_min.x + 21.0f, mid), colour, 2.0f);
     }
+    draw_point_marker(draw, series.marker, std::min(series.marker_size, legend_marker_px), 2.0f, colour,
+                      ImVec2(box_min.x + 13.0f, mid));
     draw->AddText(ImVec2(box_min.x + static_cast<float>(legend_swatch_px) + 6.0f, top),
                   ImGui::GetColorU32(hidden ? ImGuiCol_TextDisabled : ImGuiCol_Text), key.c_str());
     if (legend_under_mouse && ImGui::IsMouseClicked(ImGuiMouseButton_Left) && mouse.y >= top && mouse.y < top + line) {

@@ -32,12 +32,20 @@ namespace proplab::gui {
 
 ImU32 series_colour(std::size_t index, float alpha = 1.0f);
 
+// A mark drawn at every plottable point of a series: a filled disc or an × (two crossed strokes).
+enum class PointMarker { none, circle, cross };
+
 struct PlotSeries {
   std::string label;
   std::vector<double> x, y;
   ImU32 colour = IM_COL32_WHITE;
   bool dashed = false;
   float thickness = 2.0f;
+  // Marks at the points, `marker_size` pixels from their centre to their edge (a disc's radius, half an ×'s
+  // diagonal); with `line` off only the marks are drawn (a lone point then has no dot of its own either).
+  PointMarker marker = PointMarker::none;
+  float marker_size = 4.0f;
+  bool line = true;
   bool in_legend = true;
   // The legend entry's text and the key that hides the series: series of one legend_name share one entry (the first
   // of them in_legend) and are hidden and shown together. Empty: the label.

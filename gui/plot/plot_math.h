@@ -151,11 +151,13 @@ LegendPlacement place_legend(PixelRect area, double legend_width, double legend_
 PixelRect initial_window_rect(PixelRect work_area, int fallback_width, int fallback_height);
 
 // The look both renderers of a plot share (the ImDrawList widget, gui/plot/plot.cpp, and the SVG writer,
-// gui/plot/svg.cpp), in pixels: the dash pattern of dashed series, the legend's limits.
+// gui/plot/figure_export.cpp), in pixels: the dash pattern of dashed series, the legend's limits.
 inline constexpr double plot_dash_on_px = 7.0;
 inline constexpr double plot_dash_off_px = 5.0;
 inline constexpr std::size_t legend_max_entries = 14;
 inline constexpr double legend_swatch_px = 22.0;
+// A point marker in a legend swatch is at most this size (PlotSeries::marker_size), so that it fits the line.
+inline constexpr float legend_marker_px = 4.0f;
 // The share of the data area's width (or height) a legend beside it must leave to the data.
 inline constexpr double legend_min_area_share = 0.6;
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -76,6 +77,7 @@ void group_by_values(ReportPlan& plan, const std::vector<std::vector<std::string
       plan.groups.push_back(std::move(group));
     }
     plan.runs[r].group = it->second;
+    plan.runs[r].key_values = values[r];
     plan.groups[it->second].members.push_back(r);
   }
 }
@@ -217,7 +219,234 @@ std::string table_cell(const std::string& text) {
   return cell;
 }
 
+// `text` as a number when all of it reads as a finite one.
+std::optional<double> parse_number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text.front()))) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+double mean_of(std::vector<double>::const_iterator begin, std::vector<double>::const_iterator end) {
+  if (begin == end) return std::nan("");
+  double sum = 0.0;
+  for (auto it = begin; it != end; ++it) sum += *it;
+  return sum / static_cast<double>(end - begin);
+}
+
+// The run's value of `key`: its index (or grouping) value when `key` is a group key, else its config's.
+std::string run_value(const ReportPlan& plan, const ReportRun& run, const std::string& key) {
+  const auto found = std::find(plan.group_keys.begin(), plan.group_keys.end(), key);
+  if (found != plan.group_keys.end()) {
+    const auto k = static_cast<std::size_t>(found - plan.group_keys.begin());
+    if (k < run.key_values.size()) return run.key_values[k];
+  }
+  const std::string value = run.snapshot ? run.snapshot->config_value(key) : std::string();
+  return value.empty() ? std::string(unset_value) : value;
+}
+
+// True when `key`'s values and the lrs determine each other over `runs` (a key zipped with train.lr).
+bool follows_lr(const ReportPlan& plan, const std::vector<std::pair<std::size_t, double>>& runs,
+                const std::string& key) {
+  std::map<double, std::set<std::string>> values_of_lr;
+  std::map<std::string, std::set<double>> lrs_of_value;
+  for (const auto& [r, lr] : runs) {
+    const std::string value = run_value(plan, plan.runs[r], key);
+    values_of_lr[lr].insert(value);
+    lrs_of_value[value].insert(lr);
+  }
+  const auto single = [](const auto& entry) { return entry.second.size() == 1; };
+  return std::all_of(values_of_lr.begin(), values_of_lr.end(), single) &&
+         std::all_of(lrs_of_value.begin(), lrs_of_value.end(), single);
+}
+
+std::string lr_list(const std::vector<double>& lrs) {
+  std::string text;
+  for (std::size_t i = 0; i < lrs.size(); ++i) text += (i ? ", " : "") + report_number(lrs[i]);
+  return text;
+}
+
+// report.md's "Learning-rate sweeps" section (see the invariants of report.h).
+void lr_markdown(std::ostringstream& md, const ReportPlan& plan, const ReportFigures& figures) {
+  const LrSweeps& sweeps = plan.lr;
+  if (sweeps.families.empty()) return;
+  const std::string series_key = sweeps.series_key;
+  md << "\n## Learning-rate sweeps\n\n";
+  md << "Final loss against `" << lr_key << "` (log scale), one figure per family of runs that share every "
+     << (plan.from_index ? "swept" : "differing") << " value except `" << lr_key << "`, the seed";
+  if (!series_key.empty()) {
+    md << " and `" << series_key << "`; one line per `" << series_key << "` value";
+  } else {
+    md << "; one line";
+  }
+  md << ". A large dot marks the best learning rate of a line, an × a diverged point (drawn at the top, its loss "
+        "off the scale).\n\n";
+  md << "*final loss*: the last evaluation loss when a run records one, else its mean training loss over the last "
+     << lr_final_steps << " steps; a point's is the mean over its seeds. *diverged*: the run's status is diverged "
+     << "or failed, or its final loss is not finite or exceeds its initial loss (the mean training loss over its "
+        "first "
+     << lr_initial_steps << " steps); a point is diverged when any of its runs is, and is never the best. "
+     << "*best lr*: the lr of the lowest final loss among the points not diverged (ties: the smaller lr). n/a: no "
+        "loss recorded.\n";
+  for (std::size_t f = 0; f < sweeps.families.size(); ++f) {
+    const LrFamily& family = sweeps.families[f];
+    md << "\n### " << family.label << "\n\n";
+    md << "![learning-rate sweep: " << family.label << "](" << figures.lr[f] << ")\n\n";
+    md << "| " << (series_key.empty() ? "runs" : table_cell(series_key))
+       << " | best lr | final loss | lrs tried | diverged lrs |\n";
+    md << "|---|---:|---:|---|---|\n";
+    for (const LrSeries& series : family.series) {
+      std::vector<double> diverged;
+      std::string tried;
+      bool all_diverged = !series.points.empty();
+      for (std::size_t p = 0; p < series.points.size(); ++p) {
+        const LrPoint& point = series.points[p];
+        tried += (p ? ", " : "") + report_number(point.lr) + (point.has_loss || point.diverged ? "" : " (n/a)");
+        if (point.diverged) diverged.push_back(point.lr);
+        all_diverged = all_diverged && point.diverged;
+      }
+      md << "| " << (series_key.empty() ? std::string("all") : table_cell(series.value)) << " | ";
+      if (series.best) {
+        md << report_number(series.points[*series.best].lr) << " | "
+           << report_number(series.points[*series.best].final_loss);
+      } else {
+        md << (all_diverged ? "all diverged" : "n/a") << " | n/a";
+      }
+      md << " | " << tried << " | " << (diverged.empty() ? std::string("none") : lr_list(diverged)) << " |\n";
+    }
+    md << "\n";
+    if (series_key.empty()) {
+      md << "Transfer: n/a (one line).\n";
+    } else if (std::isnan(family.transfer)) {
+      md << "Transfer over `" << series_key << "`: n/a (fewer than two values with a best lr).\n";
+    } else {
+      md << "Transfer over `" << series_key << "`: max / min best lr = " << report_number(family.transfer)
+         << " (1: the best lr did not move).\n";
+    }
+  }
+}
+
 }  // namespace
+
+LrRunLoss lr_run_loss(const ReportRun& run) {
+  LrRunLoss loss;
+  if (run.snapshot) {
+    const std::vector<double>& train = run.snapshot->train.loss;
+    const std::vector<double>& eval = run.snapshot->eval.loss;
+    if (!train.empty()) {
+      loss.initial_loss =
+          mean_of(train.begin(), train.begin() + static_cast<std::ptrdiff_t>(std::min(lr_initial_steps, train.size())));
+    }
+    if (!eval.empty()) {
+      loss.final_loss = eval.back();
+      loss.from_eval = true;
+    } else if (!train.empty()) {
+      loss.final_loss =
+          mean_of(train.end() - static_cast<std::ptrdiff_t>(std::min(lr_final_steps, train.size())), train.end());
+    }
+    loss.has_loss = !train.empty() || !eval.empty();
+  }
+  // A final loss above the initial one is a run that got worse: too large a learning rate, even when it stayed
+  // finite (NaN comparisons are false, so a run without training rows is judged by its status alone).
+  loss.diverged = run.status == "diverged" || run.status == "failed" ||
+                  (loss.has_loss && (!std::isfinite(loss.final_loss) || loss.final_loss > loss.initial_loss));
+  return loss;
+}
+
+LrSweeps lr_sweeps(const ReportPlan& plan) {
+  LrSweeps sweeps;
+  std::vector<std::pair<std::size_t, double>> runs;  // (run, lr) of the runs with an lr
+  std::set<double> lrs;
+  for (std::size_t r = 0; r < plan.runs.size(); ++r) {
+    const auto lr = parse_number(run_value(plan, plan.runs[r], lr_key));
+    if (!lr || *lr <= 0.0) continue;
+    runs.emplace_back(r, *lr);
+    lrs.insert(*lr);
+  }
+  if (lrs.size() < 2) return sweeps;
+
+  std::vector<std::string> keys;
+  for (const auto& key : plan.group_keys) {
+    if (key != lr_key && !follows_lr(plan, runs, key)) keys.push_back(key);
+  }
+  auto numeric_key = [&](const std::string& key) {
+    return std::all_of(runs.begin(), runs.end(),
+                       [&](const auto& run) { return parse_number(run_value(plan, plan.runs[run.first], key)); });
+  };
+  const auto series_key = std::find_if(keys.begin(), keys.end(), numeric_key);
+  sweeps.series_key = series_key != keys.end() ? *series_key : keys.empty() ? std::string() : keys.front();
+  for (const auto& key : keys) {
+    if (key != sweeps.series_key) sweeps.fixed_keys.push_back(key);
+  }
+
+  std::vector<LrRunLoss> losses(plan.runs.size());
+  for (const auto& [r, lr] : runs) losses[r] = lr_run_loss(plan.runs[r]);
+  // Families, series values and lrs, in order of first appearance; points are sorted by lr below.
+  std::map<std::vector<std::string>, std::size_t> family_of;
+  std::vector<std::map<std::string, std::map<double, LrPoint>>> points;
+  std::vector<std::vector<std::string>> series_values;
+  for (const auto& [r, lr] : runs) {
+    std::vector<std::string> fixed;
+    for (const auto& key : sweeps.fixed_keys) fixed.push_back(run_value(plan, plan.runs[r], key));
+    const auto [found, inserted] = family_of.emplace(fixed, sweeps.families.size());
+    if (inserted) {
+      LrFamily family;
+      std::string slug;
+      for (std::size_t k = 0; k < fixed.size(); ++k) {
+        family.label += (k ? ", " : "") + sweeps.fixed_keys[k] + "=" + fixed[k];
+        slug += (k ? "," : "") + sweeps.fixed_keys[k] + "=" + fixed[k];
+      }
+      family.label = fixed.empty() ? "all runs" : family.label;
+      family.slug = report_slug(fixed.empty() ? "all" : slug);
+      sweeps.families.push_back(std::move(family));
+      points.emplace_back();
+      series_values.emplace_back();
+    }
+    const std::size_t f = found->second;
+    const std::string value = sweeps.series_key.empty() ? "" : run_value(plan, plan.runs[r], sweeps.series_key);
+    if (!points[f].count(value)) series_values[f].push_back(value);
+    LrPoint& point = points[f][value][lr];
+    point.lr = lr;
+    point.runs.push_back(r);
+  }
+  for (std::size_t f = 0; f < sweeps.families.size(); ++f) {
+    LrFamily& family = sweeps.families[f];
+    std::vector<std::string> values = series_values[f];
+    if (std::all_of(values.begin(), values.end(), [](const std::string& v) { return parse_number(v).has_value(); })) {
+      std::stable_sort(values.begin(), values.end(),
+                       [](const std::string& a, const std::string& b) { return *parse_number(a) < *parse_number(b); });
+    }
+    double best_min = std::numeric_limits<double>::infinity(), best_max = 0.0;
+    std::size_t bests = 0;
+    for (const auto& value : values) {
+      LrSeries series;
+      series.value = value;
+      for (auto& [lr, point] : points[f][value]) {
+        std::vector<double> finals;
+        for (const auto r : point.runs) {
+          point.diverged = point.diverged || losses[r].diverged;
+          if (losses[r].has_loss) finals.push_back(losses[r].final_loss);
+        }
+        point.has_loss = !finals.empty();
+        point.final_loss = mean_of(finals.begin(), finals.end());
+        const bool candidate = point.has_loss && !point.diverged && std::isfinite(point.final_loss);
+        // Strictly lower: of equal losses the smaller lr (points go by increasing lr) stays the best.
+        if (candidate && (!series.best || point.final_loss < series.points[*series.best].final_loss))
+          series.best = series.points.size();
+        series.points.push_back(std::move(point));
+      }
+      if (series.best) {
+        best_min = std::min(best_min, series.points[*series.best].lr);
+        best_max = std::max(best_max, series.points[*series.best].lr);
+        ++bests;
+      }
+      family.series.push_back(std::move(series));
+    }
+    if (bests >= 2) family.transfer = best_max / best_min;
+  }
+  return sweeps;
+}
 
 ReportPlan plan_report(const fs::path& dir) {
   if (!fs::is_directory(dir))
@@ -241,6 +470,7 @@ ReportPlan plan_report(const fs::path& dir) {
     for (const auto& bad : plan.bad_files) message += "\n  unreadable: " + bad;
     throw UserError(message);
   }
+  plan.lr = lr_sweeps(plan);
   return plan;
 }
 
@@ -328,6 +558,12 @@ ReportFigures report_figure_names(const ReportPlan& plan) {
     taken.insert(name);
     figures.heatmap.push_back(name + ".png");
   }
+  for (const auto& family : plan.lr.families) {
+    std::string name = "figures/lr_" + family.slug;
+    for (int n = 2; taken.count(name); ++n) name = "figures/lr_" + family.slug + "_" + std::to_string(n);
+    taken.insert(name);
+    figures.lr.push_back(name + ".png");
+  }
   return figures;
 }
 
@@ -379,6 +615,7 @@ std::string report_markdown(const ReportPlan& plan, const ReportFigures& figures
       md << "- " << run.name << " (" << run.status << "): " << table_cell(run.detail) << "\n";
     }
   }
+  lr_markdown(md, plan, figures);
 
   for (std::size_t g = 0; g < plan.groups.size(); ++g) {
     const ReportGroup& group = plan.groups[g];
@@ -448,6 +685,7 @@ int report_command(const ReportOptions& options, std::ostream& out, std::ostream
   for (const auto& group : figures.depth) written += group.empty() ? 0 : 1;
   for (const auto& group : figures.loss) written += group.empty() ? 0 : 1;
   for (const auto& heatmap : figures.heatmap) written += heatmap.empty() ? 0 : 1;
+  written += figures.lr.size();
   out << "proplab report: wrote " << markdown.string() << " (" << plan.runs.size() << " runs, " << plan.groups.size()
       << " groups, " << written << " figures)\n";
   if (plan.bad_files.empty()) return 0;

@@ -7,7 +7,11 @@
 //                                    and at the last record, one colour per run, theory dashed (2 × 2 panels)
 //   OUT/figures/loss_<group>.png     training loss per run (evaluation loss dashed)
 //   OUT/figures/heatmap_<run>.png    forward and backward `var`, probes × records, of one run
-//   OUT/report.md                    the summary table, then one section per group embedding its figures
+//   OUT/figures/lr_<family>.png      final loss against `train.lr` (log x), one line per series value, best lr of each
+//                                    line a large dot, diverged points an × at the top (only when the runs differ in
+//                                    train.lr: see lr_sweeps)
+//   OUT/report.md                    the summary table, the learning-rate sweeps (when there are), then one section
+//                                    per group embedding its figures
 // Every figure is report_figure_width × report_figure_height pixels, and has an SVG of the same plots beside its PNG
 // (figures/depth_<group>.svg, ...: the same plot specs and layout, drawn by figure_export.h).
 //
@@ -25,6 +29,21 @@
 //   with report_number ("%.6g"; "n/a" when there is none).
 // - A file that cannot be read never stops the report: the others are reported and the bad ones listed; the
 //   command then exits 2. A folder without any run is an error (exit 2) and writes nothing.
+// - Learning-rate sweeps (lr_sweeps), only when the runs' train.lr values (the index's column, else the run file's
+//   config) take at least two values; runs without a readable train.lr are left out of them:
+//   * Families: the other keys the groups differ by (ReportPlan::group_keys without train.lr and without keys
+//     one-to-one with it, as a key zipped with it) give the series key, the first of them whose values are all
+//     numbers (a size: width, depth), else the first; the rest fix a family (in order of first appearance). No
+//     other key: one family of one series.
+//   * Final loss of a run (lr_run_loss): the last evaluation loss when the run has /eval, else the mean training
+//     loss over its last lr_final_steps steps (all of them when fewer); initial loss: the mean training loss over
+//     its first lr_initial_steps steps. A run is diverged when its status is diverged or failed, or it has a loss
+//     and its final loss is not finite or exceeds its initial loss. A run without any loss (and not diverged by
+//     its status) is n/a.
+//   * A point (family, series value, lr) averages the final losses of its runs that have one (seeds); it is
+//     diverged when any of its runs is, n/a when none has a loss. The best lr of a series is that of its lowest
+//     final loss among the points neither diverged nor n/a (ties: the smaller lr); none when there is no such
+//     point. Transfer: max / min of the best lrs over the series values that have one (NaN with fewer than two).
 #pragma once
 
 #include <cmath>
@@ -52,12 +71,45 @@ struct ReportRun {
   std::string detail;                           // the status detail or the reason the file could not be read
   std::shared_ptr<const RunSnapshot> snapshot;  // null: no readable run file
   std::size_t group = 0;                        // index into ReportPlan::groups
+  std::vector<std::string> key_values;          // the run's value of each of ReportPlan::group_keys
 };
 
 struct ReportGroup {
   std::string label;                 // e.g. "model.layers=2, scaling.rule=standard"; "all runs" when ungrouped
   std::string slug;                  // file-name part, e.g. "model.layers=2,scaling.rule=standard"
   std::vector<std::size_t> members;  // indices into ReportPlan::runs, in their order
+};
+
+inline constexpr const char* lr_key = "train.lr";
+inline constexpr std::size_t lr_final_steps = 20;   // training steps averaged for a final loss without /eval
+inline constexpr std::size_t lr_initial_steps = 5;  // training steps averaged for the initial loss
+
+// One lr of one series: the runs at it (seeds) and their mean final loss.
+struct LrPoint {
+  double lr = 0.0;
+  double final_loss = std::nan("");  // mean over the runs that have a final loss; NaN when none has
+  bool diverged = false;             // some run diverged
+  bool has_loss = false;             // some run has a loss (else the point is n/a)
+  std::vector<std::size_t> runs;     // indices into ReportPlan::runs
+};
+
+struct LrSeries {
+  std::string value;                // the series key's value ("" without a series key)
+  std::vector<LrPoint> points;      // by increasing lr
+  std::optional<std::size_t> best;  // index into points; none when every point is diverged or n/a
+};
+
+struct LrFamily {
+  std::string label;               // e.g. "scaling.rule=mup"; "all runs" without fixed keys
+  std::string slug;                // file-name part, e.g. "scaling.rule=mup"; "all" without fixed keys
+  std::vector<LrSeries> series;    // numeric values ascending when every value is a number, else first appearance
+  double transfer = std::nan("");  // max / min best lr over the series (NaN with fewer than two best lrs)
+};
+
+struct LrSweeps {
+  std::vector<std::string> fixed_keys;  // the keys that fix a family, in group_keys order
+  std::string series_key;               // "" : one series per family
+  std::vector<LrFamily> families;       // empty: the runs do not differ in train.lr
 };
 
 struct ReportPlan {
@@ -67,11 +119,24 @@ struct ReportPlan {
   std::vector<ReportRun> runs;
   std::vector<ReportGroup> groups;
   std::vector<std::string> bad_files;  // "path: why" for each file that could not be read
+  LrSweeps lr;                         // lr_sweeps(*this)
 };
 
 // Reads DIR (see the invariants). UserError when DIR is not a folder, its index.csv cannot be parsed, or it holds
 // no run at all (the message lists the unreadable files, if any).
 ReportPlan plan_report(const std::filesystem::path& dir);
+
+// A run's final and initial loss for the learning-rate sweeps and whether it diverged (see the invariants).
+struct LrRunLoss {
+  double final_loss = std::nan(""), initial_loss = std::nan("");
+  bool from_eval = false;  // the final loss is the last evaluation loss
+  bool has_loss = false;   // the run recorded some training or evaluation loss
+  bool diverged = false;
+};
+LrRunLoss lr_run_loss(const ReportRun& run);
+
+// The plan's learning-rate sweeps (see the invariants); no families when the runs do not differ in train.lr.
+LrSweeps lr_sweeps(const ReportPlan& plan);
 
 // The probes whose `var` ratio is the variance growth: (blocks.0.in, blocks.<last>.out) in transformers and
 // ResNets, (layers.0.preact, layers.<last>.preact) in MLPs, else the first and last residual-stream probes;
@@ -97,6 +162,7 @@ std::string report_slug(const std::string& text);
 struct ReportFigures {
   std::vector<std::string> depth, loss;  // one per group
   std::vector<std::string> heatmap;      // one per run ("" for a run without a readable file)
+  std::vector<std::string> lr;           // one per learning-rate family (ReportPlan::lr)
 };
 ReportFigures report_figure_names(const ReportPlan& plan);
 

@@ -4,6 +4,7 @@
 #include <imgui.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "gui/app/app_state.h"
@@ -145,6 +146,90 @@ FigureLayout heatmap_figure(AppState& state, const RunSnapshot& run, PixelRect a
   return layout;
 }
 
+// Final loss against lr, one line per series value: small dots at the points (the line broken at diverged and n/a
+// points), a large dot at the best lr, and an × for each diverged point in a band at the top of the plot whatever
+// its loss (the y range is fitted to the points that did not diverge), one row of the band per line so that the
+// lines' × at one lr do not hide each other.
+FigureLayout lr_figure(const LrSweeps& sweeps, const LrFamily& family, PixelRect area) {
+  FigureLayout layout;
+  layout.heading = "Learning-rate sweep: " + family.label;
+  layout.note = "final loss: the last evaluation loss, else the mean training loss of the last " +
+                std::to_string(lr_final_steps) +
+                " steps, mean over seeds; large dot: the best lr; x at the top: diverged";
+  std::vector<double> lrs, losses;
+  for (const auto& series : family.series) {
+    for (const auto& point : series.points) {
+      lrs.push_back(point.lr);
+      if (point.has_loss && !point.diverged && std::isfinite(point.final_loss)) losses.push_back(point.final_loss);
+    }
+  }
+  // The band of diverged points takes the top band_share of the plot, one row per line.
+  const double rows = static_cast<double>(std::max<std::size_t>(family.series.size(), 1));
+  const double band_share = std::min(0.3, 0.04 * (rows + 1.0));
+  AxisRange y_range{0.0, 1.0};
+  if (!losses.empty()) {
+    const auto [low, high] = std::minmax_element(losses.begin(), losses.end());
+    const double span = *high > *low ? *high - *low : std::max(std::abs(*high) * 0.1, 1e-3);
+    const double data_max = *high + 0.05 * span;
+    y_range = AxisRange{*low - 0.05 * span, *low - 0.05 * span + (data_max - *low + 0.05 * span) / (1.0 - band_share)};
+  }
+  auto diverged_y = [&](std::size_t line) {
+    return y_range.max - (y_range.max - y_range.min) * band_share * (static_cast<double>(line) + 1.0) / (rows + 1.0);
+  };
+
+  PlotSpec spec;
+  spec.title = "final loss against " + std::string(lr_key) + ", " + family.label;
+  spec.x_label = std::string(lr_key) + " (log scale)";
+  spec.y_label = "final loss";
+  spec.x_scale = AxisScale::log;
+  spec.x_range = fit_range({{lrs.data(), lrs.size()}}, AxisScale::log, 0.06);
+  spec.y_range = y_range;
+  spec.legend = true;
+  for (std::size_t i = 0; i < family.series.size(); ++i) {
+    const LrSeries& series = family.series[i];
+    const std::string name = sweeps.series_key.empty() ? "final loss" : sweeps.series_key + " = " + series.value;
+    PlotSeries line;
+    line.label = name;
+    line.colour = series_colour(i);
+    line.marker = PointMarker::circle;
+    line.marker_size = 3.5f;
+    PlotSeries diverged = line;
+    diverged.label = name + ": diverged";
+    diverged.legend_name = name;
+    diverged.in_legend = false;
+    diverged.line = false;
+    diverged.marker = PointMarker::cross;
+    diverged.marker_size = 7.0f;
+    for (const auto& point : series.points) {
+      const bool shown = point.has_loss && !point.diverged;
+      line.x.push_back(point.lr);
+      line.y.push_back(shown ? point.final_loss : std::nan(""));
+      if (point.diverged) {
+        diverged.x.push_back(point.lr);
+        diverged.y.push_back(diverged_y(i));
+      }
+    }
+    spec.series.push_back(std::move(line));
+    if (!diverged.x.empty()) spec.series.push_back(std::move(diverged));
+    if (series.best) {
+      PlotSeries best;
+      best.label = name + ": best lr";
+      best.legend_name = name;
+      best.in_legend = false;
+      best.line = false;
+      best.colour = series_colour(i);
+      best.marker = PointMarker::circle;
+      best.marker_size = 8.0f;
+      best.x = {series.points[*series.best].lr};
+      best.y = {series.points[*series.best].final_loss};
+      spec.series.push_back(std::move(best));
+    }
+  }
+  layout.panels.push_back(plot_panel("lr", area, std::move(spec)));
+  layout.heatmap_runs.push_back(nullptr);
+  return layout;
+}
+
 // Draws `layout` as one full-size window: the heading, the note, then each panel at its place.
 void draw_layout(AppState& state, FigureLayout& layout) {
   ImGui::SetNextWindowPos(ImVec2(0, 0), ImGuiCond_Always);
@@ -223,6 +308,13 @@ void render_report_figures(const ReportPlan& plan, const ReportFigures& figures,
     work.push_back({figures.heatmap[r], "heatmap, " + plan.runs[r].name, {run}, [run](AppState& state, PixelRect area) {
                       return heatmap_figure(state, *run, area);
                     }});
+  }
+  for (std::size_t f = 0; f < plan.lr.families.size(); ++f) {
+    const LrSweeps* sweeps = &plan.lr;
+    work.push_back({figures.lr[f],
+                    "learning-rate sweep, " + plan.lr.families[f].label,
+                    {},
+                    [sweeps, f](AppState&, PixelRect area) { return lr_figure(*sweeps, sweeps->families[f], area); }});
   }
   if (work.empty()) return;
 

@@ -207,7 +207,8 @@ void add_sweep_commands(CLI::App& app, Commands& c) {
   c.report = app.add_subcommand(
       "report",
       "Draw the standard figures of a sweep folder (or any folder of run files) as PNGs, headless, and write "
-      "report.md with a summary table of every run. Exit status: 0 written, 1 this build has no renderer, 2 no "
+      "report.md with a summary table of every run (and, when the runs differ in train.lr, the final loss against "
+      "the learning rate with each line's best lr). Exit status: 0 written, 1 this build has no renderer, 2 no "
       "runs in DIR or some run file unreadable (the others are reported).");
   c.report->add_option("dir", c.report_options.dir, "The sweep folder (with index.csv) or a folder of run files")
       ->required();

@@ -4,6 +4,12 @@
 // references every PNG, and its summary table holds the values read from the run files with RunReader. A plain
 // folder of synthetic runs (no index.csv) is grouped by the config key that differs and its table checked against
 // the values the synthetic runs were made with; bad folders exit 2.
+//
+// Learning-rate sweeps: a sweep of 2 widths × 4 learning rates × 2 seeds of tiny transformers under SGD (lr 100
+// blows the loss up to ~10^4 in 20 steps), whose lr table must hold the best lr, its final loss and the diverged
+// lrs that tests/report/lr_sweep_expected.py computes from the run files with h5py; and plans made in memory for
+// the rules themselves (final loss, divergence, seeds averaged, diverged points never best, families and the
+// series key, n/a and all-diverged rows, no section for a single lr).
 #include <cmath>
 #include <map>
 #include <cstdlib>
@@ -15,6 +21,7 @@
 #include "gui/gui_resnet_study.h"
 #include "support/png_lines.h"
 #include "gui/plot/plot_math.h"
+#include "gui/report/report.h"
 #include "io/run_reader.h"
 #include "io/csv.h"
 
@@ -369,6 +376,365 @@ TEST_F(ReportTest, FolderWithoutRunsIsBadInputAndWritesNothing) {
   write_file("empty/broken.h5", "garbage");
   expect_bad_input({"report", "empty"}, {"no readable runs", "broken.h5"});
   expect_bad_input({"report", "missing"}, {"missing", "not a folder"});
+}
+
+// ---- Learning-rate sweeps ----
+
+const fs::path kPython = "/usr/bin/python3";
+
+// A run snapshot with these training losses (one per step) and evaluation losses, and this config.
+std::shared_ptr<const gui::RunSnapshot> loss_run(const std::vector<double>& train, const std::vector<double>& eval = {},
+                                                 const std::map<std::string, std::string>& config = {}) {
+  auto run = std::make_shared<gui::RunSnapshot>();
+  for (std::size_t s = 0; s < train.size(); ++s) {
+    run->train.step.push_back(static_cast<std::int64_t>(s));
+    run->train.loss.push_back(train[s]);
+  }
+  for (std::size_t e = 0; e < eval.size(); ++e) {
+    run->eval.step.push_back(static_cast<std::int64_t>(10 * (e + 1)));
+    run->eval.loss.push_back(eval[e]);
+  }
+  run->config = config;
+  return run;
+}
+
+// 30 training losses: `initial` for the first 5 steps, `final` after (so the initial loss is `initial` and the mean
+// over the last 20 steps is `final`).
+std::vector<double> flat_curve(double initial, double final) {
+  std::vector<double> losses(30, final);
+  std::fill(losses.begin(), losses.begin() + 5, initial);
+  return losses;
+}
+
+gui::ReportRun report_run(const std::string& name, const std::string& status,
+                          std::shared_ptr<const gui::RunSnapshot> snapshot, std::vector<std::string> values) {
+  gui::ReportRun run;
+  run.name = name;
+  run.status = status;
+  run.snapshot = std::move(snapshot);
+  run.key_values = std::move(values);
+  return run;
+}
+
+// Puts every run of a plan made in memory into one group (report_markdown's summary names each run's group).
+void one_group(gui::ReportPlan& plan) {
+  plan.groups.assign(1, gui::ReportGroup{"all runs", "all", {}});
+  for (std::size_t r = 0; r < plan.runs.size(); ++r) plan.groups[0].members.push_back(r);
+}
+
+// The rows of the lr table under "### <family>" in report.md: first cell -> cells (value, best lr, final loss,
+// lrs tried, diverged lrs).
+std::map<std::string, std::vector<std::string>> lr_table(const std::string& markdown, const std::string& family) {
+  std::map<std::string, std::vector<std::string>> rows;
+  const std::size_t section = markdown.find("\n### " + family + "\n");
+  if (section == std::string::npos) return rows;
+  std::istringstream lines(markdown.substr(section + 1));
+  std::string line;
+  std::getline(lines, line);  // the heading
+  int table_line = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("### ", 0) == 0 || line.rfind("## ", 0) == 0) break;
+    if (line.rfind("|", 0) != 0) {
+      if (table_line > 0) break;
+      continue;
+    }
+    if (++table_line <= 2) continue;  // header and alignment rows
+    std::vector<std::string> cells;
+    std::size_t start = 1;
+    while (start < line.size()) {
+      const std::size_t end = line.find(" |", start);
+      if (end == std::string::npos) break;
+      std::string cell = line.substr(start, end - start);
+      cells.push_back(cell.substr(cell.find_first_not_of(' ')));
+      start = end + 2;
+    }
+    if (!cells.empty()) rows[cells[0]] = cells;
+  }
+  return rows;
+}
+
+// The centres (pixels) of the point markers of class `marker` ("marker-cross", "marker-circle") of the SVG series
+// labelled `label`, and the plot's data area (x0 y0 x1 y1).
+struct SvgMarks {
+  std::vector<std::pair<double, double>> centres;
+  double area[4] = {0, 0, 0, 0};
+};
+SvgMarks svg_marks(const std::string& svg, const std::string& label, const std::string& marker) {
+  SvgMarks marks;
+  const std::size_t area = svg.find("data-area=\"");
+  if (area != std::string::npos) {
+    std::istringstream numbers(svg.substr(area + 11, svg.find('"', area + 11) - area - 11));
+    numbers >> marks.area[0] >> marks.area[1] >> marks.area[2] >> marks.area[3];
+  }
+  const std::size_t begin = svg.find("data-label=\"" + label + "\"");
+  if (begin == std::string::npos) return marks;
+  const std::size_t end = svg.find("</g>", begin);
+  const bool cross = marker == "marker-cross";
+  for (std::size_t at = svg.find("class=\"marker " + marker + "\"", begin); at != std::string::npos && at < end;
+       at = svg.find("class=\"marker " + marker + "\"", at + 1)) {
+    auto attribute = [&](const std::string& name) {
+      const std::size_t value = svg.find(" " + name + "=\"", at) + name.size() + 3;
+      return std::stod(svg.substr(value, svg.find('"', value) - value));
+    };
+    marks.centres.emplace_back(attribute(cross ? "data-x" : "cx"), attribute(cross ? "data-y" : "cy"));
+  }
+  return marks;
+}
+
+TEST_F(ReportTest, LrRunLossFollowsTheDocumentedRules) {
+  // Training only: the mean over the last 20 steps (here 19 at 2 and a last one at 1), the first 5 for the initial.
+  std::vector<double> train(30, 2.0);
+  std::fill(train.begin(), train.begin() + 5, 4.0);
+  train.back() = 1.0;
+  gui::LrRunLoss loss = gui::lr_run_loss(report_run("a", "completed", loss_run(train), {}));
+  EXPECT_TRUE(loss.has_loss);
+  EXPECT_FALSE(loss.from_eval);
+  EXPECT_DOUBLE_EQ(loss.final_loss, (19 * 2.0 + 1.0) / 20.0);
+  EXPECT_DOUBLE_EQ(loss.initial_loss, 4.0);
+  EXPECT_FALSE(loss.diverged);
+  // Shorter than the windows: every step.
+  loss = gui::lr_run_loss(report_run("b", "completed", loss_run({3.0, 2.0, 1.0}), {}));
+  EXPECT_DOUBLE_EQ(loss.final_loss, 2.0);
+  EXPECT_DOUBLE_EQ(loss.initial_loss, 2.0);
+  // With evaluations: the last evaluation loss, whatever the training loss did.
+  loss = gui::lr_run_loss(report_run("c", "completed", loss_run(flat_curve(3.0, 2.9), {2.6, 2.0}), {}));
+  EXPECT_TRUE(loss.from_eval);
+  EXPECT_DOUBLE_EQ(loss.final_loss, 2.0);
+  // Diverged: above the initial loss (finite), not finite, or by status (even with a good loss).
+  EXPECT_TRUE(gui::lr_run_loss(report_run("d", "completed", loss_run(flat_curve(3.0, 3.01)), {})).diverged);
+  EXPECT_TRUE(gui::lr_run_loss(report_run("e", "completed", loss_run(flat_curve(3.0, std::nan(""))), {})).diverged);
+  EXPECT_TRUE(gui::lr_run_loss(report_run("f", "completed", loss_run(flat_curve(3.0, 2.0), {INFINITY}), {})).diverged);
+  EXPECT_TRUE(gui::lr_run_loss(report_run("g", "diverged", loss_run(flat_curve(3.0, 2.0)), {})).diverged);
+  EXPECT_TRUE(gui::lr_run_loss(report_run("h", "failed", nullptr, {})).diverged);
+  // No loss at all: n/a, not diverged.
+  loss = gui::lr_run_loss(report_run("i", "completed", loss_run({}), {}));
+  EXPECT_FALSE(loss.has_loss);
+  EXPECT_FALSE(loss.diverged);
+  EXPECT_FALSE(gui::lr_run_loss(report_run("j", "pending", nullptr, {})).diverged);
+}
+
+// A μP-style sweep, rule × width × lr (rule first in the index), made in memory: one family per rule, one line per
+// width (the numeric key), seeds averaged, diverged points never best, n/a points listed, a family where every
+// point diverged still drawn.
+TEST_F(ReportTest, LrSweepFamiliesSeedsDivergenceAndTransfer) {
+  gui::ReportPlan plan;
+  plan.dir = work_;
+  plan.from_index = true;
+  plan.group_keys = {"scaling.rule", "model.width", "train.lr"};
+  auto add = [&](const std::string& name, const std::string& status, std::shared_ptr<const gui::RunSnapshot> run,
+                 const std::string& rule, const std::string& width, const std::string& lr) {
+    plan.runs.push_back(report_run(name, status, std::move(run), {rule, width, lr}));
+  };
+  // Width 128 first: the lines still go by increasing width.
+  add("m128a", "completed", loss_run(flat_curve(3.0, 2.5)), "mup", "128", "0.01");
+  // Width 64: lr 0.01 averages 2.2 over its seeds, lr 0.1 2.3 (though one of its seeds is the lowest of all), and
+  // lr 1 would be lower still but its status says diverged.
+  add("m64a", "completed", loss_run(flat_curve(3.0, 2.2)), "mup", "64", "0.01");
+  add("m64b", "completed", loss_run(flat_curve(3.0, 2.2)), "mup", "64", "1e-2");
+  add("m64c", "completed", loss_run(flat_curve(3.0, 1.9)), "mup", "64", "0.1");
+  add("m64d", "completed", loss_run(flat_curve(3.0, 2.7)), "mup", "64", "0.1");
+  add("m64e", "diverged", loss_run(flat_curve(3.0, 2.0)), "mup", "64", "1");
+  // Width 128: lr 0.1's evaluation loss (2.0) decides, not its training loss (2.9); lr 1 got worse than at
+  // initialisation; lr 0.3 has no loss yet.
+  add("m128b", "completed", loss_run(flat_curve(3.0, 2.9), {2.6, 2.0}), "mup", "128", "0.1");
+  add("m128c", "completed", loss_run(flat_curve(3.0, 3.5)), "mup", "128", "1");
+  add("m128d", "running", loss_run({}), "mup", "128", "0.3");
+  // The standard rule: every point diverged (NaN, a failed point without a run file, above the initial loss, inf).
+  add("s64a", "completed", loss_run(flat_curve(3.0, std::nan(""))), "standard", "64", "0.01");
+  add("s64b", "failed", nullptr, "standard", "64", "0.1");
+  add("s128a", "completed", loss_run(flat_curve(3.0, 3.1)), "standard", "128", "0.01");
+  add("s128b", "completed", loss_run(flat_curve(3.0, 2.0), {INFINITY}), "standard", "128", "0.1");
+  one_group(plan);
+  plan.lr = gui::lr_sweeps(plan);
+
+  const gui::LrSweeps& sweeps = plan.lr;
+  EXPECT_EQ(sweeps.series_key, "model.width");
+  EXPECT_EQ(sweeps.fixed_keys, std::vector<std::string>{"scaling.rule"});
+  ASSERT_EQ(sweeps.families.size(), 2u);
+  const gui::LrFamily& mup = sweeps.families[0];
+  const gui::LrFamily& standard = sweeps.families[1];
+  EXPECT_EQ(mup.label, "scaling.rule=mup");
+  EXPECT_EQ(mup.slug, "scaling.rule=mup");
+  EXPECT_EQ(standard.label, "scaling.rule=standard");
+  ASSERT_EQ(mup.series.size(), 2u);
+  EXPECT_EQ(mup.series[0].value, "64");
+  EXPECT_EQ(mup.series[1].value, "128");
+  const gui::LrSeries& w64 = mup.series[0];
+  ASSERT_EQ(w64.points.size(), 3u) << "0.01 and 1e-2 are one point";
+  EXPECT_EQ(w64.points[0].runs.size(), 2u);
+  EXPECT_DOUBLE_EQ(w64.points[0].final_loss, 2.2);
+  EXPECT_DOUBLE_EQ(w64.points[1].final_loss, 2.3);
+  EXPECT_TRUE(w64.points[2].diverged);
+  ASSERT_TRUE(w64.best.has_value());
+  EXPECT_DOUBLE_EQ(w64.points[*w64.best].lr, 0.01);
+  const gui::LrSeries& w128 = mup.series[1];
+  ASSERT_EQ(w128.points.size(), 4u);
+  ASSERT_TRUE(w128.best.has_value());
+  EXPECT_DOUBLE_EQ(w128.points[*w128.best].lr, 0.1);
+  EXPECT_DOUBLE_EQ(w128.points[*w128.best].final_loss, 2.0);
+  EXPECT_FALSE(w128.points[2].has_loss);
+  EXPECT_FALSE(w128.points[2].diverged);
+  EXPECT_TRUE(w128.points[3].diverged);
+  EXPECT_DOUBLE_EQ(mup.transfer, 10.0);
+  for (const auto& series : standard.series) EXPECT_FALSE(series.best.has_value()) << series.value;
+  EXPECT_TRUE(std::isnan(standard.transfer));
+
+  gui::ReportFigures figures = gui::report_figure_names(plan);
+  EXPECT_EQ(figures.lr,
+            (std::vector<std::string>{"figures/lr_scaling.rule=mup.png", "figures/lr_scaling.rule=standard.png"}));
+  std::vector<gui::RunMetrics> metrics(plan.runs.size());
+  const std::string markdown = gui::report_markdown(plan, figures, metrics);
+  EXPECT_NE(markdown.find("\n## Learning-rate sweeps\n"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("![learning-rate sweep: scaling.rule=mup](figures/lr_scaling.rule=mup.png)"),
+            std::string::npos)
+      << markdown;
+  const auto mup_table = lr_table(markdown, "scaling.rule=mup");
+  ASSERT_EQ(mup_table.size(), 2u) << markdown;
+  EXPECT_EQ(mup_table.at("64"), (std::vector<std::string>{"64", "0.01", "2.2", "0.01, 0.1, 1", "1"}));
+  EXPECT_EQ(mup_table.at("128"), (std::vector<std::string>{"128", "0.1", "2", "0.01, 0.1, 0.3 (n/a), 1", "1"}));
+  EXPECT_NE(markdown.find("Transfer over `model.width`: max / min best lr = 10 "), std::string::npos) << markdown;
+  const auto standard_table = lr_table(markdown, "scaling.rule=standard");
+  ASSERT_EQ(standard_table.size(), 2u) << markdown;
+  EXPECT_EQ(standard_table.at("64"), (std::vector<std::string>{"64", "all diverged", "n/a", "0.01, 0.1", "0.01, 0.1"}));
+  EXPECT_EQ(standard_table.at("128"),
+            (std::vector<std::string>{"128", "all diverged", "n/a", "0.01, 0.1", "0.01, 0.1"}));
+
+  // The figures alone (no group, no heatmap): the all-diverged family is drawn too, its points as × at the top.
+  plan.groups.clear();
+  figures.depth.clear();
+  figures.loss.clear();
+  figures.heatmap.assign(plan.runs.size(), "");
+  fs::create_directories(work_ / "out" / "figures");
+  std::size_t drawn = 0;
+  gui::render_report_figures(plan, figures, work_ / "out",
+                             [&](std::size_t, std::size_t, const std::string&) { ++drawn; });
+  EXPECT_EQ(drawn, 2u);
+  for (const auto& figure : figures.lr) expect_figure(work_ / "out" / figure, 2);
+  const std::string svg = read_text(work_ / "out" / "figures" / "lr_scaling.rule=standard.svg");
+  for (const char* width : {"64", "128"}) {
+    const SvgMarks crosses = svg_marks(svg, std::string("model.width = ") + width + ": diverged", "marker-cross");
+    ASSERT_EQ(crosses.centres.size(), 2u) << width << "\n" << svg;
+    for (const auto& [x, y] : crosses.centres) {
+      EXPECT_GT(y, crosses.area[1]) << width;
+      EXPECT_LT(y, crosses.area[1] + 0.3 * (crosses.area[3] - crosses.area[1])) << width << ": not at the top";
+    }
+    EXPECT_TRUE(svg_marks(svg, std::string("model.width = ") + width + ": best lr", "marker-circle").centres.empty());
+  }
+}
+
+// One lr (the runs' configs, no lr column): no section and no figure. A key zipped with train.lr is not a line.
+TEST_F(ReportTest, LrSweepsNeedTwoLearningRatesAndIgnoreKeysZippedWithIt) {
+  gui::ReportPlan plan;
+  plan.dir = work_;
+  plan.group_keys = {"model.width"};
+  for (const char* width : {"64", "128"}) {
+    plan.runs.push_back(
+        report_run(width, "completed", loss_run(flat_curve(3.0, 2.0), {}, {{"train.lr", "0.01"}}), {width}));
+  }
+  one_group(plan);
+  plan.lr = gui::lr_sweeps(plan);
+  EXPECT_TRUE(plan.lr.families.empty());
+  const gui::ReportFigures figures = gui::report_figure_names(plan);
+  EXPECT_TRUE(figures.lr.empty());
+  EXPECT_EQ(
+      gui::report_markdown(plan, figures, std::vector<gui::RunMetrics>(plan.runs.size())).find("Learning-rate sweeps"),
+      std::string::npos);
+
+  // The lr from the configs (not a group key): one line per width.
+  for (const char* width : {"64", "128"}) {
+    plan.runs.push_back(
+        report_run(width, "completed", loss_run(flat_curve(3.0, 2.0), {}, {{"train.lr", "0.1"}}), {width}));
+  }
+  one_group(plan);
+  plan.lr = gui::lr_sweeps(plan);
+  ASSERT_EQ(plan.lr.families.size(), 1u);
+  EXPECT_EQ(plan.lr.series_key, "model.width");
+  EXPECT_EQ(plan.lr.families[0].label, "all runs");
+  ASSERT_EQ(plan.lr.families[0].series.size(), 2u);
+  EXPECT_EQ(plan.lr.families[0].series[1].points.size(), 2u);
+  // Had only width 64 been run at 0.01 and only 128 at 0.1, the width would follow the lr: one line.
+  plan.runs.erase(plan.runs.begin() + 1, plan.runs.begin() + 3);
+  one_group(plan);
+  plan.lr = gui::lr_sweeps(plan);
+  ASSERT_EQ(plan.lr.families.size(), 1u);
+  EXPECT_EQ(plan.lr.series_key, "");
+
+  // zip = { "train.lr" = [...], "train.warmup" = [...] }: warmup follows the lr, so one family of one line.
+  gui::ReportPlan zipped;
+  zipped.dir = work_;
+  zipped.from_index = true;
+  zipped.group_keys = {"train.lr", "train.warmup"};
+  for (const auto& [lr, warmup] : {std::pair{"0.01", "0"}, std::pair{"0.1", "10"}, std::pair{"1", "20"}})
+    zipped.runs.push_back(report_run(lr, "completed", loss_run(flat_curve(3.0, 2.0)), {lr, warmup}));
+  zipped.lr = gui::lr_sweeps(zipped);
+  EXPECT_EQ(zipped.lr.series_key, "");
+  ASSERT_EQ(zipped.lr.families.size(), 1u);
+  EXPECT_EQ(zipped.lr.families[0].slug, "all");
+  ASSERT_EQ(zipped.lr.families[0].series.size(), 1u);
+  EXPECT_EQ(zipped.lr.families[0].series[0].points.size(), 3u);
+  ASSERT_TRUE(zipped.lr.families[0].series[0].best.has_value());
+  EXPECT_EQ(*zipped.lr.families[0].series[0].best, 0u) << "equal losses: the smaller lr";
+}
+
+// End to end: `proplab sweep` over width × lr × 2 seeds, then `proplab report`; the lr table against the run files
+// read with h5py (tests/report/lr_sweep_expected.py, the rules written out again).
+TEST_F(ReportTest, LrSweepTableMatchesTheRunFiles) {
+  std::string study = replaced(kTinyStudy, "[train]\n", "[train]\noptimizer = \"sgd\"\n");
+  study += "\n[sweep]\ngrid = { \"model.width\" = [16, 32], \"train.lr\" = [0.01, 0.1, 1, 100] }\nseeds = 2\n";
+  write_file("study.toml", study);
+  const CliResult sweep = run({"sweep", "study.toml", "--jobs", "2", "--out", "sweep"});
+  ASSERT_EQ(sweep.exit_code, 0) << describe(sweep);
+  const CliResult result = run({"report", "sweep"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_NE(result.err.find("learning-rate sweep, all runs"), std::string::npos) << result.err;
+  const fs::path report = work_ / "sweep" / "report";
+  expect_figure(report / "figures" / "lr_all.png", 2);
+  expect_markdown_references(report);
+  const std::string markdown = read_text(report / "report.md");
+  EXPECT_NE(markdown.find("\n## Learning-rate sweeps\n"), std::string::npos) << markdown;
+  EXPECT_NE(markdown.find("Transfer over `model.width`: max / min best lr = "), std::string::npos) << markdown;
+  const auto table = lr_table(markdown, "all runs");
+  ASSERT_EQ(table.size(), 2u) << markdown;
+  for (const char* width : {"16", "32"}) {
+    ASSERT_TRUE(table.count(width)) << markdown;
+    const auto& row = table.at(width);
+    ASSERT_EQ(row.size(), 5u) << markdown;
+    EXPECT_EQ(row[3], "0.01, 0.1, 1, 100");
+    EXPECT_NE(row[4].find("100"), std::string::npos) << "lr 100 must diverge: " << row[4];
+    EXPECT_EQ(row[4].find("0.01"), std::string::npos) << row[4];
+    // The × of the diverged lrs at the top of the figure's data area.
+    const SvgMarks crosses = svg_marks(read_text(report / "figures" / "lr_all.svg"),
+                                       std::string("model.width = ") + width + ": diverged", "marker-cross");
+    EXPECT_EQ(crosses.centres.size(), static_cast<std::size_t>(std::count(row[4].begin(), row[4].end(), ',') + 1));
+    for (const auto& [x, y] : crosses.centres)
+      EXPECT_LT(y, crosses.area[1] + 0.3 * (crosses.area[3] - crosses.area[1])) << width << ": not at the top";
+  }
+
+  if (run_program(kPython, {"-c", "import h5py"}).exit_code != 0)
+    GTEST_SKIP() << "/usr/bin/python3 cannot import h5py (python3-h5py): the lr table is not checked against h5py";
+  const char* source = std::getenv("PROPLAB_SOURCE_DIR");
+  ASSERT_TRUE(source != nullptr && *source != '\0') << "PROPLAB_SOURCE_DIR is not set: run through ctest";
+  const CliResult expected = run_program(
+      kPython, {(fs::path(source) / "tests" / "report" / "lr_sweep_expected.py").string(), "sweep", "model.width"});
+  ASSERT_EQ(expected.exit_code, 0) << describe(expected);
+  std::istringstream lines(expected.out);
+  std::string line;
+  std::size_t rows = 0;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> fields;
+    std::istringstream split(line);
+    for (std::string field; std::getline(split, field, '\t');) fields.push_back(field);
+    ASSERT_EQ(fields.size(), 5u) << line;
+    SCOPED_TRACE("model.width = " + fields[0]);
+    ASSERT_TRUE(table.count(fields[0])) << markdown;
+    const auto& row = table.at(fields[0]);
+    EXPECT_EQ(row[1], fields[1]) << "best lr";
+    expect_number(row[2], fields[2] == "n/a" ? std::nan("") : std::stod(fields[2]), "final loss at the best lr");
+    EXPECT_EQ(row[3], fields[3]) << "lrs tried";
+    EXPECT_EQ(row[4], fields[4]) << "diverged lrs";
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2u) << expected.out;
 }
 
 }  // namespace
