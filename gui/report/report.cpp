@@ -546,7 +546,13 @@ ReportFigures report_figure_names(const ReportPlan& plan) {
     figures.depth.push_back(readable ? "figures/depth_" + group.slug + ".png" : "");
     figures.loss.push_back(readable ? "figures/loss_" + group.slug + ".png" : "");
   }
-  std::set<std::string> taken;
+  const auto readable_runs = static_cast<std::size_t>(
+      std::count_if(plan.runs.begin(), plan.runs.end(), [](const ReportRun& run) { return run.snapshot != nullptr; }));
+  if (plan.groups.size() >= 2 && readable_runs >= 2 && readable_runs <= report_compare_runs) {
+    figures.depth_all = "figures/depth_all.png";
+    figures.loss_all = "figures/loss_all.png";
+  }
+  std::set<std::string> taken{"figures/depth_all", "figures/loss_all"};
   for (const auto& run : plan.runs) {
     if (!run.snapshot) {
       figures.heatmap.emplace_back();
@@ -614,6 +620,12 @@ std::string report_markdown(const ReportPlan& plan, const ReportFigures& figures
       if (run.detail.empty() || run.status == "completed") continue;
       md << "- " << run.name << " (" << run.status << "): " << table_cell(run.detail) << "\n";
     }
+  }
+  if (!figures.depth_all.empty()) {
+    md << "\n## All runs\n\nEvery run of the folder side by side, one colour per run (the groups below show each "
+          "group alone).\n\n";
+    md << "![depth profiles: all runs](" << figures.depth_all << ")\n\n";
+    md << "![loss: all runs](" << figures.loss_all << ")\n";
   }
   lr_markdown(md, plan, figures);
 
@@ -684,6 +696,7 @@ int report_command(const ReportOptions& options, std::ostream& out, std::ostream
   std::size_t written = 0;
   for (const auto& group : figures.depth) written += group.empty() ? 0 : 1;
   for (const auto& group : figures.loss) written += group.empty() ? 0 : 1;
+  written += figures.depth_all.empty() ? 0 : 2;
   for (const auto& heatmap : figures.heatmap) written += heatmap.empty() ? 0 : 1;
   written += figures.lr.size();
   out << "proplab report: wrote " << markdown.string() << " (" << plan.runs.size() << " runs, " << plan.groups.size()

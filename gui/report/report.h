@@ -159,8 +159,13 @@ std::string report_number(double value);
 std::string report_slug(const std::string& text);
 
 // The figure files of a plan, relative to the report folder, in the order report.md shows them.
+// A folder of several groups also gets its runs side by side, one colour per run, when it has at most this many
+// readable runs (more lines than the palette tells apart are not drawn together).
+inline constexpr std::size_t report_compare_runs = 12;
+
 struct ReportFigures {
   std::vector<std::string> depth, loss;  // one per group
+  std::string depth_all, loss_all;       // every run in one figure; "" unless 2+ groups of 2..report_compare_runs runs
   std::vector<std::string> heatmap;      // one per run ("" for a run without a readable file)
   std::vector<std::string> lr;           // one per learning-rate family (ReportPlan::lr)
 };

@@ -302,6 +302,17 @@ void render_report_figures(const ReportPlan& plan, const ReportFigures& figures,
     work.push_back({figures.loss[g], "loss curves, " + label, runs,
                     [runs, label](AppState& state, PixelRect area) { return loss_figure(state, runs, label, area); }});
   }
+  if (!figures.depth_all.empty()) {
+    RunList runs;
+    for (const auto& run : plan.runs) {
+      if (run.snapshot) runs.push_back(run.snapshot);
+    }
+    const std::string label = "all runs";
+    work.push_back({figures.depth_all, "depth profiles, " + label, runs,
+                    [runs, label](AppState& state, PixelRect area) { return depth_figure(state, runs, label, area); }});
+    work.push_back({figures.loss_all, "loss curves, " + label, runs,
+                    [runs, label](AppState& state, PixelRect area) { return loss_figure(state, runs, label, area); }});
+  }
   for (std::size_t r = 0; r < plan.runs.size(); ++r) {
     if (figures.heatmap[r].empty()) continue;
     const auto run = plan.runs[r].snapshot;

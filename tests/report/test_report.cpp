@@ -187,7 +187,7 @@ TEST_F(ReportTest, SweepFolderFiguresAndTableMatchTheRunFiles) {
 
   const CliResult result = run({"report", "sweep"});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
-  EXPECT_NE(result.err.find("proplab report: figure 8/8"), std::string::npos) << "progress lines:\n" << result.err;
+  EXPECT_NE(result.err.find("proplab report: figure 10/10"), std::string::npos) << "progress lines:\n" << result.err;
   const fs::path report = work_ / "sweep" / "report";
 
   // Two groups (model.layers = 1, 2) of two seeds each: a depth and a loss figure per group, a heatmap per run.
@@ -195,6 +195,9 @@ TEST_F(ReportTest, SweepFolderFiguresAndTableMatchTheRunFiles) {
     expect_figure(report / "figures" / (std::string("depth_") + group + ".png"), 2);
     expect_figure(report / "figures" / (std::string("loss_") + group + ".png"), 2);
   }
+  // And the four runs side by side, one colour each.
+  expect_figure(report / "figures" / "depth_all.png", 4);
+  expect_figure(report / "figures" / "loss_all.png", 4);
   std::vector<std::string> runs;
   for (std::size_t r = 1; r < index.size(); ++r) {
     runs.push_back(index[r][0]);
@@ -202,7 +205,7 @@ TEST_F(ReportTest, SweepFolderFiguresAndTableMatchTheRunFiles) {
   }
   std::size_t files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(report / "figures")) ++files;
-  EXPECT_EQ(files, 16u) << "8 figures, each a PNG and an SVG";
+  EXPECT_EQ(files, 20u) << "10 figures, each a PNG and an SVG";
   expect_markdown_references(report);
 
   const std::string markdown = read_text(report / "report.md");
@@ -246,6 +249,9 @@ TEST_F(ReportTest, PlainFolderGroupsByDifferingKeyAndListsUnreadableFiles) {
   }
   for (const char* run : {"a", "b", "c"})
     expect_figure(report / "figures" / (std::string("heatmap_") + run + ".png"), 0);
+  // Two groups: the three runs also side by side (their losses are one curve, as above).
+  expect_figure(report / "figures" / "depth_all.png", 3);
+  expect_figure(report / "figures" / "loss_all.png", 0);
   expect_markdown_references(report);
   const std::string markdown = read_text(report / "report.md");
   EXPECT_NE(markdown.find("## Unreadable files"), std::string::npos) << markdown;
