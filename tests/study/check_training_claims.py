@@ -5,14 +5,16 @@ Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [--mpiexec MPIEXEC]
 
 check_study_claims.py checks what a study says about step 0; this script checks what it says about training. By
 default every study runs whole, as shipped (quickstart, compare_norms, rezero_skipinit and depth_mup: about 11
-minutes on 2 CPU cores; resnet_depth: 11 more). With --reduced (what ctest runs, `study.training_claims`) each
-study runs a stated smaller version that keeps its depths and its comparison: fewer steps, and for rezero_skipinit
-and depth_mup a narrower model (REDUCED below says which); quickstart runs whole either way (a minute);
-resnet_depth has no reduced version and is left out. Every claim is asserted next to the header line it checks. A
+minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5). With --reduced (what ctest runs,
+`study.training_claims`) each study runs a stated smaller version that keeps its depths and its comparison: fewer
+steps, and for rezero_skipinit, depth_mup and deepnet a narrower model, for mup_transfer fewer tokens a step
+(REDUCED below says which); quickstart and local_sgd run whole either way (a minute each); resnet_depth has no
+reduced version and is left out. Every claim is asserted next to the header line it checks. A
 loss "at a step range" is the mean training loss over those steps (one batch per step is noisy); resnet_depth's
-are its last validation loss. compression_signal runs its points on 4 ranks and needs --mpiexec (without it, it is
-left out with a note). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
+are its last validation loss, mup_transfer's its validation loss after the last step. compression_signal and
+local_sgd run their points on 4 ranks and need --mpiexec (without it, they are left out with a note). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
 """
+import math
 import os
 import re
 import shutil
@@ -33,6 +35,9 @@ REDUCED = {
     "rezero_skipinit": ["train.steps=100", "model.width=32"],
     "depth_mup": ["train.steps=100", "model.width=32"],
     "compression_signal": ["train.steps=100", "model.width=32"],
+    "deepnet": ["train.steps=100", "train.warmup=10", "model.width=32"],
+    "mup_transfer": ["train.batch=8", "model.seq_len=16"],
+    "local_sgd": [],  # whole in both modes (under a minute on 4 ranks)
 }
 
 
@@ -159,6 +164,95 @@ def resnet_depth(proplab, work, c, reduced):
                 f"Fixup {val[(depth, 'fixup')]:.3f}, SkipInit {val[(depth, 'skipinit')]:.3f}, NF {val[(depth, 'nf')]:.3f}")
 
 
+def depth_gradient_ratio(path, record=-1):
+    """The gradient's variance at the first block's input over the last block's output, at one record."""
+    with h5py.File(path, "r") as f:
+        probes = [p.decode() for p in f["probes/name"][()]]
+        blocks = [p for p in probes if p.startswith("blocks.") and p.endswith(".out")]
+        first, last = probes.index("blocks.0.in"), probes.index(blocks[-1])
+        return float(f["backward/var"][record, first] / f["backward/var"][record, last])
+
+
+def deepnet(proplab, work, c, reduced):
+    point = sweep(proplab, "deepnet", work, reduced)
+    name = "deepnet"
+    lrs = ("5e-4", "0.001", "0.002", "0.004")
+    uniform = math.log(64)
+    final = {(layers, rule, lr): point(f"layers={layers},rule={rule},lr={lr}").end()
+             for layers in (6, 96) for rule in ("xavier", "standard", "deepnorm") for lr in lrs}
+    for layers in (6, 96):
+        for rule in ("xavier", "standard", "deepnorm"):
+            print(f"  {name}: {layers} blocks, {rule}: final loss at lr " + ", ".join(lrs) + ": " +
+                  " / ".join(f"{final[(layers, rule, lr)]:.3f}" for lr in lrs))
+    # "At 96 blocks Post-LN with Xavier init stalls near the uniform loss at every learning rate ..."
+    worst = min(final[(96, "xavier", lr)] for lr in lrs)
+    c.check(name, "96 blocks: Xavier Post-LN stalls (final loss above 0.85 of uniform) at every lr",
+            worst > 0.85 * uniform, f"lowest final loss {worst:.3f}, uniform {uniform:.3f}")
+    # "... where DeepNorm trains at every one of them ..."
+    best = max(final[(96, "deepnorm", lr)] for lr in lrs)
+    c.check(name, "96 blocks: DeepNorm trains (final loss below 0.8 of uniform) at every lr", best < 0.8 * uniform,
+            f"highest final loss {best:.3f}")
+    # "6 blocks, `xavier` trains at every learning rate ...: it is the depth."
+    shallow = max(final[(6, "xavier", lr)] for lr in lrs)
+    c.check(name, "6 blocks: Xavier Post-LN trains (final loss below 0.8 of uniform) at every lr",
+            shallow < 0.8 * uniform, f"highest final loss {shallow:.3f}")
+    if not reduced:
+        # "`standard` ... trains at 96 blocks up to 2e-3 ... and stalls at 4e-3" (the whole study only: at width 32
+        # and 100 steps it still trains at 4e-3).
+        trains = max(final[(96, "standard", lr)] for lr in lrs[:3])
+        c.check(name, "96 blocks: GPT-2 init trains up to 2e-3 and stalls at 4e-3",
+                trains < 0.8 * uniform and final[(96, "standard", "0.004")] > 0.85 * uniform,
+                f"highest final loss up to 2e-3 {trains:.3f}, at 4e-3 {final[(96, 'standard', '0.004')]:.3f}")
+    # "The stalled networks' gradient has vanished at the bottom: ... below 1e-10 of the top's by the last record,
+    # where DeepNorm's is above 1."
+    stalled = depth_gradient_ratio(os.path.join(work, name, "layers=96,rule=xavier,lr=0.001.h5"))
+    trained = depth_gradient_ratio(os.path.join(work, name, "layers=96,rule=deepnorm,lr=0.001.h5"))
+    # "at step 0 the gradient at the first block's input is 41x the last block's (larger at the bottom ...)"
+    start = depth_gradient_ratio(os.path.join(work, name, "layers=96,rule=xavier,lr=0.001.h5"), record=0)
+    c.check(name, "96 blocks: at step 0 Xavier's gradient is larger at the first block than at the last", start > 1,
+            f"first block in / last block out at step 0: {start:.3g}")
+    c.check(name, "96 blocks, lr 1e-3: Xavier's gradient at the first block has vanished, DeepNorm's has not",
+            stalled < 1e-10 and trained > 1, f"first block in / last block out: Xavier {stalled:.3g}, DeepNorm {trained:.3g}")
+
+
+def mup_transfer(proplab, work, c, reduced):
+    point = sweep(proplab, "mup_transfer", work, reduced)
+    name = "mup_transfer"
+    widths = (64, 128, 256, 512)
+    lrs = [2.0 ** k for k in range(-12, -2)]
+    collapsed = 0.9 * math.log(256)  # "collapses": a validation loss above 0.9 of the uniform one
+    best, edge = {}, {}
+    for rule in ("standard", "mup"):
+        for width in widths:
+            val = [point(f"rule={rule},width={width},lr={lr!r}").val for lr in lrs]
+            best[(rule, width)] = (lrs[val.index(min(val))], min(val))
+            edge[(rule, width)] = max(lr for lr, v in zip(lrs, val) if v < collapsed)
+            print(f"  {name}: {rule}, width {width}: validation loss at lr 2^-12 .. 2^-3: " +
+                  " ".join(f"{v:.3f}" for v in val))
+    moved = {rule: max(best[(rule, w)][0] for w in widths) / min(best[(rule, w)][0] for w in widths)
+             for rule in ("standard", "mup")}
+    # "standard: the best learning rate falls 16x from width 64 to 512 ..."
+    c.check(name, "standard: the best lr falls at least 8x from width 64 to 512",
+            best[("standard", 64)][0] >= 8 * best[("standard", 512)][0],
+            " / ".join(f"2^{math.log2(best[('standard', w)][0]):.0f}" for w in widths))
+    # "... under muP it moves 4x, less than under standard"
+    c.check(name, "muP: the best lr moves at most 4x over the widths, less than standard's",
+            moved["mup"] <= 4 and moved["mup"] < moved["standard"],
+            f"max / min best lr: muP {moved['mup']:g}, standard {moved['standard']:g}; muP's " +
+            " / ".join(f"2^{math.log2(best[('mup', w)][0]):.0f}" for w in widths))
+    # "The largest learning rate that does not collapse is the same at every width under muP; under standard it
+    # falls 8x."
+    c.check(name, "muP: the largest lr that does not collapse is the same at every width",
+            len({edge[("mup", w)] for w in widths}) == 1, " / ".join(f"{edge[('mup', w)]:g}" for w in widths))
+    c.check(name, "standard: the largest lr that does not collapse falls at least 4x from width 64 to 512",
+            edge[("standard", 64)] >= 4 * edge[("standard", 512)],
+            " / ".join(f"{edge[('standard', w)]:g}" for w in widths))
+    # "Under muP each wider model ends lower at its best lr"
+    mup_best = [best[("mup", w)][1] for w in widths]
+    c.check(name, "muP: wider is better at the best lr", all(a > b for a, b in zip(mup_best, mup_best[1:])),
+            " / ".join(f"{v:.3f}" for v in mup_best))
+
+
 def compression_signal(proplab, work, c, reduced, mpiexec):
     name = "compression_signal"
     out = sweep_study(proplab, name, work, REDUCED[name] if reduced else (), mpiexec)
@@ -231,6 +325,43 @@ def compression_signal(proplab, work, c, reduced, mpiexec):
             f"uncompressed {post_none['grad_ratio']:.0f}")
 
 
+def local_sgd(proplab, work, c, reduced, mpiexec):
+    name = "local_sgd"
+    out = sweep_study(proplab, name, work, REDUCED[name] if reduced else (), mpiexec)
+    # The point, and the model sizes (4·N bytes) one replica has sent after `steps` steps (docs/distributed.md,
+    # "Communication per step": allreduce one a step, local SGD one every H steps, gossip one to each neighbour).
+    modes = {"allreduce": ("dp_mode=allreduce,sync_every=1", lambda steps: steps),
+             "local_sgd H=4": ("dp_mode=local_sgd,sync_every=4", lambda steps: steps // 4),
+             "local_sgd H=16": ("dp_mode=local_sgd,sync_every=16", lambda steps: steps // 16),
+             "gossip": ("dp_mode=gossip,sync_every=1", lambda steps: 2 * steps)}
+    curves = {mode: Curve(os.path.join(out, point + ".h5")) for mode, (point, _) in modes.items()}
+    # Bytes each replica sends, in model sizes (4·N bytes), to reach a training loss of 1.5 (first step whose
+    # 10-step mean is below it).
+    target = 1.5
+    reach = {}
+    for mode, curve in curves.items():
+        step = next((i for i in range(len(curve.loss) - 9) if curve.mean(i, i + 10) < target), None)
+        reach[mode] = None if step is None else modes[mode][1](step + 10)
+    print(f"  {name}: final loss (last 20 steps): " + ", ".join(f"{m} {cv.end():.3f}" for m, cv in curves.items()))
+    print(f"  {name}: model sizes sent per replica to reach {target}: " +
+          ", ".join(f"{m} {'never' if r is None else f'{r:g}'}" for m, r in reach.items()))
+    sync = curves["allreduce"].end()
+    # "Per step, local SGD and gossip end within 15% of synchronous training, which ends lowest; H = 16 behind H = 4."
+    for mode in ("local_sgd H=4", "local_sgd H=16", "gossip"):
+        c.check(name, f"{mode} ends within 15% of allreduce, above it", sync < curves[mode].end() < 1.15 * sync,
+                f"{curves[mode].end():.3f} vs {sync:.3f}")
+    c.check(name, "local SGD H = 16 ends above H = 4", curves["local_sgd H=16"].end() > curves["local_sgd H=4"].end(),
+            f"{curves['local_sgd H=16'].end():.3f} vs {curves['local_sgd H=4'].end():.3f}")
+    # "Per byte, local SGD with H = 16 reaches 1.5 on more than 10x fewer bytes than allreduce; gossip sends more."
+    ok = all(reach[m] is not None for m in reach)
+    c.check(name, "every mode reaches a training loss of 1.5", ok, str(reach))
+    if ok:
+        c.check(name, "local SGD H = 16 reaches 1.5 on over 10x fewer bytes than allreduce",
+                reach["local_sgd H=16"] * 10 < reach["allreduce"], f"{reach['local_sgd H=16']:g} vs {reach['allreduce']:g}")
+        c.check(name, "gossip sends more than allreduce's payload to reach 1.5", reach["gossip"] > reach["allreduce"],
+                f"{reach['gossip']:g} vs {reach['allreduce']:g}")
+
+
 STUDIES = {
     "quickstart": quickstart,
     "compare_norms": compare_norms,
@@ -238,8 +369,11 @@ STUDIES = {
     "depth_mup": depth_mup,
     "resnet_depth": resnet_depth,
     "compression_signal": compression_signal,
+    "deepnet": deepnet,
+    "mup_transfer": mup_transfer,
+    "local_sgd": local_sgd,
 }
-NEEDS_MPI = {"compression_signal"}
+NEEDS_MPI = {"compression_signal", "local_sgd"}
 
 
 def main():
