@@ -15,6 +15,9 @@ packages=(
   libopenmpi-dev openmpi-bin
   # ResNet image data (src/data/images.h): gzip'd IDX files read through zlib; Fashion-MNIST for the depth study.
   zlib1g-dev dataset-fashion-mnist
+  # Real text for byte-level language models: the Jargon File (public domain, 1.4 MB of English prose), read through
+  # zlib from dictd's gzip-compatible /usr/share/dictd/jargon.dict.dz (studies/deepscalelm_shapes.toml).
+  dict-jargon
   # proplab-gui (docs/gui.md): Dear ImGui with its GLFW/OpenGL3 backends, stb, EGL + Mesa for headless frames,
   # Xvfb for the start-up test.
   libimgui-dev libglfw3-dev libstb-dev libegl-dev libopengl-dev libgl1 libegl-mesa0 libgl1-mesa-dri xvfb xauth

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/images.h"
 #include "data/internal.h"
 
 namespace proplab::data_detail {
@@ -63,6 +64,14 @@ class FileTokens final : public TokenDataset {
     if (!(config.val_fraction > 0.0 && config.val_fraction < 1.0))
       throw UserError(detail::concat("data.val_fraction = ", config.val_fraction, " must be in (0, 1)"));
     bytes_ = read_whole_file(path_, format_);
+    // A gzip stream (a .gz file, or dictd's dictzip .dz, which is gzip with an index in its header) is read
+    // decompressed: the tokens are its contents.
+    if (bytes_.size() >= 2 && bytes_[0] == 0x1f && bytes_[1] == 0x8b) {
+      const std::vector<std::uint8_t> contents = read_maybe_gzip(path_, std::string(format_) + ", gzip-compressed");
+      bytes_.assign(contents.begin(), contents.end());
+      gzip_ = true;
+      if (bytes_.empty()) throw UserError(where(path_, format_) + ": is an empty gzip stream");
+    }
     if (text) {
       width_ = 1;
     } else {
@@ -105,7 +114,7 @@ class FileTokens final : public TokenDataset {
 
   std::string describe() const override {
     std::ostringstream out;
-    out << kind_ << ": '" << path_ << "', " << count_ << " tokens";
+    out << kind_ << ": '" << path_ << "'" << (gzip_ ? " (gzip)" : "") << ", " << count_ << " tokens";
     if (header_version_ > 0) out << " (llm.c header, version " << header_version_ << ")";
     out << ", vocab " << vocab_ << ", train " << train_count_ << " / validation " << count_ - train_count_
         << " tokens, seq_len " << seq_len_;
@@ -179,6 +188,7 @@ class FileTokens final : public TokenDataset {
   std::size_t offset_ = 0;  // bytes before the first token (an llm.c header)
   std::size_t width_ = 1;   // bytes per token
   int header_version_ = 0;  // llm.c header version, 0 when headerless
+  bool gzip_ = false;       // the file was a gzip stream, read decompressed
   std::int64_t count_ = 0;
   std::int64_t train_count_ = 0;
   int vocab_ = 0;

@@ -1,5 +1,6 @@
 // text and tokens data: loading good files, the splits, and every kind of bad file (the message names the path).
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,41 @@ TEST(TextData, WindowsAreSubstringsOfTheirSplit) {
     }
     EXPECT_GT(windows.size(), 20u) << "windows should start at many positions";
   }
+}
+
+// The file gzip-compressed, as zlib writes it (a .gz; dictd's .dz is the same stream with an index in its header).
+std::string gzip_file(const ScratchDir& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir.path(name);
+  gzFile file = gzopen(path.c_str(), "wb");
+  EXPECT_NE(file, nullptr);
+  EXPECT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  EXPECT_EQ(gzclose(file), Z_OK);
+  return path;
+}
+
+TEST(TextData, GzipFilesAreReadDecompressed) {
+  ScratchDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "sentence " + std::to_string(i) + " of a text read through zlib\n";
+  const auto plain = make_token_dataset(file_config("text", dir.write("t.txt", text)), 0, 16, 7);
+  const auto packed = make_token_dataset(file_config("text", gzip_file(dir, "t.txt.gz", text)), 0, 16, 7);
+  ASSERT_LT(read_file(dir.path("t.txt.gz")).size(), text.size() / 2) << "the test file should be compressed";
+  EXPECT_EQ(packed->vocab(), 256);
+  expect_mentions(packed->describe(), "(gzip)");
+  expect_mentions(packed->describe(), std::to_string(text.size()) + " tokens");
+  // The same tokens, so the same batches as the plain file, in both splits.
+  for (Split split : {Split::train, Split::validation}) {
+    for (std::int64_t index = 0; index < 5; ++index) {
+      EXPECT_EQ(token_batch(*packed, split, index, 8).input_ids(), token_batch(*plain, split, index, 8).input_ids());
+      EXPECT_EQ(token_batch(*packed, split, index, 8).target_ids(), token_batch(*plain, split, index, 8).target_ids());
+    }
+  }
+  // A truncated stream is an error naming the file, not a shorter text.
+  const std::string whole = read_file(dir.path("t.txt.gz"));
+  const auto cut = dir.write("cut.txt.gz", whole.substr(0, whole.size() / 2));
+  const auto message = load_error(file_config("text", cut));
+  expect_mentions(message, cut);
+  expect_mentions(message, "gzip");
 }
 
 TEST(TextData, ValidationSplitIsDisjointFromTrain) {
