@@ -680,6 +680,26 @@ TEST_F(ReportTest, LrSweepsNeedTwoLearningRatesAndIgnoreKeysZippedWithIt) {
   EXPECT_EQ(zipped.lr.families[0].series[0].points.size(), 3u);
   ASSERT_TRUE(zipped.lr.families[0].series[0].best.has_value());
   EXPECT_EQ(*zipped.lr.families[0].series[0].best, 0u) << "equal losses: the smaller lr";
+
+  // zip = { "model.layers" = [...], "model.width" = [...] } (shapes of equal size) × lr, per norm: the width follows
+  // the layers, the series key, so it fixes no family: one family per norm, one line per shape.
+  gui::ReportPlan shapes;
+  shapes.dir = work_;
+  shapes.from_index = true;
+  shapes.group_keys = {"model.norm", "model.layers", "model.width", "train.lr"};
+  for (const char* norm : {"pre", "post"})
+    for (const auto& [layers, width] : {std::pair{"2", "256"}, std::pair{"8", "128"}, std::pair{"32", "64"}})
+      for (const char* lr : {"0.001", "0.003"})
+        shapes.runs.push_back(report_run(std::string(norm) + layers + "_" + lr, "completed",
+                                         loss_run(flat_curve(3.0, 2.0)), {norm, layers, width, lr}));
+  shapes.lr = gui::lr_sweeps(shapes);
+  EXPECT_EQ(shapes.lr.series_key, "model.layers");
+  EXPECT_EQ(shapes.lr.fixed_keys, std::vector<std::string>{"model.norm"});
+  ASSERT_EQ(shapes.lr.families.size(), 2u);
+  EXPECT_EQ(shapes.lr.families[0].label, "model.norm=pre");
+  ASSERT_EQ(shapes.lr.families[0].series.size(), 3u);
+  EXPECT_EQ(shapes.lr.families[0].series[2].value, "32");
+  EXPECT_EQ(shapes.lr.families[0].series[2].points.size(), 2u);
 }
 
 // End to end: `proplab sweep` over width × lr × 2 seeds, then `proplab report`; the lr table against the run files
