@@ -5,10 +5,10 @@ Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [--mpiexec MPIEXEC]
 
 check_study_claims.py checks what a study says about step 0; this script checks what it says about training. By
 default every study runs whole, as shipped (quickstart, compare_norms, rezero_skipinit and depth_mup: about 11
-minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5). With --reduced (what ctest runs,
+minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5, deepscalelm_shapes 10.5). With --reduced (what ctest runs,
 `study.training_claims`) each study runs a stated smaller version that keeps its depths and its comparison: fewer
-steps, and for rezero_skipinit, depth_mup and deepnet a narrower model, for mup_transfer fewer tokens a step
-(REDUCED below says which); quickstart and local_sgd run whole either way (a minute each); resnet_depth has no
+steps (deepscalelm_shapes: 300 of its 1200), and for rezero_skipinit, depth_mup and deepnet a narrower model, for
+mup_transfer fewer tokens a step (REDUCED below says which); quickstart and local_sgd run whole either way (a minute each); resnet_depth has no
 reduced version and is left out. Every claim is asserted next to the header line it checks. A
 loss "at a step range" is the mean training loss over those steps (one batch per step is noisy); resnet_depth's
 are its last validation loss, mup_transfer's its validation loss after the last step. compression_signal and
@@ -38,6 +38,7 @@ REDUCED = {
     "deepnet": ["train.steps=100", "train.warmup=10", "model.width=32"],
     "mup_transfer": ["train.batch=8", "model.seq_len=16"],
     "local_sgd": [],  # whole in both modes (under a minute on 4 ranks)
+    "deepscalelm_shapes": ["train.steps=300", "train.warmup=30", "train.eval_every=300"],
 }
 
 
@@ -325,6 +326,39 @@ def compression_signal(proplab, work, c, reduced, mpiexec):
             f"uncompressed {post_none['grad_ratio']:.0f}")
 
 
+def deepscalelm_shapes(proplab, work, c, reduced):
+    point = sweep(proplab, "deepscalelm_shapes", work, reduced)
+    name = "deepscalelm_shapes"
+    shapes = ((2, 256), (8, 128), (32, 64))
+    val = {(norm, lr, layers): point(f"norm={norm},lr={lr},layers={layers},width={width}").val
+           for norm in ("pre", "post") for lr in ("0.001", "0.003") for layers, width in shapes}
+    best = {(norm, layers): min(val[(norm, lr, layers)] for lr in ("0.001", "0.003"))
+            for norm in ("pre", "post") for layers, _ in shapes}
+    for norm in ("pre", "post"):
+        print(f"  {name}: {norm}-LN validation loss, 2 x 256 / 8 x 128 / 32 x 64, at lr 1e-3: " +
+              " / ".join(f"{val[(norm, '0.001', l)]:.3f}" for l, _ in shapes) + "; at 3e-3: " +
+              " / ".join(f"{val[(norm, '0.003', l)]:.3f}" for l, _ in shapes))
+    # "Pre-LN ...: The middle shape is best; deep-thin only ties shallow-wide."
+    c.check(name, "Pre-LN: the middle shape (8 x 128) ends lowest", best[("pre", 8)] < min(best[("pre", 2)], best[("pre", 32)]),
+            " / ".join(f"{best[('pre', l)]:.3f}" for l, _ in shapes))
+    c.check(name, "Pre-LN: deep-thin (32 x 64) ends within 0.05 of shallow-wide (2 x 256)",
+            abs(best[("pre", 32)] - best[("pre", 2)]) < 0.05, f"{best[('pre', 32)]:.3f} vs {best[('pre', 2)]:.3f}")
+    # "Post-LN: ... the shallow-wide model is best, the deep-thin one worst."
+    c.check(name, "Post-LN: deep-thin ends worst, over 0.05 above shallow-wide",
+            best[("post", 32)] > max(best[("post", 2)], best[("post", 8)]) and best[("post", 32)] > best[("post", 2)] + 0.05,
+            " / ".join(f"{best[('post', l)]:.3f}" for l, _ in shapes))
+    # "At 3e-3 the 8- and 32-block Post-LN models stall"
+    stalled = min(val[("post", "0.003", l)] for l in (8, 32))
+    trained = max(val[("post", "0.001", l)] for l in (8, 32))
+    c.check(name, "Post-LN at 3e-3: the 8- and 32-block models stall (above 3.1) where 1e-3 trains (below 2.7)",
+            stalled > 3.1 and trained < 2.7, f"lowest at 3e-3 {stalled:.3f}, highest at 1e-3 {trained:.3f}")
+    # "Every DeepScaleLM model starts at a loss of 14-30 nats ..., the larger the wider the model."
+    starts = [point(f"norm=pre,lr=0.001,layers={l},width={w}").start() for l, w in shapes]
+    c.check(name, "the first loss is far above uniform and larger the wider the model",
+            min(starts) > 2 * math.log(256) and starts[0] > starts[1] > starts[2],
+            " / ".join(f"{v:.1f}" for v in starts))
+
+
 def local_sgd(proplab, work, c, reduced, mpiexec):
     name = "local_sgd"
     out = sweep_study(proplab, name, work, REDUCED[name] if reduced else (), mpiexec)
@@ -372,6 +406,7 @@ STUDIES = {
     "deepnet": deepnet,
     "mup_transfer": mup_transfer,
     "local_sgd": local_sgd,
+    "deepscalelm_shapes": deepscalelm_shapes,
 }
 NEEDS_MPI = {"compression_signal", "local_sgd"}
 
