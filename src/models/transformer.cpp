@@ -42,15 +42,20 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
 
   token_embedding_ = &tp_.row_split_table(params_, "embed.token.weight", v, d, ParamRole::token_embedding, v, d, -1);
   position_embedding_ = &params_.add("embed.position.weight", {t, d}, ParamRole::position_embedding, t, d);
-  const bool normed = config.norm != NormPlacement::none;
+  const bool branch_normed = norms_branch_input(config.norm), sum_normed = norms_residual_sum(config.norm);
+  // The branch input's norm keeps Pre-LN's name alone; beside a norm after the sum (both) it is the in_norm.
+  const std::string branch_norm_name = sum_normed ? ".in_norm" : ".norm";
   for (int l = 0; l < config.layers; ++l) {
     for (int which = 0; which < 2; ++which) {
       Sublayer s;
       s.is_attention = which == 0;
       s.first_param = params_.all().size();
       const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
-      if (normed)
-        s.norm =
+      if (branch_normed)
+        s.branch_norm = nn::Norm::create(params_, prefix + branch_norm_name, d, config.norm_kind, config.norm_affine,
+                                         config.norm_eps, l);
+      if (sum_normed)
+        s.sum_norm =
             nn::Norm::create(params_, prefix + ".norm", d, config.norm_kind, config.norm_affine, config.norm_eps, l);
       if (s.is_attention) {
         // Q, K and V are each a D→D projection packed side by side: fan-out per projection is D.
@@ -66,21 +71,20 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
       sublayers_.push_back(std::move(s));
     }
   }
-  has_final_norm_ = config.norm == NormPlacement::pre;
+  has_final_norm_ = config.norm == NormPlacement::pre;  // post, both: the last sum's norm feeds the head
   head_first_param_ = params_.all().size();
   if (has_final_norm_)
     final_norm_ = nn::Norm::create(params_, "final_norm", d, config.norm_kind, config.norm_affine, config.norm_eps, -1);
   if (!config.tie_embeddings) readout_ = tp_.column_linear(params_, "head", d, v, ParamRole::readout, false, -1);
 
   // Probes, in forward order.
-  const bool pre = config.norm == NormPlacement::pre, post = config.norm == NormPlacement::post;
   probe_embed_ = add_probe("embed.out", -1, ProbeKind::embed);
   for (std::size_t i = 0; i < sublayers_.size(); ++i) {
     Sublayer& s = sublayers_[i];
     const int l = static_cast<int>(i / 2);
     const std::string prefix = "blocks." + std::to_string(l) + (s.is_attention ? ".attn" : ".ffn");
     if (s.is_attention) s.probe_input = add_probe("blocks." + std::to_string(l) + ".in", l, ProbeKind::residual);
-    if (pre) s.probe_norm = add_probe(prefix + ".norm", l, ProbeKind::norm);
+    if (branch_normed) s.probe_norm = add_probe(prefix + ".norm", l, ProbeKind::norm);
     if (s.is_attention) {
       s.probe_hidden = add_probe(prefix + ".logits", l, ProbeKind::logits, false);
     } else {
@@ -88,7 +92,7 @@ Transformer::Transformer(const TransformerConfig& config, const ScalingRule& rul
       s.probe_mixed = add_probe(prefix + ".postact", l, ProbeKind::postact);
     }
     s.probe_branch = add_probe(prefix + ".out", l, ProbeKind::branch);
-    if (post) s.probe_sum = add_probe(prefix + ".sum", l, ProbeKind::residual);
+    if (sum_normed) s.probe_sum = add_probe(prefix + ".sum", l, ProbeKind::residual);
     s.probe_result =
         add_probe("blocks." + std::to_string(l) + (s.is_attention ? ".mid" : ".out"), l, ProbeKind::residual);
   }
@@ -126,7 +130,7 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
   // This rank's widths: the attention's inner width, hidden units and vocabulary (all of them for one process).
   const std::int64_t r = batch * tokens, d = config_.width, v = tp_.local(config_.vocab), h = local_heads_;
   const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * d), inner = tp_.local(d);
-  const bool pre = config_.norm == NormPlacement::pre, post = config_.norm == NormPlacement::post;
+  const bool branch_normed = norms_branch_input(config_.norm), sum_normed = norms_residual_sum(config_.norm);
   const Device device = params_.device();
   AllocationLabel label("the activations of a micro-batch of " + std::to_string(batch) + " x " +
                         std::to_string(tokens) + " tokens");
@@ -136,14 +140,15 @@ void Transformer::ensure_buffers(std::int64_t batch, std::int64_t tokens) {
     if (!in_stage(i)) continue;  // a pipeline stage keeps only its own sublayers' activations
     Sublayer& s = sublayers_[i];
     const std::int64_t hidden = s.is_attention ? 3 * inner : f;
-    s.normed = pre ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
-    s.norm_saved = config_.norm != NormPlacement::none ? s.norm.make_saved(r, device) : nn::Norm::Saved{};
+    s.normed = branch_normed ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
+    s.branch_norm_saved = branch_normed ? s.branch_norm.make_saved(r, device) : nn::Norm::Saved{};
+    s.sum_norm_saved = sum_normed ? s.sum_norm.make_saved(r, device) : nn::Norm::Saved{};
     s.hidden = Tensor::empty({r, hidden}, DType::f32, device);
     s.probs = s.is_attention && !sequence_ ? Tensor::empty({batch, h, tokens, tokens}, DType::f32, device) : Tensor();
     s.lse = s.is_attention && sequence_ ? Tensor::empty({batch, h, tokens}, DType::f32, device) : Tensor();
     s.mixed = Tensor::empty({r, s.is_attention ? inner : f}, DType::f32, device);
     s.branch = Tensor::empty({r, d}, DType::f32, device);
-    s.combined = post ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
+    s.combined = sum_normed ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
   }
   embedded_ = config_.dropout > 0 ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
   final_ = has_final_norm_ ? Tensor::empty({r, d}, DType::f32, device) : Tensor();
@@ -165,9 +170,9 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   ProbeSink* sink = context.sink;
   if (sink && s.probe_input >= 0) sink->forward(s.probe_input, x_in, batch_);
   const Tensor* branch_in = &x_in;
-  if (config_.norm == NormPlacement::pre) {
+  if (norms_branch_input(config_.norm)) {
     const ops::OpMoments normed = gathered_moments(sink, -1, s.probe_norm, false, batch_);
-    s.norm.forward(x_in, s.normed, s.norm_saved, &normed);
+    s.branch_norm.forward(x_in, s.normed, s.branch_norm_saved, &normed);
     branch_in = &s.normed;
     if (sink && !normed.output) sink->forward(s.probe_norm, s.normed, batch_);
   }
@@ -194,8 +199,8 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
   } else {
     tp_.row_linear_forward(s.out_proj, s.mixed, s.branch);
   }
-  // The branch and the sum (Post-LN) or the result (Pre-LN, no norm) summed inside the residual combine.
-  const bool post = config_.norm == NormPlacement::post;
+  // The branch and the sum (a norm after it: post, both) or the result (pre, none) summed inside the residual combine.
+  const bool post = norms_residual_sum(config_.norm);
   const ops::OpMoments sums =
       gathered_moments(sink, s.probe_branch, post ? s.probe_sum : s.probe_result, false, batch_);
   if (sink && !sums.input) sink->forward(s.probe_branch, s.branch, batch_);
@@ -203,7 +208,7 @@ void Transformer::sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_ou
     s.residual.forward(x_in, s.branch, s.combined, &sums);
     if (sink && !sums.output) sink->forward(s.probe_sum, s.combined, batch_);
     const ops::OpMoments result = gathered_moments(sink, -1, s.probe_result, false, batch_);
-    s.norm.forward(s.combined, x_out, s.norm_saved, &result);
+    s.sum_norm.forward(s.combined, x_out, s.sum_norm_saved, &result);
     if (sink && !result.output) sink->forward(s.probe_result, x_out, batch_);
   } else {
     s.residual.forward(x_in, s.branch, x_out, &sums);
@@ -216,14 +221,14 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
   const std::int64_t r = x_in.dim(0), d = tp_.local(config_.width);
   const std::int64_t f = tp_.local(static_cast<std::int64_t>(config_.ffn_mult) * config_.width);
   ProbeSink* sink = context.sink;
-  // The gradient entering the residual combine (the result's, or Post-LN the sum's) and the branch's summed inside
-  // its backward.
-  const bool post = config_.norm == NormPlacement::post;
+  // The gradient entering the residual combine (the result's, or with a norm after the sum the sum's) and the
+  // branch's summed inside its backward.
+  const bool post = norms_residual_sum(config_.norm);
   const ops::OpMoments sums = gathered_moments(sink, post ? s.probe_sum : s.probe_result, s.probe_branch, true, batch_);
   const Tensor* d_combined = &d_out;
   if (post) {
     if (sink) sink->backward(s.probe_result, d_out, batch_);
-    s.norm.backward(s.combined, s.norm_saved, d_out, d_tmp_);
+    s.sum_norm.backward(s.combined, s.sum_norm_saved, d_out, d_tmp_);
     d_combined = &d_tmp_;
     if (sink && !sums.input) sink->backward(s.probe_sum, d_tmp_, batch_);
   } else if (sink && !sums.input) {
@@ -253,11 +258,12 @@ void Transformer::sublayer_backward(Sublayer& s, const Tensor& x_in, const Tenso
     ops::activation_backward(config_.activation, s.hidden, d_mixed, d_hidden, &moments);
     if (sink && !moments.output) sink->backward(s.probe_hidden, d_hidden, batch_);
   }
-  if (config_.norm == NormPlacement::pre) {
+  if (norms_branch_input(config_.norm)) {
     s.in_proj.backward(s.normed, d_hidden, &d_normed_);
     tp_.all_reduce(d_normed_);  // f: the replicated input's gradient sums every rank's features
     if (sink) sink->backward(s.probe_norm, d_normed_, batch_);
-    s.norm.backward(x_in, s.norm_saved, d_normed_, d_tmp_);
+    // (d_tmp_ held the sum's gradient under both; the residual's backward above has consumed it)
+    s.branch_norm.backward(x_in, s.branch_norm_saved, d_normed_, d_tmp_);
     ops::axpy(1.0f, d_tmp_, d_in);
   } else {
     s.in_proj.backward(x_in, d_hidden, &d_normed_);

@@ -1,9 +1,14 @@
 // models/transformer: decoder-only transformer language model with explicit forward and backward.
 //
-// Graph (per block l, for norm placement pre | post | none; λ, β from the scaling rule per residual add):
+// Graph (per block l, for norm placement pre | post | both | none; λ, β from the scaling rule per residual add):
 //   pre:  x ← λ·x + β·Drop(Attn(Norm1(x)));  x ← λ·x + β·Drop(FFN(Norm2(x)));  final Norm before the head
 //   post: x ← Norm1(λ·x + β·Drop(Attn(x)));  x ← Norm2(λ·x + β·Drop(FFN(x)));   no final Norm
+//   both: x ← Norm1(λ·x + β·Drop(Attn(In1(x))));  x ← Norm2(λ·x + β·Drop(FFN(In2(x))));  no final Norm (Keel)
 //   none: x ← λ·x + β·Drop(Attn(x));         x ← λ·x + β·Drop(FFN(x));         no final Norm
+// Norm parameters: blocks.l.{attn,ffn}.norm is the sublayer's one norm under pre (on the branch input) and post
+// (after the sum); under both it is the norm after the sum and blocks.l.{attn,ffn}.in_norm the one on the branch
+// input. Probes: blocks.l.{attn,ffn}.norm is the branch input's norm output (pre, both), .sum the sum before its
+// norm (post, both).
 // Attn = causal multi-head self-attention with packed QKV projection and an output projection; FFN = Linear(D→F),
 // activation, Linear(F→D). Embeddings: token + learned position (then dropout). Head: logits = x·E^T with the
 // token embedding E when tied, else a separate readout matrix; times the rule's output multiplier.
@@ -70,28 +75,30 @@ class Transformer final : public Model {
   // One residual sublayer (attention or FFN) with its saved activations.
   struct Sublayer {
     bool is_attention = false;
-    nn::Norm norm;        // used when placement != none
+    nn::Norm branch_norm;  // on the branch input (pre: named <prefix>.norm; both: <prefix>.in_norm)
+    nn::Norm sum_norm;     // after the residual sum (post, both: named <prefix>.norm)
     nn::Linear in_proj;   // qkv (D→3D) or fc (D→F)
     nn::Linear out_proj;  // attention output (D→D) or FFN projection (F→D)
     ResidualSite residual;
     std::size_t first_param = 0;  // index of its first parameter (they are contiguous in creation order)
     // Probe indices (-1: not probed here).
     int probe_input = -1;   // blocks.l.in (attention sublayer only)
-    int probe_norm = -1;    // pre: the normalised branch input
-    int probe_sum = -1;     // post: λ·x + β·f before the norm
+    int probe_norm = -1;    // pre, both: the normalised branch input
+    int probe_sum = -1;     // post, both: λ·x + β·f before the norm
     int probe_hidden = -1;  // attention logits or FFN pre-activation
     int probe_mixed = -1;   // FFN post-activation
     int probe_branch = -1;  // branch output (after dropout)
     int probe_result = -1;  // the sublayer's output: blocks.l.mid or blocks.l.out
     // Saved activations.
-    Tensor normed;  // pre: Norm(x_in) [R, D]
-    nn::Norm::Saved norm_saved;
+    Tensor normed;  // pre, both: the branch norm's output [R, D]
+    nn::Norm::Saved branch_norm_saved;
+    nn::Norm::Saved sum_norm_saved;
     Tensor hidden;    // qkv [R, 3D] or FFN pre-activation u [R, F]
     Tensor probs;     // attention probabilities [B, H, T, T] (whole sequences)
     Tensor lse;       // sequence parallel: each query's log-sum-exp [B, H, T] (ring attention)
     Tensor mixed;     // attention output before the projection [R, D], or FFN post-activation g [R, F]
     Tensor branch;    // branch output after dropout [R, D]
-    Tensor combined;  // post: λ·x + β·f before the norm [R, D]
+    Tensor combined;  // post, both: λ·x + β·f before the norm [R, D]
   };
 
   void sublayer_forward(Sublayer& s, const Tensor& x_in, Tensor& x_out, const StepContext& context, int site);

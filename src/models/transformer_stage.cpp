@@ -47,8 +47,8 @@ std::vector<Tensor*> Transformer::stage_activations() {
   std::vector<Tensor*> out;
   for (int i = stage_first_; i < stage_last_; ++i) {
     Sublayer& s = sublayers_[static_cast<std::size_t>(i)];
-    for (Tensor* t : {&s.normed, &s.norm_saved.mean, &s.norm_saved.rstd, &s.hidden, &s.probs, &s.lse, &s.mixed,
-                      &s.branch, &s.combined})
+    for (Tensor* t : {&s.normed, &s.branch_norm_saved.mean, &s.branch_norm_saved.rstd, &s.sum_norm_saved.mean,
+                      &s.sum_norm_saved.rstd, &s.hidden, &s.probs, &s.lse, &s.mixed, &s.branch, &s.combined})
       out.push_back(t);
   }
   for (int i = stage_first_; i <= stage_last_; ++i) out.push_back(&stream_[static_cast<std::size_t>(i)]);

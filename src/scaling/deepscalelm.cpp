@@ -1,7 +1,7 @@
 // deepscalelm: DeepScaleLM (Kedia et al. 2024, "Transformers get stable: an end-to-end signal propagation theory
 // for language models"). Every residual add is x ← λ·x + β·block(x) with λ² + β² = 1 and β² = k/N_adds
 // (N_adds = 2·layers for the transformer, layers − 1 for a residual MLP), and every block starts with unit output
-// variance, so the residual stream keeps variance 1 at every add (Pre-LN, Post-LN and no norm alike).
+// variance, so the residual stream keeps variance 1 at every add (Pre-LN, Post-LN, both norms and no norm alike).
 //
 // Transformer initialisation (d = width, f = ffn_mult·d, p = model.dropout, on the branch output):
 // - token and position embeddings Var (1−p)/2 each (their sum has unit variance after the embedding dropout's

@@ -12,6 +12,8 @@ const char* norm_placement_name(NormPlacement placement) {
       return "pre";
     case NormPlacement::post:
       return "post";
+    case NormPlacement::both:
+      return "both";
     case NormPlacement::none:
       return "none";
   }

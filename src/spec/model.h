@@ -11,14 +11,23 @@ namespace proplab {
 
 // The pointwise nonlinearities. gelu_tanh is GPT-2's tanh approximation, gelu_erf the exact GELU.
 enum class Activation { identity, relu, tanh, gelu_tanh, gelu_erf };
-enum class NormPlacement { pre, post, none };
+// pre: a norm on each branch's input (and a final norm); post: a norm after each residual sum; both: the two
+// together (a norm on each branch's input and after each sum, no final norm: Keel); none: no norms.
+enum class NormPlacement { pre, post, both, none };
 enum class NormKind { layernorm, rmsnorm };
 
-// The names a study file uses: "linear", "relu", "tanh", "gelu", "gelu_erf"; "pre", "post", "none";
+// The names a study file uses: "linear", "relu", "tanh", "gelu", "gelu_erf"; "pre", "post", "both", "none";
 // "layernorm", "rmsnorm".
 const char* activation_name(Activation activation);
 const char* norm_placement_name(NormPlacement placement);
 const char* norm_kind_name(NormKind kind);
+// Whether a placement puts a norm on each branch's input (pre, both) or after each residual sum (post, both).
+inline bool norms_branch_input(NormPlacement placement) {
+  return placement == NormPlacement::pre || placement == NormPlacement::both;
+}
+inline bool norms_residual_sum(NormPlacement placement) {
+  return placement == NormPlacement::post || placement == NormPlacement::both;
+}
 
 // Decoder-only transformer LM; defaults give the GPT-2 shape (learned positions, biases, affine LayerNorm,
 // tanh-approximated GELU, tied embeddings).

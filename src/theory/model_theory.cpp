@@ -80,7 +80,7 @@ std::string ProbePrediction::no_prediction_text() const {
 
 std::vector<std::string> transformer_probe_names(const TransformerConfig& config) {
   std::vector<std::string> names;
-  const bool pre = config.norm == NormPlacement::pre, post = config.norm == NormPlacement::post;
+  const bool pre = norms_branch_input(config.norm), post = norms_residual_sum(config.norm);
   names.push_back("embed.out");
   for (int l = 0; l < config.layers; ++l) {
     const std::string block = "blocks." + std::to_string(l);
@@ -97,7 +97,7 @@ std::vector<std::string> transformer_probe_names(const TransformerConfig& config
     if (post) names.push_back(block + ".ffn.sum");
     names.push_back(block + ".out");
   }
-  if (pre) names.push_back("final_norm.out");
+  if (config.norm == NormPlacement::pre) names.push_back("final_norm.out");
   names.push_back("head.logits");
   return names;
 }
@@ -299,18 +299,20 @@ double cross_entropy_grad_var_with_self(double spread, double self_mean, double 
 
 namespace {
 
-// One sublayer (attention or FFN with its residual add and, for post, its norm) at the field level: what the
-// backward pass reads, and the probes it fills.
+// One sublayer (attention or FFN with its residual add and, for post and both, its norm after the sum) at the field
+// level: what the backward pass reads, and the probes it fills. Throughout, `pre` means a norm on the branch's input
+// (pre, both) and `post` a norm after the sum (post, both): "both" composes the two, and no final norm.
 struct Sublayer {
   TokenField input;   // x entering the sublayer
   TokenField hidden;  // FFN pre-activation
   TokenField v, q;    // attention projections the backward pass reads
   CausalWeights weights;
-  TokenField sum;           // post: λx + βf before the norm
+  TokenField sum;           // post, both: λx + βf before the norm
   TokenField out;           // the stream after the sublayer
   double branch_var = 0.0;  // the branch output's variance (after dropout), as its probe records it
   // Kept only by the probed forward pass (the finite-width bands read them): the branch's input (after the norm
-  // for pre), the input of its output projection (attention: the mixed values; FFN: the activation) and its output.
+  // for pre and both), the input of its output projection (attention: the mixed values; FFN: the activation) and its
+  // output.
   TokenField branch_in, mixed, branch;
 };
 
@@ -319,12 +321,14 @@ struct SublayerProbes {
 };
 
 // The forward pass of sublayer `index` (2l: block l's attention, 2l + 1: its FFN) from the stream x. When
-// `builder` is given, the probes are added to it and their forward statistics set.
+// `builder` is given, the probes are added to it and their forward statistics set. `without_branch_norm`: the branch
+// reads x itself even where a norm on its input exists (the common-part terms of "both",
+// common_part_without_branch_norm).
 Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const TokenField& x, ActivationPairMaps& rule,
-                          Builder* builder, SublayerProbes* probes) {
+                          Builder* builder, SublayerProbes* probes, bool without_branch_norm = false) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
-  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const bool pre = norms_branch_input(c.norm) && !without_branch_norm, post = norms_residual_sum(c.norm);
   const int l = index / 2;
   const bool attention = index % 2 == 0;
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(l)];
@@ -361,8 +365,8 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
       t.backward_var = kNaN;
       t.no_backward = "the logits' gradient stays inside the fused attention op";
     }
-    // The input's tokens have a fixed length after a norm: the pre-norm's output, or a post-norm stream above the
-    // embedding.
+    // The input's tokens have a fixed length after a norm: the branch norm's output, or a stream normed after the
+    // sum below (above the embedding).
     TokenField mixed = causal_mix_forward(s.v, s.weights, ValueSource{d, pre || (post && index > 0)});
     branch = linear_forward(mixed, d, bn.attn_out_std * bn.attn_out_std, bn.attn_out_bias_std * bn.attn_out_bias_std);
     if (builder) s.mixed = std::move(mixed);
@@ -406,6 +410,18 @@ std::vector<double> row_means(const TokenCov& x) {
     out[ia] = row / static_cast<double>(layout.length);
   }
   return out;
+}
+
+// Whether the common-part terms of sublayer `index` (branch_common_gain, norm_removal) leave its branch norm out:
+// under "both" above the first sublayer the branch's input x is already the output of the norm below, which at
+// initialisation (unit gains, zero shifts) the branch norm maps to itself (up to ε), so the forward is Post-LN's;
+// the two Jacobians differ only along each token's own x̂_t, which the norm below projects out of the gradient in
+// either case, so below that norm the gradient is Post-LN's too. Post-LN's terms (Γ through the bare branch and the
+// norm below's removal of Σ_t (J x)_t) are derived and measured for exactly that; composed through the branch norm
+// the same gradient is split differently between Γ (smaller by the norm's projection) and the removal (whose response
+// term vanishes), and the pieces do not cancel within the approximations (docs/theory.md, "Both norms").
+bool common_part_without_branch_norm(const TransformerConfig& c, int index) {
+  return c.norm == NormPlacement::both && index > 0;
 }
 
 // The square of the part every token of the field shares, per feature: the pair mean plus the mean's square.
@@ -468,9 +484,13 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
       moved.at(a, b) += step * (rows[ia] + rows[static_cast<std::size_t>(b)]);
     moved.within[ia] += 2.0 * step * rows[ia];
   }
-  const Sublayer t = sublayer_forward(numbers, index, moved, rule, nullptr, nullptr);
-  const bool post = c.norm == NormPlacement::post;
-  const TokenField& before = post ? s.sum : s.out;
+  const bool bare = common_part_without_branch_norm(c, index);
+  const Sublayer t = sublayer_forward(numbers, index, moved, rule, nullptr, nullptr, bare);
+  // (without the branch norm the unmoved sublayer too, so that both sides differ by the move alone)
+  const Sublayer base = bare ? sublayer_forward(numbers, index, s.input, rule, nullptr, nullptr, true) : Sublayer();
+  const bool post = norms_residual_sum(c.norm);
+  const Sublayer& unmoved = bare ? base : s;
+  const TokenField& before = post ? unmoved.sum : unmoved.out;
   const TokenField& after = post ? t.sum : t.out;
   const double moved_in = moved.pair_mean() - common;
   const double moved_out = after.pair_mean() + after.mean * after.mean - before.pair_mean() - before.mean * before.mean;
@@ -499,9 +519,13 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
   for (double& v : grown.cov) v *= factor;
   for (double& v : grown.within) v *= factor;
   grown.mean *= 1.0 + step;
-  const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr);
+  const bool bare = common_part_without_branch_norm(numbers.config, index);
+  const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr, bare);
   const double grown_out = common_square(t.sum);
-  const double own = common_out - lambda_sq * common_in;                                      // β²·C_F
+  // (without the branch norm the ungrown sublayer too, so that both sides differ by the scaling alone)
+  const double base_out =
+      bare ? common_square(sublayer_forward(numbers, index, s.input, rule, nullptr, nullptr, true).sum) : common_out;
+  const double own = base_out - lambda_sq * common_in;                                        // β²·C_F
   const double response = (grown_out - factor * lambda_sq * common_in - own) / (2.0 * step);  // β²·½·dC_F/dε
   const double shared = s.input.mean * s.input.mean;
   std::vector<double> removed(alpha.size(), 0.0);
@@ -529,7 +553,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
                             ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
-  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const bool pre = norms_branch_input(c.norm), post = norms_residual_sum(c.norm);
   const bool attention = index % 2 == 0;
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
   b.set_backward(p.result, g_out.signal());
@@ -584,7 +608,8 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
       }
       g.within[ia] += cross * 2.0 * alpha[ia] * collected[ia];
     }
-    // Post-LN: the input is the norm's output below (the first sublayer's is the embedding's).
+    // Post-LN and both: the input is the norm's output below (the first sublayer's is the embedding's); under both
+    // the terms are Post-LN's there (common_part_without_branch_norm).
     const std::vector<double> removed =
         post && index > 0 && norm_removes_part && ratio > 0.0
             ? norm_removal(numbers, index, s, rows, alpha, collected, common_in, common_out, lambda_sq, rule)
@@ -655,7 +680,7 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
   if (common_part)
     formulae << "; the gradient's part along the stream's common part, seeded by the tied head's first norm, grown by "
                 "each branch's response to a common shift"
-             << (c.norm == NormPlacement::post && inputs.norm_removes_part
+             << (norms_residual_sum(c.norm) && inputs.norm_removes_part
                      ? " and reduced by each stream norm's removal of its projection on the token"
                      : "");
   return formulae.str();
@@ -1116,7 +1141,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
                             const StreamSpread& in, std::int64_t sequences, PairSquareTables& tables, Builder& b) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width;
-  const bool pre = c.norm == NormPlacement::pre, post = c.norm == NormPlacement::post;
+  const bool pre = norms_branch_input(c.norm), post = norms_residual_sum(c.norm);
   const bool attention = index % 2 == 0;
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
   const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
@@ -1125,7 +1150,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
   const auto set_band = [&](int probe, double log_var) {
     if (probe >= 0) b.prediction.probes[static_cast<std::size_t>(probe)].var_log_sd = std::sqrt(std::max(0.0, log_var));
   };
-  if (!(post && index > 0)) set_band(p.input, in.log_var);  // Post-LN's later inputs are norm outputs
+  if (!(post && index > 0)) set_band(p.input, in.log_var);  // Post-LN's (and both's) later inputs are norm outputs
   // A LayerNorm's output keeps s²/(s² + ε) of unit variance (s² ≈ (1 − 1/d)·var its input's feature variance), so
   // it carries the share ε/(s² + ε) of its input's log-scale; RMSNorm the same with the second moment.
   const auto norm_passes = [&](const TokenField& x) {
@@ -1134,7 +1159,7 @@ StreamSpread sublayer_bands(const TransformerNumbers& numbers, int index, const 
     const double share = s2 > 0 ? c.norm_eps / (s2 + c.norm_eps) : 0.0;
     return share * share;
   };
-  // The branch's scale follows the stream's unless a norm sets it (pre: the branch reads the normed stream).
+  // The branch's scale follows the stream's unless a norm sets it (pre, both: the branch reads the normed stream).
   const double scale_log_var = pre ? norm_passes(s.input) * in.log_var : in.log_var;
   double slope = 1.0, fresh = 0.0;  // the branch's log-slope on the stream's scale, and its own spread
   double branch_cross = in.cross;   // the branch output's cross-sequence correlation
@@ -1225,7 +1250,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const std::int64_t d = c.width;
   const std::int64_t tokens = inputs.tokens > 0 ? inputs.tokens : c.seq_len;
   const double p = c.dropout;
-  const bool pre = c.norm == NormPlacement::pre;
+  const bool pre = c.norm == NormPlacement::pre;  // a final norm (Pre-LN only; post and both end on a sum's norm)
+  const bool post = norms_residual_sum(c.norm);
   const GaussHermite quadrature(64);
   ActivationPairMaps rule(quadrature);
   Builder b;
@@ -1279,7 +1305,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       spread = sublayer_bands(numbers, i, s, probes[static_cast<std::size_t>(i)], spread, inputs.sequences, tables, b);
     token_aligned_var *= rn.lambda * rn.lambda;
     for (double& v : token_aligned_at) v *= rn.lambda * rn.lambda;
-    if (c.norm == NormPlacement::post) {
+    if (post) {
       const double sum_var = s.sum.var();
       token_aligned_var = sum_var > 0.0 ? token_aligned_var * s.out.var() / sum_var : 0.0;
       for (std::int64_t a = 0; a < s.sum.buckets(); ++a) {
@@ -1359,7 +1385,7 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       stream = states.back().out;
     }
     for (int i = end - 1; i >= start; --i) {
-      const TokenGrad* norm_reads = i == sublayers - 1 && c.norm == NormPlacement::post ? &first_norm_reads : nullptr;
+      const TokenGrad* norm_reads = i == sublayers - 1 && post ? &first_norm_reads : nullptr;
       g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads,
                             aligned_share > 0.0 && inputs.common_part_gradient ? &aligned : nullptr,
                             inputs.norm_removes_part, rule, b, probes[static_cast<std::size_t>(i)]);

@@ -102,9 +102,9 @@ struct TheoryInputs {
   // blocks amplify beyond gradient independence (docs/theory.md, "The gradient along the stream's common part").
   // Off only to measure what the term does.
   bool common_part_gradient = true;
-  // Post-LN, with common_part_gradient: each stream norm's backward removes a little of that part, because the
-  // sublayer above it is not homogeneous of degree 1 (GELU, the softmax) (docs/theory.md, "The norm below removes
-  // a little"). Off only to measure what the term does.
+  // Post-LN (and both), with common_part_gradient: each stream norm's backward removes a little of that part,
+  // because the sublayer above it is not homogeneous of degree 1 (GELU, the softmax) (docs/theory.md, "The norm below
+  // removes a little"). Off only to measure what the term does.
   bool norm_removes_part = true;
 };
 
@@ -159,7 +159,8 @@ struct ProbePrediction {
 std::vector<std::string> transformer_probe_names(const TransformerConfig& config);
 
 // Predictions for every probe of a transformer. Requires numbers.blocks.size() == config.layers.
-// With norms (pre or post), the finite-width band of the embedding, stream, branch, FFN and untied-head probes
+// Norm placement "both" composes Pre-LN's branch norm with Post-LN's norm after each sum (no final norm).
+// With norms (pre, post or both), the finite-width band of the embedding, stream, branch, FFN and untied-head probes
 // (var_log_sd): each fresh linear map's weights add 2/units·tr(G²)/tr(G)² (G the Gram matrix of its input rows,
 // itself sampled over the stream's width), an activation its units' own spread, and the residual adds carry the
 // stream's spread by the share the skip keeps (docs/theory.md, "Finite-width bands", transformers).

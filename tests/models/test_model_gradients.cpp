@@ -45,13 +45,15 @@ TEST_P(TransformerGradient, MatchesFiniteDifferences) {
       model, [&] { return model.evaluate(batch); }, options);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPlacementsAndRules, TransformerGradient,
-    ::testing::Combine(::testing::Values(NormPlacement::pre, NormPlacement::post, NormPlacement::none),
-                       ::testing::Values(std::string("standard"), std::string("xavier"), std::string("custom"))),
-    [](const auto& info) {
-      return std::string(norm_placement_name(std::get<0>(info.param))) + "_" + std::get<1>(info.param);
-    });
+INSTANTIATE_TEST_SUITE_P(AllPlacementsAndRules, TransformerGradient,
+                         ::testing::Combine(::testing::Values(NormPlacement::pre, NormPlacement::post,
+                                                              NormPlacement::both, NormPlacement::none),
+                                            ::testing::Values(std::string("standard"), std::string("xavier"),
+                                                              std::string("custom"))),
+                         [](const auto& info) {
+                           return std::string(norm_placement_name(std::get<0>(info.param))) + "_" +
+                                  std::get<1>(info.param);
+                         });
 
 TEST(TransformerGradientVariants, RmsNormGeluErfDropoutAndAccumulation) {
   TransformerConfig config;

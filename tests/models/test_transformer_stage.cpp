@@ -130,6 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Placements, TransformerStages,
                          ::testing::Values(std::make_tuple(NormPlacement::pre, true, 0.0f),
                                            std::make_tuple(NormPlacement::post, false, 0.0f),
                                            std::make_tuple(NormPlacement::none, true, 0.0f),
+                                           std::make_tuple(NormPlacement::both, false, 0.2f),
                                            std::make_tuple(NormPlacement::pre, false, 0.2f)));
 
 TEST(TransformerStageGradients, MatchFiniteDifferences) {

@@ -1,5 +1,5 @@
-// Tests for the rules from the literature (deepnorm, rezero, skipinit, tfixup, depth_mup, mup): λ, β and init stds
-// against each paper's formula at two depths and two widths, the errors for a model a rule cannot scale, the
+// Tests for the rules from the literature (deepnorm, keel, rezero, skipinit, tfixup, depth_mup, mup): λ, β and init
+// stds against each paper's formula at two depths and two widths, the errors for a model a rule cannot scale, the
 // learnable scalars and row-block stds in built models, finite-difference gradients of a tiny model under each
 // rule, and ReZero/SkipInit starting as the identity map.
 #include <gtest/gtest.h>
@@ -102,7 +102,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 }  // namespace
 
 TEST(LiteratureRules, AreRegistered) {
-  for (const char* name : {"deepnorm", "rezero", "skipinit", "tfixup", "depth_mup", "mup"})
+  for (const char* name : {"deepnorm", "keel", "rezero", "skipinit", "tfixup", "depth_mup", "mup"})
     EXPECT_NE(find_rule(name), nullptr) << name;
 }
 
@@ -150,6 +150,45 @@ TEST(DeepNormRule, AlphaAndBetaInitFollowTheDecoderAndEncoderFormulas) {
   });
   EXPECT_TRUE(contains(form, "scaling.form: 0.5 is not a whole number")) << form;
   EXPECT_TRUE(contains(form, "allowed: 0, 1")) << form;
+}
+
+// Keel: λ = α = L = 2N residual sublayers on every add, β = 1, fixed; GPT-2's init with base_std.
+TEST(KeelRule, AlphaIsTheNumberOfResidualSublayersAndInitIsGpt2) {
+  for (int layers : {3, 48}) {
+    for (int d : {64, 512}) {
+      SCOPED_TRACE("layers " + std::to_string(layers) + ", width " + std::to_string(d));
+      auto rule = rule_for("keel", transformer_shape(layers, d, NormPlacement::both));
+      for (int block : {0, layers - 1}) {
+        for (Branch branch : {Branch::attention, Branch::ffn}) {
+          const ResidualSpec r = rule->residual(block, branch);
+          EXPECT_DOUBLE_EQ(r.lambda, 2.0 * layers);
+          EXPECT_DOUBLE_EQ(r.beta, 1.0);
+          EXPECT_FALSE(r.learnable_lambda || r.learnable_beta);
+        }
+      }
+      const double out_std = 0.02 / std::sqrt(2.0 * layers);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::attn_qkv, d, d), 0.02);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::attn_out, d, d), out_std);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::ffn_in, d, 4 * d), 0.02);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::ffn_out, 4 * d, d), out_std);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::token_embedding, 256, d), 0.02);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::position_embedding, 128, d), 0.02);
+      EXPECT_DOUBLE_EQ(std_of(*rule, ParamRole::readout, d, 256), 0.02);
+      expect_zero_biases_and_unit_gains(*rule);
+      EXPECT_DOUBLE_EQ(rule->logit_scale(64), 0.125);
+      EXPECT_DOUBLE_EQ(rule->output_multiplier(), 1.0);
+      // The same init as the standard rule at std = base_std.
+      auto standard = rule_for("standard", transformer_shape(layers, d, NormPlacement::both), {{"std", 0.05}});
+      auto scaled = rule_for("keel", transformer_shape(layers, d, NormPlacement::both), {{"base_std", 0.05}});
+      for (ParamRole role : {ParamRole::attn_qkv, ParamRole::attn_out, ParamRole::ffn_in, ParamRole::ffn_out,
+                             ParamRole::token_embedding, ParamRole::readout})
+        EXPECT_DOUBLE_EQ(std_of(*scaled, role, d, d), std_of(*standard, role, d, d)) << param_role_name(role);
+      // alpha > 0 replaces L.
+      auto fixed = rule_for("keel", transformer_shape(layers, d, NormPlacement::both), {{"alpha", 3.5}});
+      EXPECT_DOUBLE_EQ(fixed->residual(0, Branch::attention).lambda, 3.5);
+      EXPECT_DOUBLE_EQ(fixed->residual(layers - 1, Branch::ffn).beta, 1.0);
+    }
+  }
 }
 
 TEST(ReZeroAndSkipInit, LearnableBranchWeightFromAlpha0AndXavierInit) {
@@ -305,7 +344,10 @@ TEST(LiteratureRules, NormConflictsAreUserErrorsNamingModelNorm) {
   };
   for (const Case& c : {Case{"rezero", NormPlacement::pre, "none"}, Case{"rezero", NormPlacement::post, "none"},
                         Case{"skipinit", NormPlacement::pre, "none"}, Case{"tfixup", NormPlacement::post, "none"},
-                        Case{"deepnorm", NormPlacement::pre, "post"}, Case{"deepnorm", NormPlacement::none, "post"}}) {
+                        Case{"deepnorm", NormPlacement::pre, "post"}, Case{"deepnorm", NormPlacement::none, "post"},
+                        Case{"deepnorm", NormPlacement::both, "post"}, Case{"rezero", NormPlacement::both, "none"},
+                        Case{"keel", NormPlacement::pre, "both"}, Case{"keel", NormPlacement::post, "both"},
+                        Case{"keel", NormPlacement::none, "both"}}) {
     const std::string message = error_of([&] { rule_for(c.rule, transformer_shape(4, 64, c.wrong)); });
     const std::string wrong = norm_placement_name(c.wrong);
     EXPECT_TRUE(contains(message, "model.norm = \"" + wrong + "\" conflicts with scaling rule \"" + c.rule +
@@ -313,14 +355,14 @@ TEST(LiteratureRules, NormConflictsAreUserErrorsNamingModelNorm) {
         << message;
     EXPECT_TRUE(contains(message, std::string("; allowed: model.norm = \"") + c.required + "\"")) << message;
   }
-  // Rules that fix no norm placement accept all three.
-  for (const char* rule : {"depth_mup", "mup"})
-    for (NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::none})
+  // Rules that fix no norm placement accept all four.
+  for (const char* rule : {"standard", "depth_mup", "mup"})
+    for (NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::both, NormPlacement::none})
       EXPECT_NO_THROW(rule_for(rule, transformer_shape(4, 64, norm))) << rule;
 }
 
 TEST(LiteratureRules, MlpModelsAreScaledOrRejectedClearly) {
-  for (const char* rule : {"deepnorm", "tfixup"}) {
+  for (const char* rule : {"deepnorm", "tfixup", "keel"}) {
     const std::string message = error_of([&] { rule_for(rule, mlp_shape(4, 32, true)); });
     EXPECT_TRUE(contains(message, "model.type = \"mlp\": scaling rule \"" + std::string(rule) + "\" is defined for"))
         << message;
@@ -458,6 +500,7 @@ TEST_P(LiteratureRuleGradient, MatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(EachRule, LiteratureRuleGradient,
                          ::testing::Values(GradientCase{"deepnorm", NormPlacement::post, {}},
+                                           GradientCase{"keel", NormPlacement::both, {{"base_std", 0.3}}},
                                            GradientCase{"rezero", NormPlacement::none, {{"alpha0", 0.5}}},
                                            GradientCase{"skipinit", NormPlacement::none, {{"alpha0", 0.5}}},
                                            GradientCase{"tfixup", NormPlacement::none, {}},

@@ -80,6 +80,12 @@ TEST(Spec, NamesAreTheStudySpellings) {
   EXPECT_STREQ(activation_name(Activation::identity), "linear");
   EXPECT_STREQ(activation_name(Activation::gelu_tanh), "gelu");
   EXPECT_STREQ(norm_placement_name(NormPlacement::post), "post");
+  EXPECT_STREQ(norm_placement_name(NormPlacement::both), "both");
+  // "both" puts a norm on the branch input (as pre) and after the sum (as post).
+  EXPECT_TRUE(norms_branch_input(NormPlacement::both) && norms_residual_sum(NormPlacement::both));
+  EXPECT_TRUE(norms_branch_input(NormPlacement::pre) && !norms_residual_sum(NormPlacement::pre));
+  EXPECT_TRUE(!norms_branch_input(NormPlacement::post) && norms_residual_sum(NormPlacement::post));
+  EXPECT_TRUE(!norms_branch_input(NormPlacement::none) && !norms_residual_sum(NormPlacement::none));
   EXPECT_STREQ(norm_kind_name(NormKind::rmsnorm), "rmsnorm");
   EXPECT_STREQ(param_role_name(ParamRole::attn_qkv), "attn_qkv");
 }

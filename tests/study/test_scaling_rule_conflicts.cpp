@@ -78,4 +78,27 @@ TEST(StudyScalingRules, AdminRequiresPostNormAndWholeProfileSequences) {
   EXPECT_EQ(study.scaling.params.at("learnable"), 1);
 }
 
+TEST(StudyScalingRules, KeelRequiresBothNorms) {
+  // model.norm = "both" is a placement of its own; keel needs it and rejects the others at load.
+  const Study both =
+      parse_study("name = \"x\"\n[model]\nnorm = \"both\"\n[scaling]\nrule = \"keel\"\n", "test.toml", ".", {});
+  EXPECT_EQ(both.model.transformer().norm, NormPlacement::both);
+  EXPECT_EQ(both.scaling.rule, "keel");
+  EXPECT_EQ(both.scaling.params.at("alpha"), 0.0);
+  EXPECT_EQ(both.scaling.params.at("base_std"), 0.02);
+  const std::string post = load_error("name = \"x\"\n[model]\nnorm = \"post\"\n[scaling]\nrule = \"keel\"\n");
+  EXPECT_TRUE(contains(post,
+                       "test.toml:5: scaling.rule: rule \"keel\" rejects this study: model.norm = \"post\" conflicts "
+                       "with scaling rule \"keel\", which requires model.norm = \"both\""))
+      << post;
+  EXPECT_TRUE(contains(post, "; allowed: model.norm = \"both\"")) << post;
+  EXPECT_TRUE(contains(load_error("name = \"x\"\n[scaling]\nrule = \"keel\"\n"), "model.norm = \"pre\" conflicts"));
+  // A rule that fixes another placement rejects both.
+  const std::string deepnorm = load_error("name = \"x\"\n[model]\nnorm = \"both\"\n[scaling]\nrule = \"deepnorm\"\n");
+  EXPECT_TRUE(contains(deepnorm, "model.norm = \"both\" conflicts with scaling rule \"deepnorm\"")) << deepnorm;
+  // Rules that fix no placement accept it.
+  const Study standard = parse_study("name = \"x\"\n[model]\nnorm = \"both\"\n", "test.toml", ".", {});
+  EXPECT_EQ(standard.model.transformer().norm, NormPlacement::both);
+}
+
 }  // namespace proplab

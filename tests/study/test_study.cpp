@@ -407,7 +407,7 @@ forward = "mean"
       << message;
   EXPECT_TRUE(contains(message,
                        "test.toml:5: model.norm: expected a string, got integer 3; allowed: one of "
-                       "\"pre\", \"post\", \"none\""))
+                       "\"pre\", \"post\", \"both\", \"none\""))
       << message;
   EXPECT_TRUE(contains(message,
                        "test.toml:7: train.lr: expected a number, got string \"1e-3\"; allowed: a number "

@@ -243,7 +243,8 @@ TEST_P(RecordedRun, EveryStatisticMatchesADirectComputationAtInitialisation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, RecordedRun,
-                         ::testing::Values(NormPlacement::pre, NormPlacement::post, NormPlacement::none),
+                         ::testing::Values(NormPlacement::pre, NormPlacement::post, NormPlacement::both,
+                                           NormPlacement::none),
                          [](const auto& info) { return std::string(norm_placement_name(info.param)); });
 
 TEST(RecordedRun, TheoryPredictionsBesideTheMeasurement) {

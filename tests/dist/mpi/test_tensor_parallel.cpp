@@ -47,6 +47,10 @@ std::vector<Variant> variants() {
   Variant dropout{"pre, dropout", small_config(), true};
   dropout.config.dropout = 0.2f;
   out.push_back(dropout);
+  Variant both{"both norms, untied", small_config()};
+  both.config.norm = NormPlacement::both;
+  both.config.tie_embeddings = false;
+  out.push_back(both);
   Variant none{"no norm, no bias", small_config()};
   none.config.norm = NormPlacement::none;
   none.config.bias = false;
