@@ -376,19 +376,14 @@ LrSweeps lr_sweeps(const ReportPlan& plan) {
   };
   const auto series_key = std::find_if(keys.begin(), keys.end(), numeric_key);
   sweeps.series_key = series_key != keys.end() ? *series_key : keys.empty() ? std::string() : keys.front();
-  // A key zipped with the series key (model.width with model.layers at equal parameters) names the same lines: it
-  // fixes no family.
+  // A key the series key determines (model.width zipped with model.layers at equal parameters, scaling.rule zipped
+  // with model.norm) only names the lines again: it fixes no family.
   const auto follows_series = [&](const std::string& key) {
-    std::map<std::string, std::set<std::string>> values_of_series, series_of_value;
-    for (const auto& [r, lr] : runs) {
-      const std::string series = run_value(plan, plan.runs[r], sweeps.series_key);
-      const std::string value = run_value(plan, plan.runs[r], key);
-      values_of_series[series].insert(value);
-      series_of_value[value].insert(series);
-    }
-    const auto single = [](const auto& entry) { return entry.second.size() == 1; };
-    return std::all_of(values_of_series.begin(), values_of_series.end(), single) &&
-           std::all_of(series_of_value.begin(), series_of_value.end(), single);
+    std::map<std::string, std::set<std::string>> values_of_series;
+    for (const auto& [r, lr] : runs)
+      values_of_series[run_value(plan, plan.runs[r], sweeps.series_key)].insert(run_value(plan, plan.runs[r], key));
+    return std::all_of(values_of_series.begin(), values_of_series.end(),
+                       [](const auto& entry) { return entry.second.size() == 1; });
   };
   for (const auto& key : keys) {
     if (key != sweeps.series_key && !follows_series(key)) sweeps.fixed_keys.push_back(key);

@@ -700,6 +700,24 @@ TEST_F(ReportTest, LrSweepsNeedTwoLearningRatesAndIgnoreKeysZippedWithIt) {
   ASSERT_EQ(shapes.lr.families[0].series.size(), 3u);
   EXPECT_EQ(shapes.lr.families[0].series[2].value, "32");
   EXPECT_EQ(shapes.lr.families[0].series[2].points.size(), 2u);
+
+  // zip = { "model.norm" = ["pre", "post", "both"], "scaling.rule" = ["standard", "standard", "keel"] } × lr: the
+  // norm (the series key: no key is numeric) determines the rule, so the rule fixes no family: one figure of three
+  // lines. (A rule that did not follow the norm would fix one family per rule.)
+  gui::ReportPlan placements;
+  placements.dir = work_;
+  placements.from_index = true;
+  placements.group_keys = {"train.lr", "model.norm", "scaling.rule"};
+  for (const char* lr : {"0.001", "0.004"})
+    for (const auto& [norm, rule] :
+         {std::pair{"pre", "standard"}, std::pair{"post", "standard"}, std::pair{"both", "keel"}})
+      placements.runs.push_back(
+          report_run(std::string(norm) + "_" + lr, "completed", loss_run(flat_curve(3.0, 2.0)), {lr, norm, rule}));
+  placements.lr = gui::lr_sweeps(placements);
+  EXPECT_EQ(placements.lr.series_key, "model.norm");
+  EXPECT_TRUE(placements.lr.fixed_keys.empty());
+  ASSERT_EQ(placements.lr.families.size(), 1u);
+  EXPECT_EQ(placements.lr.families[0].series.size(), 3u);
 }
 
 // End to end: `proplab sweep` over width × lr × 2 seeds, then `proplab report`; the lr table against the run files
