@@ -5,14 +5,15 @@ Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [--mpiexec MPIEXEC]
 
 check_study_claims.py checks what a study says about step 0; this script checks what it says about training. By
 default every study runs whole, as shipped (quickstart, compare_norms, rezero_skipinit and depth_mup: about 11
-minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5, deepscalelm_shapes 10.5). With --reduced (what ctest runs,
-`study.training_claims`) each study runs a stated smaller version that keeps its depths and its comparison: fewer
-steps (deepscalelm_shapes: 300 of its 1200), and for rezero_skipinit, depth_mup and deepnet a narrower model, for
-mup_transfer fewer tokens a step (REDUCED below says which); quickstart and local_sgd run whole either way (a minute each); resnet_depth has no
-reduced version and is left out. Every claim is asserted next to the header line it checks. A
-loss "at a step range" is the mean training loss over those steps (one batch per step is noisy); resnet_depth's
-are its last validation loss, mup_transfer's its validation loss after the last step. compression_signal and
-local_sgd run their points on 4 ranks and need --mpiexec (without it, they are left out with a note). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
+minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5, deepscalelm_shapes 10.5, keel 2.3). With
+--reduced (what ctest runs, `study.training_claims`) each study runs a stated smaller version that keeps its depths
+and its comparison: fewer steps (deepscalelm_shapes: 300 of its 1200), and for rezero_skipinit, depth_mup, deepnet
+and keel a narrower model, for mup_transfer fewer tokens a step (REDUCED below says which); quickstart and local_sgd
+run whole either way (a minute each); resnet_depth has no reduced version and is left out. Every claim is asserted
+next to the header line it checks. A loss "at a step range" is the mean training loss over those steps (one batch
+per step is noisy); resnet_depth's are its last validation loss, mup_transfer's its validation loss after the last
+step. compression_signal and local_sgd run their points on 4 ranks and need --mpiexec (without it, they are left out
+with a note). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
 """
 import math
 import os
@@ -39,6 +40,7 @@ REDUCED = {
     "mup_transfer": ["train.batch=8", "model.seq_len=16"],
     "local_sgd": [],  # whole in both modes (under a minute on 4 ranks)
     "deepscalelm_shapes": ["train.steps=300", "train.warmup=30", "train.eval_every=300"],
+    "keel": ["train.steps=100", "train.warmup=10", "model.width=32"],
 }
 
 
@@ -359,6 +361,37 @@ def deepscalelm_shapes(proplab, work, c, reduced):
             " / ".join(f"{v:.1f}" for v in starts))
 
 
+def keel(proplab, work, c, reduced):
+    point = sweep(proplab, "keel", work, reduced)
+    name = "keel"
+    uniform = math.log(64)
+    setups = (("pre", "standard"), ("post", "standard"), ("both", "keel"))
+    final = {(norm, lr): point(f"lr={lr},norm={norm},rule={rule}").end()
+             for norm, rule in setups for lr in ("0.001", "0.004", "0.016")}
+    for norm, rule in setups:
+        print(f"  {name}: {norm}/{rule}: final loss at lr 1e-3 / 4e-3 / 1.6e-2: " +
+              " / ".join(f"{final[(norm, lr)]:.3f}" for lr in ("0.001", "0.004", "0.016")))
+    # "At 1.6e-2 Keel trains where Pre-LN and Post-LN do not"
+    c.check(name, "at 1.6e-2 Keel trains (below 0.8 of uniform), Pre-LN and Post-LN do not (above 0.7 of it)",
+            final[("both", "0.016")] < 0.8 * uniform and min(final[("pre", "0.016")], final[("post", "0.016")]) > 0.7 * uniform,
+            f"Keel {final[('both', '0.016')]:.3f}, Pre-LN {final[('pre', '0.016')]:.3f}, Post-LN {final[('post', '0.016')]:.3f}")
+    if not reduced:
+        # "At 4e-3 Keel ends lowest" (the whole study only: at width 32 and 100 steps Post-LN is 0.03 ahead there)
+        c.check(name, "at 4e-3 Keel ends lowest",
+                final[("both", "0.004")] < min(final[("pre", "0.004")], final[("post", "0.004")]),
+                " / ".join(f"{final[(n, '0.004')]:.3f}" for n, _ in setups))
+    # "At 1e-3 all three train and Keel is the slowest"
+    c.check(name, "at 1e-3 all three train and Keel is the slowest",
+            max(final[(n, "0.001")] for n, _ in setups) < 0.8 * uniform and
+            final[("both", "0.001")] > max(final[("pre", "0.001")], final[("post", "0.001")]),
+            " / ".join(f"{final[(n, '0.001')]:.3f}" for n, _ in setups))
+    # "Post-LN's gradient at the first block's input falls to 1e-45 of the last block's ..., Keel's stays at 9-1300"
+    post = depth_gradient_ratio(os.path.join(work, name, "lr=0.016,norm=post,rule=standard.h5"))
+    kept = depth_gradient_ratio(os.path.join(work, name, "lr=0.016,norm=both,rule=keel.h5"))
+    c.check(name, "at 1.6e-2 Post-LN's first-block gradient has vanished, Keel's has not", post < 1e-10 and kept > 1,
+            f"first block in / last block out at the last record: Post-LN {post:.3g}, Keel {kept:.3g}")
+
+
 def local_sgd(proplab, work, c, reduced, mpiexec):
     name = "local_sgd"
     out = sweep_study(proplab, name, work, REDUCED[name] if reduced else (), mpiexec)
@@ -407,6 +440,7 @@ STUDIES = {
     "mup_transfer": mup_transfer,
     "local_sgd": local_sgd,
     "deepscalelm_shapes": deepscalelm_shapes,
+    "keel": keel,
 }
 NEEDS_MPI = {"compression_signal", "local_sgd"}
 
