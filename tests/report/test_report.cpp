@@ -44,22 +44,18 @@ void expect_figure(const fs::path& path, std::size_t runs) {
     EXPECT_GT(count_colour(image, gui::series_rgb(r)), 40u) << path << ": no line in run " << r << "'s colour";
 }
 
-// report.md's summary table: run name -> cells (run, group, status, final loss, growth fwd init, growth fwd end,
-// growth bwd init, growth bwd end, theory error fwd, theory error bwd).
-std::map<std::string, std::vector<std::string>> summary_table(const std::string& markdown) {
+// The first markdown table after the heading line that starts at `heading` (npos: none): its first cell -> its cells,
+// header and alignment rows left out. A heading before any table row ends the search.
+std::map<std::string, std::vector<std::string>> table_after(const std::string& markdown, std::size_t heading) {
   std::map<std::string, std::vector<std::string>> rows;
-  std::istringstream lines(markdown);
+  if (heading == std::string::npos) return rows;
+  std::istringstream lines(markdown.substr(heading));
   std::string line;
-  bool in_summary = false;
+  std::getline(lines, line);  // the heading
   int table_line = 0;
   while (std::getline(lines, line)) {
-    if (line == "## Summary") {
-      in_summary = true;
-      continue;
-    }
-    if (!in_summary) continue;
     if (line.rfind("|", 0) != 0) {
-      if (table_line > 0) break;
+      if (table_line > 0 || line.rfind("## ", 0) == 0 || line.rfind("### ", 0) == 0) break;
       continue;
     }
     if (++table_line <= 2) continue;  // header and alignment rows
@@ -75,6 +71,13 @@ std::map<std::string, std::vector<std::string>> summary_table(const std::string&
     if (!cells.empty()) rows[cells[0]] = cells;
   }
   return rows;
+}
+
+// report.md's summary table: run name -> cells (run, group, status, final loss, growth fwd init, growth fwd end,
+// growth bwd init, growth bwd end, theory error fwd, theory error bwd).
+std::map<std::string, std::vector<std::string>> summary_table(const std::string& markdown) {
+  const std::size_t at = markdown.find("\n## Summary\n");
+  return table_after(markdown, at == std::string::npos ? at : at + 1);
 }
 
 // A table number against the value from the run file: "n/a" for NaN, else equal to 6 significant digits.
@@ -431,32 +434,8 @@ void one_group(gui::ReportPlan& plan) {
 // The rows of the lr table under "### <family>" in report.md: first cell -> cells (value, best lr, final loss,
 // lrs tried, diverged lrs).
 std::map<std::string, std::vector<std::string>> lr_table(const std::string& markdown, const std::string& family) {
-  std::map<std::string, std::vector<std::string>> rows;
-  const std::size_t section = markdown.find("\n### " + family + "\n");
-  if (section == std::string::npos) return rows;
-  std::istringstream lines(markdown.substr(section + 1));
-  std::string line;
-  std::getline(lines, line);  // the heading
-  int table_line = 0;
-  while (std::getline(lines, line)) {
-    if (line.rfind("### ", 0) == 0 || line.rfind("## ", 0) == 0) break;
-    if (line.rfind("|", 0) != 0) {
-      if (table_line > 0) break;
-      continue;
-    }
-    if (++table_line <= 2) continue;  // header and alignment rows
-    std::vector<std::string> cells;
-    std::size_t start = 1;
-    while (start < line.size()) {
-      const std::size_t end = line.find(" |", start);
-      if (end == std::string::npos) break;
-      std::string cell = line.substr(start, end - start);
-      cells.push_back(cell.substr(cell.find_first_not_of(' ')));
-      start = end + 2;
-    }
-    if (!cells.empty()) rows[cells[0]] = cells;
-  }
-  return rows;
+  const std::size_t at = markdown.find("\n### " + family + "\n");
+  return table_after(markdown, at == std::string::npos ? at : at + 1);
 }
 
 // The centres (pixels) of the point markers of class `marker` ("marker-cross", "marker-circle") of the SVG series
