@@ -64,6 +64,10 @@ class Curve:
     def end(self, steps=20):
         return self.mean(len(self.loss) - steps, len(self.loss))
 
+    def steps_to(self, target, window=10):
+        """Steps taken when a `window`-step mean training loss first falls below `target` (None: never)."""
+        return next((i + window for i in range(len(self.loss) - window + 1) if self.mean(i, i + window) < target), None)
+
     def area(self):
         """Mean loss over the whole run: lower for a curve that falls faster."""
         return self.mean(0, len(self.loss))
@@ -128,9 +132,7 @@ def rezero_skipinit(proplab, work, c, reduced):
             if not reduced:
                 # "at 64 layers ReZero takes 103 steps and Post-LN 153, 1.49x as many" (to a 10-step mean below 1.2;
                 # the whole study only: the reduced one stops before either gets there)
-                to_target = {}
-                for label, curve in (("rezero", rezero), ("post", post)):
-                    to_target[label] = next((i + 10 for i in range(len(curve.loss) - 9) if curve.mean(i, i + 10) < 1.2), None)
+                to_target = {"rezero": rezero.steps_to(1.2), "post": post.steps_to(1.2)}
                 c.check(name, "64 layers: Post-LN needs over 1.3x ReZero's steps to reach a loss of 1.2",
                         None not in to_target.values() and to_target["post"] > 1.3 * to_target["rezero"],
                         f"steps: rezero {to_target['rezero']}, post-LN {to_target['post']}")
@@ -416,8 +418,8 @@ def local_sgd(proplab, work, c, reduced, mpiexec):
     target = 1.5
     reach = {}
     for mode, curve in curves.items():
-        step = next((i for i in range(len(curve.loss) - 9) if curve.mean(i, i + 10) < target), None)
-        reach[mode] = None if step is None else modes[mode][1](step + 10)
+        steps = curve.steps_to(target)
+        reach[mode] = None if steps is None else modes[mode][1](steps)
     print(f"  {name}: final loss (last 20 steps): " + ", ".join(f"{m} {cv.end():.3f}" for m, cv in curves.items()))
     print(f"  {name}: model sizes sent per replica to reach {target}: " +
           ", ".join(f"{m} {'never' if r is None else f'{r:g}'}" for m, r in reach.items()))
