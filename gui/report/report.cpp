@@ -246,19 +246,24 @@ std::string run_value(const ReportPlan& plan, const ReportRun& run, const std::s
   return value.empty() ? std::string(unset_value) : value;
 }
 
+// True when, over `runs` ((run, lr) pairs), `from`'s value of a run determines `to`'s (each value of `from` meets one
+// value of `to`).
+template <typename From, typename To>
+bool determines(const std::vector<std::pair<std::size_t, double>>& runs, From from, To to) {
+  using Key = decltype(from(runs.front()));
+  std::map<Key, std::set<decltype(to(runs.front()))>> seen;
+  for (const auto& run : runs) seen[from(run)].insert(to(run));
+  return std::all_of(seen.begin(), seen.end(), [](const auto& entry) { return entry.second.size() == 1; });
+}
+
 // True when `key`'s values and the lrs determine each other over `runs` (a key zipped with train.lr).
 bool follows_lr(const ReportPlan& plan, const std::vector<std::pair<std::size_t, double>>& runs,
                 const std::string& key) {
-  std::map<double, std::set<std::string>> values_of_lr;
-  std::map<std::string, std::set<double>> lrs_of_value;
-  for (const auto& [r, lr] : runs) {
-    const std::string value = run_value(plan, plan.runs[r], key);
-    values_of_lr[lr].insert(value);
-    lrs_of_value[value].insert(lr);
-  }
-  const auto single = [](const auto& entry) { return entry.second.size() == 1; };
-  return std::all_of(values_of_lr.begin(), values_of_lr.end(), single) &&
-         std::all_of(lrs_of_value.begin(), lrs_of_value.end(), single);
+  const auto value = [&](const std::pair<std::size_t, double>& run) {
+    return run_value(plan, plan.runs[run.first], key);
+  };
+  const auto lr = [](const std::pair<std::size_t, double>& run) { return run.second; };
+  return determines(runs, lr, value) && determines(runs, value, lr);
 }
 
 std::string lr_list(const std::vector<double>& lrs) {
@@ -379,11 +384,11 @@ LrSweeps lr_sweeps(const ReportPlan& plan) {
   // A key the series key determines (model.width zipped with model.layers at equal parameters, scaling.rule zipped
   // with model.norm) only names the lines again: it fixes no family.
   const auto follows_series = [&](const std::string& key) {
-    std::map<std::string, std::set<std::string>> values_of_series;
-    for (const auto& [r, lr] : runs)
-      values_of_series[run_value(plan, plan.runs[r], sweeps.series_key)].insert(run_value(plan, plan.runs[r], key));
-    return std::all_of(values_of_series.begin(), values_of_series.end(),
-                       [](const auto& entry) { return entry.second.size() == 1; });
+    const auto value_of = [&](const std::string& of) {
+      return
+          [&plan, of](const std::pair<std::size_t, double>& run) { return run_value(plan, plan.runs[run.first], of); };
+    };
+    return determines(runs, value_of(sweeps.series_key), value_of(key));
   };
   for (const auto& key : keys) {
     if (key != sweeps.series_key && !follows_series(key)) sweeps.fixed_keys.push_back(key);
