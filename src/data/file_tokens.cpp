@@ -49,6 +49,19 @@ std::vector<unsigned char> read_whole_file(const std::string& path, const char* 
   return bytes;
 }
 
+// True when `path` is a regular file whose first two bytes are gzip's magic 1f 8b (false when it cannot be read:
+// read_whole_file then says why).
+bool starts_as_gzip(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return false;
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (!file) return false;
+  unsigned char magic[2] = {0, 0};
+  const std::size_t got = std::fread(magic, 1, 2, file);
+  std::fclose(file);
+  return got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+}
+
 std::uint32_t read_le32(const unsigned char* p) {
   return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
          static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
@@ -63,14 +76,15 @@ class FileTokens final : public TokenDataset {
     kind_ = config.kind;
     if (!(config.val_fraction > 0.0 && config.val_fraction < 1.0))
       throw UserError(detail::concat("data.val_fraction = ", config.val_fraction, " must be in (0, 1)"));
-    bytes_ = read_whole_file(path_, format_);
     // A gzip stream (a .gz file, or dictd's dictzip .dz, which is gzip with an index in its header) is read
-    // decompressed: the tokens are its contents.
-    if (bytes_.size() >= 2 && bytes_[0] == 0x1f && bytes_[1] == 0x8b) {
+    // decompressed, in one pass: the tokens are its contents.
+    gzip_ = starts_as_gzip(path_);
+    if (gzip_) {
       const std::vector<std::uint8_t> contents = read_maybe_gzip(path_, std::string(format_) + ", gzip-compressed");
       bytes_.assign(contents.begin(), contents.end());
-      gzip_ = true;
       if (bytes_.empty()) throw UserError(where(path_, format_) + ": is an empty gzip stream");
+    } else {
+      bytes_ = read_whole_file(path_, format_);
     }
     if (text) {
       width_ = 1;
