@@ -468,8 +468,9 @@ std::vector<double> causal_column_sums(const TokenLayout& layout, const std::vec
 // 2ε·|c|/width. Computed by the forward maps themselves (a Pre-LN branch's norm, the attention weights' and the
 // activation's response included): the sublayer once more on the input so moved, its sum's pair mean less λ² times
 // the input's.
-// `rows`: row_means(s.input).
-double branch_common_gain(const TransformerNumbers& numbers, int index, const Sublayer& s,
+// `rows`: row_means(s.input). `unmoved`: the sublayer at s.input as the move is taken (s, or under "both" s without
+// its branch norm, common_part_without_branch_norm).
+double branch_common_gain(const TransformerNumbers& numbers, int index, const Sublayer& s, const Sublayer& unmoved,
                           const std::vector<double>& rows, ActivationPairMaps& rule) {
   const TransformerConfig& c = numbers.config;
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
@@ -486,10 +487,7 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
   }
   const bool bare = common_part_without_branch_norm(c, index);
   const Sublayer t = sublayer_forward(numbers, index, moved, rule, nullptr, nullptr, bare);
-  // (without the branch norm the unmoved sublayer too, so that both sides differ by the move alone)
-  const Sublayer base = bare ? sublayer_forward(numbers, index, s.input, rule, nullptr, nullptr, true) : Sublayer();
   const bool post = norms_residual_sum(c.norm);
-  const Sublayer& unmoved = bare ? base : s;
   const TokenField& before = post ? unmoved.sum : unmoved.out;
   const TokenField& after = post ? t.sum : t.out;
   const double moved_in = moved.pair_mean() - common;
@@ -510,7 +508,7 @@ double branch_common_gain(const TransformerNumbers& numbers, int index, const Su
 // at x, per bucket. The step, 10⁻³, is well above the variance tolerance within which ActivationPairMaps reuses a
 // table, so the activation's pair maps are rebuilt at the scaled input.
 std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, const Sublayer& s,
-                                 const std::vector<double>& rows, const std::vector<double>& alpha,
+                                 const Sublayer& unmoved, const std::vector<double>& rows, const std::vector<double>& alpha,
                                  const std::vector<double>& collected, double common_in, double common_out,
                                  double lambda_sq, ActivationPairMaps& rule) {
   const double step = 1e-3;  // relative scaling of the input
@@ -522,9 +520,8 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
   const bool bare = common_part_without_branch_norm(numbers.config, index);
   const Sublayer t = sublayer_forward(numbers, index, grown, rule, nullptr, nullptr, bare);
   const double grown_out = common_square(t.sum);
-  // (without the branch norm the ungrown sublayer too, so that both sides differ by the scaling alone)
-  const double base_out =
-      bare ? common_square(sublayer_forward(numbers, index, s.input, rule, nullptr, nullptr, true).sum) : common_out;
+  // (under "both" the ungrown sublayer without its branch norm too, so that both sides differ by the scaling alone)
+  const double base_out = bare ? common_square(unmoved.sum) : common_out;
   const double own = base_out - lambda_sq * common_in;                                        // β²·C_F
   const double response = (grown_out - factor * lambda_sq * common_in - own) / (2.0 * step);  // β²·½·dC_F/dε
   const double shared = s.input.mean * s.input.mean;
@@ -596,7 +593,13 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     const double ratio = common_in > 0.0 && common_out > 0.0 ? common_in / common_out : 0.0;
     const double lambda_sq = rn.lambda * rn.lambda;
     const std::vector<double> rows = row_means(s.input);
-    const double branch = ratio > 0.0 ? branch_common_gain(numbers, index, s, rows, rule) : 0.0;
+    // Under "both" above the first sublayer the common-part terms read the sublayer without its branch norm
+    // (common_part_without_branch_norm): computed once here for both of them.
+    const Sublayer bare = ratio > 0.0 && common_part_without_branch_norm(c, index)
+                              ? sublayer_forward(numbers, index, s.input, rule, nullptr, nullptr, true)
+                              : Sublayer();
+    const Sublayer& unmoved = common_part_without_branch_norm(c, index) ? bare : s;
+    const double branch = ratio > 0.0 ? branch_common_gain(numbers, index, s, unmoved, rows, rule) : 0.0;
     std::vector<double>& alpha = *aligned;
     const std::vector<double> collected = attention ? causal_column_sums(*g.layout, alpha) : alpha;
     const double cross = lambda_sq * branch * ratio;
@@ -612,7 +615,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     // the terms are Post-LN's there (common_part_without_branch_norm).
     const std::vector<double> removed =
         post && index > 0 && norm_removes_part && ratio > 0.0
-            ? norm_removal(numbers, index, s, rows, alpha, collected, common_in, common_out, lambda_sq, rule)
+            ? norm_removal(numbers, index, s, unmoved, rows, alpha, collected, common_in, common_out, lambda_sq, rule)
             : std::vector<double>(alpha.size(), 0.0);
     const double keep = std::sqrt(ratio);
     for (std::size_t a = 0; a < alpha.size(); ++a)
