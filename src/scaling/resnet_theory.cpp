@@ -199,10 +199,61 @@ struct ConvWeights {
   }
 };
 
+// tr(G²)/tr(G)² for a plain conv's centred input Gram G over the n = C_in·k² patch entries, with zero padding. A
+// patch entry (channel i, tap t) at output p is 0 where p + t is outside and a(p + t) inside, whose mean over the
+// images is the plane's shared mean m(p + t) (the channel's own part left out). Centring over the whole batch (what
+// BatchNorm's statistics do) leaves, besides each entry's own variance v·f_t (f_t: the fraction of outputs whose tap
+// t is inside), the spread of that mean over the outputs, K(t, s) = Cov_p(m̃_t(p), m̃_s(p)) with m̃_t(p) = m(p + t)
+// inside and 0 outside, the same for every pair of channels: G = F + K ⊗ 11ᵀ. So
+//   tr(G)  = C_in·Σ_t (v·f_t + K(t, t)),
+//   tr(G²) = C_in·(1 + channel_spread)·Σ_t (v·f_t)² + realised·f̄² + 2·C_in·Σ_t v·f_t·K(t, t) + C_in²·Σ_{t,s} K(t, s)²
+// (the cross term's pairs of distinct channels or taps have realised covariances of either sign, zero in
+// expectation). Interior only (f = 1, K = 0) this is the unpadded (C_in·k²·v²·(1 + channel_spread) + realised)/(n·v)².
+// The C_in² term is what a small map adds: on an 8×8 map 28 of the 64 outputs read a padded tap, and every channel's
+// patch drops its mean there together.
+double padded_centred_ratio(const Plane& x, const ConvWeights& w, int out, double var, double realised) {
+  const int pad = w.kernel / 2, k2 = w.kernel * w.kernel;
+  const double c_in = static_cast<double>(w.in), outputs = static_cast<double>(out) * out;
+  std::vector<double> f(static_cast<std::size_t>(k2), 0.0), m(static_cast<std::size_t>(k2) * out * out, 0.0);
+  for (int ky = 0; ky < w.kernel; ++ky)
+    for (int kx = 0; kx < w.kernel; ++kx) {
+      const std::size_t t = static_cast<std::size_t>(ky * w.kernel + kx);
+      for (int oy = 0; oy < out; ++oy)
+        for (int ox = 0; ox < out; ++ox) {
+          const int iy = oy * w.stride + ky - pad, ix = ox * w.stride + kx - pad;
+          if (iy < 0 || iy >= x.size || ix < 0 || ix >= x.size) continue;
+          f[t] += 1.0 / outputs;
+          m[t * static_cast<std::size_t>(out * out) + static_cast<std::size_t>(oy * out + ox)] =
+              x.mean[static_cast<std::size_t>(iy) * x.size + ix];
+        }
+    }
+  std::vector<double> centre(static_cast<std::size_t>(k2), 0.0);
+  for (std::size_t t = 0; t < centre.size(); ++t)
+    for (int p = 0; p < out * out; ++p) centre[t] += m[t * static_cast<std::size_t>(out * out) + p] / outputs;
+  double trace = 0.0, squares = 0.0, f_avg = 0.0;
+  for (std::size_t t = 0; t < centre.size(); ++t) {
+    f_avg += f[t] / k2;
+    for (std::size_t s = 0; s < centre.size(); ++s) {
+      double k = 0.0;
+      for (int p = 0; p < out * out; ++p)
+        k += (m[t * static_cast<std::size_t>(out * out) + p] - centre[t]) *
+             (m[s * static_cast<std::size_t>(out * out) + p] - centre[s]) / outputs;
+      squares += c_in * c_in * k * k;
+      if (s == t) {
+        const double own = var * f[t];
+        trace += c_in * (own + k);
+        squares += c_in * (1.0 + x.channel_spread) * own * own + 2.0 * c_in * own * k;
+      }
+    }
+  }
+  squares += realised * f_avg * f_avg;
+  return trace > 0 ? squares / (trace * trace) : 0.0;
+}
+
 // Forward: plain conv out E[y²][p] = in·E[w²]·Σ_taps E[a²] (padding taps are zero); standardised conv
 // out Var = ws_norm_sq·(avg_taps E[a²] − (avg_taps mean)²) over the k² taps (zero where padded). Mean 0. A channel's
 // mean is Σ w·(input channel means): E[w²]·in·k²·channel_mean_sq (standardised rows: less the shared mean).
-Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
+Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders, bool padded_spread) {
   const int out = borders ? out_size_of(x.size, w.kernel, w.stride) : x.size / w.stride;
   Plane y = Plane::uniform(out, 0.0, 0.0);
   const double taps = static_cast<double>(w.kernel * w.kernel);
@@ -233,7 +284,7 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
   // Plain rows: relative variance 2·tr(G²)/tr(G)²; standardised rows (zero mean, fixed norm) see G less its shared
   // mean, and only its departure from isotropy: 2·(tr(G'²)/tr(G')² − 1/n). The output channels' realised
   // correlations are the centred Gram's tr(G_c²)/tr(G_c)², spread over offsets as the kernel overlaps. Borders are
-  // ignored.
+  // ignored here (BatchNorm's var_spread counts them: padded_centred_ratio).
   {
     const double c_in = static_cast<double>(w.in), n = c_in * taps;
     const double mu_sq = shared * shared, delta_sq = std::max(0.0, x.channel_mean_sq - mu_sq);
@@ -255,7 +306,9 @@ Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders) {
     y.channel_spread = per_channel;
     const double centred =
         var > 0 ? (c_in * taps * var * var * (1.0 + x.channel_spread) + realised) / (n * var * n * var) : 0.0;
-    y.var_spread = w.standardised ? 2.0 * std::max(0.0, centred - 1.0 / n) : 2.0 * centred;
+    y.var_spread = w.standardised             ? 2.0 * std::max(0.0, centred - 1.0 / n)
+                   : borders && padded_spread ? 2.0 * padded_centred_ratio(x, w, out, var, realised)
+                                              : 2.0 * centred;
     for (int dy = -kReach; dy <= kReach; ++dy)
       for (int dx = -kReach; dx <= kReach; ++dx)
         y.coherence[offset_index(dx, dy)] = centred * kernel_overlap(w.kernel, w.stride * dx, w.stride * dy) / taps;
@@ -602,7 +655,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   images.fresh = 2.0 / (static_cast<double>(config.in_channels) * pixels);
   images.channel_spread = 2.0 / pixels;
   images.var_spread = images.channel_spread;
-  Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders);
+  Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders,
+                         options.padded_spread);
   Plane rectifier_input;
   int density_block = -1;  // post-activation: the block whose sum_density is rectifier_input's (−1: Gaussian)
   if (!preact) {
@@ -652,7 +706,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
         step.input = cur;
       }
       if (j == 0) first_conv_input = step.input;
-      cur = conv_forward(step.input, step.w, borders);
+      cur = conv_forward(step.input, step.w, borders, options.padded_spread);
       if (!preact) {
         step.pre_norm = cur;
         cur = norm(cur);
@@ -672,7 +726,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
       st.shortcut = weights(ParamRole::conv_shortcut, channels, block_out, 1, stride, b, true);
       // Pre-activation: the projection reads act(norm(s·x)) (the first conv's input); post-activation: s·x.
       st.shortcut_input = first_conv_input;
-      st.shortcut_out = conv_forward(st.shortcut_input, st.shortcut, borders);
+      st.shortcut_out = conv_forward(st.shortcut_input, st.shortcut, borders, options.padded_spread);
       shortcut = preact ? st.shortcut_out : norm(st.shortcut_out);
     }
     Plane sum = shortcut;

@@ -60,6 +60,9 @@ struct ResnetTheoryOptions {
   // Post-activation ReLU blocks with a rectified shortcut: carry the sum's distribution per position from block to
   // block (false: the Gaussian closure of each sum, which under-predicts the stream's growth).
   bool rectified_sums = true;
+  // BatchNorm's channel-variance spread counts the zero padding's part of the conv input's centred Gram (every
+  // channel's patch drops its mean at a border together; false: the interior's Gram at every position).
+  bool padded_spread = true;
 };
 
 // The bookkeeping for a ResNet initialised by `rule`, on inputs of elementwise variance input_var (mean 0).
