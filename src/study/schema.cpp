@@ -101,6 +101,15 @@ Field bool_field(std::string key, Ref ref) {
   return field;
 }
 
+// A boolean that is true unless set: written to config_toml only when false, so that the studies and run files of
+// before it existed keep their text.
+template <class Ref>
+Field optional_false_field(std::string key, Ref ref) {
+  Field field = bool_field(std::move(key), ref);
+  field.present = [ref](const Study& study) { return !ref(study); };
+  return field;
+}
+
 template <class Ref>
 Field choice_field(std::string key, Ref ref, std::vector<std::pair<std::string, FieldType<Ref>>> choices) {
   std::vector<std::string> names;
@@ -354,6 +363,7 @@ std::vector<TableSpec> build_schema() {
            integer_field("eval_every", PROPLAB_MEMBER(train.eval_every), 0, kMaxSteps),
            integer_field("eval_batches", PROPLAB_MEMBER(train.eval_batches), 1, 100000),
            integer_field("checkpoint_every", PROPLAB_MEMBER(train.checkpoint_every), 0, kMaxSteps),
+           optional_false_field("final_checkpoint", PROPLAB_MEMBER(train.final_checkpoint)),
        }},
       {"data",
        {

@@ -30,6 +30,9 @@ struct TrainConfig {
   std::int64_t eval_every = 100;  // 0 disables periodic eval (the final eval still runs)
   int eval_batches = 4;
   std::int64_t checkpoint_every = 0;  // 0: only at the end
+  // false: a run that completes takes no checkpoint at its end (one stopped early still does). Not part of the
+  // experiment: left out of the resolved text when true, and ignored when --resume compares studies.
+  bool final_checkpoint = true;
 };
 
 struct DeviceConfig {

@@ -110,16 +110,21 @@ std::string layout_text(const ParallelConfig& p) {
   return out.str();
 }
 
-// The resolved study as it defines the experiment: without [parallel] and [device], which say how it runs. A
-// checkpoint (full tensors) resumes under another layout or thread count.
+// The resolved study as it defines the experiment: without [parallel] and [device], which say how it runs, nor
+// train.final_checkpoint. A checkpoint (full tensors) resumes under another layout or thread count.
 std::string experiment_config(const std::string& toml) {
   std::istringstream in(toml);
   std::ostringstream out;
   std::string line;
   bool skip = false;
+  bool train = false;
   while (std::getline(in, line)) {
-    if (!line.empty() && line.front() == '[') skip = line == "[parallel]" || line == "[device]";
-    if (!skip) out << line << '\n';
+    if (!line.empty() && line.front() == '[') {
+      skip = line == "[parallel]" || line == "[device]";
+      train = line == "[train]";
+    }
+    // (whether a completed run takes a checkpoint at its end changes nothing it computes)
+    if (!skip && !(train && line.starts_with("final_checkpoint ="))) out << line << '\n';
   }
   return out.str();
 }
@@ -753,10 +758,12 @@ void TrainingRun::train() {
 RunSummary TrainingRun::finish() {
   summary_.steps_done = step_;
   summary_.gradient_exchange_s = data_parallel_->exchange_seconds();
+  bool write_failed = io_failure_.has_value();
   if (options_.world && !summary_.collective_timeout) {
     // Rank 0's write failures in the last step reach the others here (earlier ones stopped the loop).
     double failed = io_failure_ ? 1.0 : 0.0;
     options_.world->all_reduce(&failed, 1, dist::ReduceOp::max);
+    write_failed = failed != 0.0;
     if (failed != 0.0 && !layout_.root) {
       summary_.io_failure = true;
       summary_.message = spec_.name + ": " + kRootCouldNotWrite + " (it says what and why)";
@@ -766,8 +773,11 @@ RunSummary TrainingRun::finish() {
       }
     }
   }
-  // No checkpoint after a timeout: it may have struck between the update and the step count.
-  if (status_ != RunStatus::diverged && !summary_.collective_timeout && !summary_.out_of_memory) save(step_);
+  // No checkpoint after a timeout: it may have struck between the update and the step count. A run that completes
+  // takes one unless train.final_checkpoint = false; one whose last step's rows rank 0 could not write still does
+  // (rank 0's status says completed until end_after_io_failure, and every rank must agree: the save gathers).
+  const bool wanted = tc_.final_checkpoint || status_ != RunStatus::completed || write_failed;
+  if (wanted && status_ != RunStatus::diverged && !summary_.collective_timeout && !summary_.out_of_memory) save(step_);
   summary_.status = status_;
   summary_.detail = status_ == RunStatus::completed ? "completed " + std::to_string(step_) + " steps" : detail_;
   if (layout_.root) guarded(false, [&] { writer_->finish(status_, summary_.detail); });

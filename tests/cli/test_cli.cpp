@@ -366,6 +366,31 @@ TEST_F(CliTest, ResumeWithADifferentStudyIsRefused) {
   EXPECT_EQ(resumed.exit_code, 0) << describe(resumed);
 }
 
+TEST_F(CliTest, FinalCheckpointFalseLeavesACompletedRunWithoutOne) {
+  write_file("tiny.toml", kTinyStudy);
+  const CliResult plain = run({"run", "tiny.toml", "--out", "none", "--set", "train.final_checkpoint=false"});
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  EXPECT_FALSE(fs::exists(work_ / "none" / "tiny.ckpt.h5")) << "a completed run with final_checkpoint = false";
+  RunReader none = RunReader::open(work_ / "none" / "tiny.h5");
+  EXPECT_EQ(none.status(), RunStatus::completed);
+  EXPECT_NE(none.attribute_string("config").find("\nfinal_checkpoint = false\n"), std::string::npos);
+
+  // Stopped early it still writes one, and the run resumes from it under the default (true): the key is not part
+  // of the experiment. The resumed run then ends with its checkpoint, and computed what the first one did.
+  const CliResult stopped =
+      run({"run", "tiny.toml", "--out", "split", "--stop-after", "10", "--set", "train.final_checkpoint=false"});
+  ASSERT_EQ(stopped.exit_code, 4) << describe(stopped);
+  const fs::path checkpoint = work_ / "split" / "tiny.ckpt.h5";
+  ASSERT_TRUE(fs::exists(checkpoint));
+  EXPECT_EQ(read_checkpoint(checkpoint).int_value("step"), 10);
+  const CliResult resumed = run({"run", "tiny.toml", "--out", "split", "--resume"});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_EQ(read_checkpoint(checkpoint).int_value("step"), 20);
+  RunReader split = RunReader::open(work_ / "split" / "tiny.h5");
+  EXPECT_EQ(split.status(), RunStatus::completed);
+  EXPECT_EQ(bits_of(split.read_train().loss), bits_of(none.read_train().loss));
+}
+
 TEST_F(CliTest, DivergingRunExitsWithThreeAndRecordsTheStep) {
   write_file("boom.toml", kDivergingStudy);
   const CliResult result = run({"run", "boom.toml", "--out", "out"});

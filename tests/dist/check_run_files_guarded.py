@@ -8,6 +8,8 @@
    the job ends with exit status 6, one message (from rank 0) says what failed and how to continue, every record in
    the run file equals the undisturbed dp = 2 run's bit for bit, and `--resume` under mpirun completes to exactly the
    undisturbed run file.
+3. With train.final_checkpoint = false (and no periodic checkpoints) the dp = 2 job completes without a checkpoint,
+   its records the undisturbed run's bit for bit.
 
 usage: check_run_files_guarded.py PROPLAB MPIEXEC WORKDIR WRITE_FAULT_LIBRARY
 """
@@ -139,6 +141,22 @@ def main():
         for name, values in expected.items():
             if not same(written[name], values):
                 failures.append("resume: /%s differs from the undisturbed run's" % name)
+
+    # 3. train.final_checkpoint = false under mpirun: every rank skips the final save together (it gathers), so the
+    #    job completes, leaves no checkpoint, and computed what the reference did.
+    out = os.path.join(work, "no_final_checkpoint")
+    command = launch + [proplab, "run", study, "--out", out, "--force", "--set", "train.final_checkpoint=false",
+                        "--set", "train.checkpoint_every=0"]
+    plain = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if plain.returncode != 0:
+        failures.append("final_checkpoint = false: exit %d:\n%s" % (plain.returncode, plain.stdout))
+    else:
+        if os.path.exists(os.path.join(out, "guarded.ckpt.h5")):
+            failures.append("final_checkpoint = false: the completed run left a checkpoint")
+        written = series(os.path.join(out, "guarded.h5"))
+        for name, values in expected.items():
+            if not same(written[name], values):
+                failures.append("final_checkpoint = false: /%s differs from the reference run's" % name)
     finish(failures, "one writer per run file under mpirun, and rank 0's I/O failure stops the job resumably")
 
 

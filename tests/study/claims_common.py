@@ -34,7 +34,9 @@ class Checker:
 def sweep_study(proplab, study, work, overrides=(), mpiexec=None):
     """`proplab sweep studies/<study>.toml` into WORK/<study> (emptied first: a sweep resumes, and points an earlier
     binary wrote must never be read), with `--set` overrides (and, given an mpiexec, its points of several
-    processes under it, one point at a time); returns that folder. Exits naming the command on failure."""
+    processes under it, one point at a time); returns that folder. Exits naming the command on failure. No point
+    writes a checkpoint at its end (train.final_checkpoint = false: the claims read run files only, and the
+    checkpoints of the deep models' points would take gigabytes)."""
     out = os.path.join(work, study)
     shutil.rmtree(out, ignore_errors=True)
     command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out]
@@ -44,7 +46,7 @@ def sweep_study(proplab, study, work, overrides=(), mpiexec=None):
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     else:
         command += ["--jobs", "2"]
-    for override in overrides:
+    for override in ("train.final_checkpoint=false", *overrides):
         command += ["--set", override]
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:

@@ -95,6 +95,7 @@ void expect_same_study(const Study& a, const Study& b) {
   EXPECT_EQ(ra.eval_every, rb.eval_every);
   EXPECT_EQ(ra.eval_batches, rb.eval_batches);
   EXPECT_EQ(ra.checkpoint_every, rb.checkpoint_every);
+  EXPECT_EQ(ra.final_checkpoint, rb.final_checkpoint);
   EXPECT_EQ(a.data.kind, b.data.kind);
   EXPECT_EQ(a.data.path, b.data.path);
   EXPECT_EQ(a.data.val_fraction, b.data.val_fraction);
@@ -835,6 +836,23 @@ TEST(Study, ResolvedTomlFillsEveryDefault) {
   EXPECT_FALSE(contains(text, "momentum")) << text;
   EXPECT_FALSE(contains(text, "gaussian_noise")) << text;
   EXPECT_FALSE(contains(text, "[sweep]")) << text;
+}
+
+TEST(Study, FinalCheckpointIsWrittenOutOnlyWhenFalse) {
+  // true by default and then left out of the resolved text, which the run files and checkpoints of before the key
+  // existed hold; false is written, and read back.
+  const Study plain = parse("name = \"d\"\n");
+  EXPECT_TRUE(plain.train.final_checkpoint);
+  EXPECT_FALSE(contains(plain.config_toml, "final_checkpoint")) << plain.config_toml;
+  EXPECT_FALSE(parse("name = \"d\"\n[train]\nfinal_checkpoint = true\n").config_toml.find("final_checkpoint") !=
+               std::string::npos);
+  const Study off = parse("name = \"d\"\n[train]\nfinal_checkpoint = false\n");
+  EXPECT_FALSE(off.train.final_checkpoint);
+  EXPECT_TRUE(contains(off.config_toml, "\n[train]\n")) << off.config_toml;
+  EXPECT_TRUE(contains(off.config_toml, "checkpoint_every = 0\nfinal_checkpoint = false\n")) << off.config_toml;
+  EXPECT_FALSE(parse(off.config_toml).train.final_checkpoint);
+  const std::string wrong = error_of([] { parse("name = \"d\"\n[train]\nfinal_checkpoint = 0\n"); });
+  EXPECT_TRUE(contains(wrong, "train.final_checkpoint: expected a boolean")) << wrong;
 }
 
 TEST(Study, CommittedStudiesAndSampleDataLoad) {
