@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "io/run_lock.h"
 #include "train/progress.h"
+#include "train/trainer.h"
 
 namespace proplab {
 
@@ -444,12 +445,15 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
     const bool has_checkpoint = fs::exists(checkpoint, error);
     const auto it = previous.find(point.name);
     const IndexRow* before = it == previous.end() ? nullptr : &it->second;
-    // A point whose study changed since it last ran: its failure or checkpoint says nothing about it now.
-    const bool changed = fs::exists(point_file, error) && read_text(point_file) != point.study_toml;
+    // A point whose study changed since it last ran: its failure or checkpoint says nothing about it now. (Studies
+    // are compared on what their runs compute: train.final_checkpoint may change.)
+    const bool changed =
+        fs::exists(point_file, error) && outcome_config(read_text(point_file)) != outcome_config(point.study_toml);
     PointPlan decision;
     decision.point = index;
     decision.action = decide_action(changed ? nullptr : before, file, has_checkpoint && !changed, options.retry_failed);
-    if (decision.action == PointAction::skip_finished && file.config != point.study_toml)
+    if (decision.action == PointAction::skip_finished &&
+        outcome_config(file.config) != outcome_config(point.study_toml))
       stale.push_back(run_file.string());
     if (decision.action == PointAction::skip_finished) {
       decision.row = file.row;

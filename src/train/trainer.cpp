@@ -110,21 +110,16 @@ std::string layout_text(const ParallelConfig& p) {
   return out.str();
 }
 
-// The resolved study as it defines the experiment: without [parallel] and [device], which say how it runs, nor
-// train.final_checkpoint. A checkpoint (full tensors) resumes under another layout or thread count.
+// The resolved study as it defines the experiment: outcome_config without [parallel] and [device], which say how it
+// runs. A checkpoint (full tensors) resumes under another layout or thread count.
 std::string experiment_config(const std::string& toml) {
-  std::istringstream in(toml);
+  std::istringstream in(outcome_config(toml));
   std::ostringstream out;
   std::string line;
   bool skip = false;
-  bool train = false;
   while (std::getline(in, line)) {
-    if (!line.empty() && line.front() == '[') {
-      skip = line == "[parallel]" || line == "[device]";
-      train = line == "[train]";
-    }
-    // (whether a completed run takes a checkpoint at its end changes nothing it computes)
-    if (!skip && !(train && line.starts_with("final_checkpoint ="))) out << line << '\n';
+    if (!line.empty() && line.front() == '[') skip = line == "[parallel]" || line == "[device]";
+    if (!skip) out << line << '\n';
   }
   return out.str();
 }
@@ -794,6 +789,18 @@ RunSummary TrainingRun::finish() {
 }
 
 }  // namespace
+
+std::string outcome_config(const std::string& config_toml) {
+  std::istringstream in(config_toml);
+  std::ostringstream out;
+  std::string line;
+  bool train = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') train = line == "[train]";
+    if (!(train && line.starts_with("final_checkpoint ="))) out << line << '\n';
+  }
+  return out.str();
+}
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name) {
   return out_dir / (name + ".ckpt.h5");

@@ -122,6 +122,9 @@ std::string device_description(Device device);
 bool cuda_built();
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& out_dir, const std::string& name);
+// A resolved study (RunSpec::config_toml) less train.final_checkpoint, which changes nothing a run computes or
+// records: what a run file's or checkpoint's study is compared on (--resume, a sweep's finished and stopped points).
+std::string outcome_config(const std::string& config_toml);
 
 // Runs the study. Throws UserError for problems found before training starts (nothing is written then), among
 // them another process writing the same run (io/run_lock.h: rank 0 holds the run's lock from before it writes

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cli/cli_test_support.h"
+#include "io/checkpoint.h"
 #include "io/run_file.h"
 #include "io/run_lock.h"
 #include "io/run_reader.h"
@@ -260,7 +261,11 @@ TEST_F(SweepRunTest, CtrlCStopsCleanlyLeavesTheIndexTrueAndTheRerunResumes) {
   expect_index_matches_files(dir);
   EXPECT_TRUE(fs::exists(dir / (cut + ".ckpt.h5"))) << "a clean stop leaves a checkpoint";
 
-  const CliResult rerun = run(args);
+  // Rerun with train.final_checkpoint = false (say, after the disk filled): not a different study, so the finished
+  // point is skipped and the stopped one resumes from its checkpoint, which then stays at its step.
+  std::vector<std::string> no_final = args;
+  no_final.insert(no_final.end(), {"--set", "train.final_checkpoint=false"});
+  const CliResult rerun = run(no_final);
   EXPECT_EQ(rerun.exit_code, 0) << describe(rerun);
   EXPECT_NE(rerun.out.find("resume " + cut), std::string::npos) << rerun.out;
   EXPECT_NE(read_text(dir / "logs" / (cut + ".log")).find("resuming at step " + cut_at), std::string::npos);
@@ -268,6 +273,11 @@ TEST_F(SweepRunTest, CtrlCStopsCleanlyLeavesTheIndexTrueAndTheRerunResumes) {
   EXPECT_EQ(rows.at(cut)["status"], "completed");
   EXPECT_EQ(rows.at(cut)["steps"], "2500");
   expect_index_matches_files(dir);
+  EXPECT_EQ(read_checkpoint(dir / (cut + ".ckpt.h5")).int_value("step"), std::stoll(cut_at));
+  // And again without it: both points finished, nothing to do.
+  const CliResult again = run(args);
+  EXPECT_EQ(again.exit_code, 0) << describe(again);
+  EXPECT_EQ(read_rows(dir / "index.csv").at(cut)["steps"], "2500");
 
   // The same folder with a changed study would mix two studies: refused before anything starts.
   const std::string index_before = read_text(dir / "index.csv");
