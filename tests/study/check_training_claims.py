@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import h5py
 
@@ -495,10 +496,12 @@ def main():
             continue
         what = "a reduced version (" + ", ".join(REDUCED[study]) + ")" if reduced and REDUCED[study] else "the whole study"
         print(f"{study}: running {what}", flush=True)
+        started = time.monotonic()
         if study in NEEDS_MPI:
             STUDIES[study](proplab, work, c, reduced, mpiexec)
         else:
             STUDIES[study](proplab, work, c, reduced)
+        print(f"{study}: {time.monotonic() - started:.0f} s", flush=True)
     return c.report()
 
 
