@@ -1,20 +1,19 @@
 #!/usr/bin/env python3
 """The shipped studies' "What you should see" lines about training (loss curves), checked on the studies' output.
 
-Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [--mpiexec MPIEXEC] [--except STUDY,...] [STUDY_NAME...]
+Usage: check_training_claims.py PROPLAB WORK_DIR [--reduced] [--mpiexec MPIEXEC] [STUDY_NAME...]
 
 check_study_claims.py checks what a study says about step 0; this script checks what it says about training. By
 default every study runs whole, as shipped (quickstart, compare_norms, rezero_skipinit and depth_mup: about 11
 minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5, deepscalelm_shapes 10.5, keel 2.3). With
---reduced (what ctest runs: `study.training_claims`, and `study.training_claims_long` for the two longest) each study runs a stated smaller version that keeps its depths
+--reduced (what ctest runs, `study.training_claims`) each study runs a stated smaller version that keeps its depths
 and its comparison: fewer steps (deepscalelm_shapes: 300 of its 1200, resnet_depth: 200 of its 300), and for
 rezero_skipinit, depth_mup, deepnet and keel a narrower model, for mup_transfer fewer tokens a step (REDUCED below
 says which); quickstart and local_sgd run whole either way (a minute each). Every claim is asserted
 next to the header line it checks. A loss "at a step range" is the mean training loss over those steps (one batch
 per step is noisy); resnet_depth's are its last validation loss, mup_transfer's its validation loss after the last
 step. compression_signal and local_sgd run their points on 4 ranks and need --mpiexec (without it, they are left out
-with a note). --except leaves the named studies out of the default list (ctest runs the two longest as a test of
-their own beside the others). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
+with a note). Exit 0 when every claim holds, 1 (listing the failures) otherwise.
 """
 import math
 import os
@@ -477,20 +476,13 @@ def main():
             raise SystemExit("check_training_claims: --mpiexec needs the launcher's path")
         mpiexec = argv[at + 1]
         del argv[at:at + 2]
-    excluded = []
-    if "--except" in argv:
-        at = argv.index("--except")
-        if at + 1 >= len(argv):
-            raise SystemExit("check_training_claims: --except needs a comma-separated list of studies")
-        excluded = [name for name in argv[at + 1].split(",") if name]
-        del argv[at:at + 2]
     args = [a for a in argv if a != "--reduced"]
     reduced = "--reduced" in argv
     if len(args) < 2:
         raise SystemExit(__doc__)
     proplab, work = args[0], args[1]
-    chosen = args[2:] or [s for s in STUDIES if not (reduced and REDUCED[s] is None) and s not in excluded]
-    unknown = [s for s in chosen + excluded if s not in STUDIES]
+    chosen = args[2:] or [s for s in STUDIES if not (reduced and REDUCED[s] is None)]
+    unknown = [s for s in chosen if s not in STUDIES]
     if unknown:
         raise SystemExit(f"check_training_claims: unknown study {unknown[0]}; choose from {', '.join(STUDIES)}")
     whole_only = [s for s in chosen if reduced and REDUCED[s] is None]
