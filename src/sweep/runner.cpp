@@ -438,7 +438,7 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
   for (const std::size_t index : shard_points(plan.points.size(), options.shard)) {
     const SweepPoint& point = plan.points[index];
     const fs::path run_file = options.out_dir / (point.name + ".h5");
-    const fs::path checkpoint = options.out_dir / (point.name + ".ckpt.h5");
+    const fs::path checkpoint = checkpoint_path(options.out_dir, point.name);
     const fs::path point_file = options.out_dir / "points" / (point.name + ".toml");
     std::error_code error;
     const RunFileState file = read_run_state(run_file);
@@ -447,13 +447,12 @@ std::vector<PointPlan> plan_points(const SweepPlan& plan, const SweepOptions& op
     const IndexRow* before = it == previous.end() ? nullptr : &it->second;
     // A point whose study changed since it last ran: its failure or checkpoint says nothing about it now. (Studies
     // are compared on what their runs compute: train.final_checkpoint may change.)
-    const bool changed =
-        fs::exists(point_file, error) && outcome_config(read_text(point_file)) != outcome_config(point.study_toml);
+    const std::string outcome = outcome_config(point.study_toml);
+    const bool changed = fs::exists(point_file, error) && outcome_config(read_text(point_file)) != outcome;
     PointPlan decision;
     decision.point = index;
     decision.action = decide_action(changed ? nullptr : before, file, has_checkpoint && !changed, options.retry_failed);
-    if (decision.action == PointAction::skip_finished &&
-        outcome_config(file.config) != outcome_config(point.study_toml))
+    if (decision.action == PointAction::skip_finished && outcome_config(file.config) != outcome)
       stale.push_back(run_file.string());
     if (decision.action == PointAction::skip_finished) {
       decision.row = file.row;
