@@ -731,12 +731,11 @@ struct BandCoverage {
 
 BandCoverage band_coverage(const Case& run, const char* label, int networks = 48) {
   std::vector<double> z;
+  theory::TheoryInputs inputs;
+  inputs.sequences = run.sequences;
+  const theory::ProbePrediction p = theory::predict_transformer(transformer_numbers(run.scaling, run.config), inputs);
   for (int n = 0; n < networks; ++n) {
     const Measured m = measure(run, 300 + n);
-    theory::TheoryInputs inputs;
-    inputs.sequences = run.sequences;
-    const theory::ProbePrediction p =
-        theory::predict_transformer(transformer_numbers(run.scaling, run.config), inputs);
     for (std::size_t i = 0; i < m.names.size(); ++i) {
       const theory::ProbeTheory* t = p.find(m.names[i]);
       if (!t || !std::isfinite(t->var_log_sd) || t->var_log_sd <= 0) continue;
