@@ -31,15 +31,16 @@ class Checker:
         return 1 if self.failures else 0
 
 
-def sweep_study(proplab, study, work, overrides=(), mpiexec=None):
+def sweep_study(proplab, study, work, overrides=(), mpiexec=None, path=None):
     """`proplab sweep studies/<study>.toml` into WORK/<study> (emptied first: a sweep resumes, and points an earlier
     binary wrote must never be read), with `--set` overrides (and, given an mpiexec, its points of several
     processes under it, one point at a time); returns that folder. Exits naming the command on failure. No point
     writes a checkpoint at its end (train.final_checkpoint = false: the claims read run files only, and the
-    checkpoints of the deep models' points would take gigabytes)."""
+    checkpoints of the deep models' points would take gigabytes). `path`: the study file to sweep in place of
+    studies/<study>.toml (a reduced version with its own [sweep] table)."""
     out = os.path.join(work, study)
     shutil.rmtree(out, ignore_errors=True)
-    command = [proplab, "sweep", os.path.join(STUDIES_DIR, study + ".toml"), "--out", out]
+    command = [proplab, "sweep", path or os.path.join(STUDIES_DIR, study + ".toml"), "--out", out]
     env = None
     if mpiexec:
         command += ["--mpirun", mpiexec + " --oversubscribe"]
