@@ -618,7 +618,8 @@ bool own_spread_weights(const std::vector<double>& counts, const std::vector<dou
   const std::size_t nx = counts.size();
   const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
   // Buckets of one spread share their interpolated tables and their integrals (the prefix's one spread, which
-  // causal_weights calibrates with, has a single one): `source[x]` is the first bucket of x's spread.
+  // causal_weights calibrates with, has a single one): `source[x]` is the first of the consecutive buckets with
+  // keys that share x's spread.
   // (The tables live on in a per-thread scratch: a fresh 14 KiB per bucket each call, twice per query bucket, had
   // the allocator return the pages to the system and fault them in again, a third of a long prediction's time.)
   thread_local std::vector<std::array<double, kLogT>> log_phi, psi1, psi2;

@@ -481,9 +481,9 @@ class LiveAndKilled(unittest.TestCase):
             check_against_h5py(self, run, path)
             # The kill can fall between a record's rows: /steps may hold a step whose statistics were not all
             # written, which neither the package's frames nor inspect show. The last whole record's step:
-            whole = int(run.stats().groupby(["direction", "stat"])["step"].max().min())
-            check_against_inspect(self, run, path, steps=[0, whole])
             before = run.stats()
+            whole = int(before.groupby(["direction", "stat"])["step"].max().min())
+            check_against_inspect(self, run, path, steps=[0, whole])
         result = subprocess.run([PROPLAB, "recover", path], capture_output=True, text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
         with proplab.open_run(path) as run:

@@ -50,11 +50,11 @@ REDUCED = {
 # text replaced in a copy of the study, swept in its place. resnet_depth: ResNet-44 in place of ResNet-56, 22% less
 # of the deep points' work (the longest test of ctest; docs/perf.md, "The test suite under ctest -j2"), with the
 # claims' margins as at ResNet-56 (200 steps: BatchNorm 0.599 -> 0.614 against 0.613 at ResNet-56).
-REDUCED_GRID = {
-    "resnet_depth": ('grid = { "model.depth" = [20, 56] }', 'grid = { "model.depth" = [20, 44] }'),
-}
 # The deeper ResNet of resnet_depth, whole and reduced.
 RESNET_DEPTHS = {False: 56, True: 44}
+REDUCED_GRID = {
+    "resnet_depth": tuple(f'grid = {{ "model.depth" = [20, {RESNET_DEPTHS[r]}] }}' for r in (False, True)),
+}
 
 
 class Curve:
