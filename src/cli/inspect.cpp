@@ -299,6 +299,11 @@ void recover_run_file_command(const std::filesystem::path& run_file, std::ostrea
   }
   out << "; " << train_rows << " train rows, " << eval_rows << " eval rows";
   if (reader.exists("/steps")) out << ", " << reader.dataset_shape("/steps").at(0) << " records";
+  for (const RecoverCut& cut : result.cuts) {
+    out << "; cut the series of " << cut.family << " to their " << cut.rows_kept << " whole rows ("
+        << cut.series_cut.size() << " series had up to " << cut.most_rows_cut
+        << " more, from the write the kill interrupted)";
+  }
   out << "\n";
 }
 

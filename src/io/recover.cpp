@@ -10,6 +10,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <system_error>
 #include <vector>
 
@@ -133,6 +134,93 @@ std::string fit_to(const std::string& text, std::size_t size) {
   return text.substr(0, length) + "...";
 }
 
+// Every series of the file (a dataset extendible along dimension 0): its path and rows.
+struct SeriesExtent {
+  std::string path;
+  std::uint64_t rows = 0;
+};
+
+herr_t collect_series(hid_t group, const char* name, const H5L_info_t* info, void* data) {
+  if (info->type != H5L_TYPE_HARD) return 0;
+  H5O_info_t object{};
+  if (H5Oget_info_by_name(group, name, &object, H5P_DEFAULT) < 0) return -1;
+  if (object.type != H5O_TYPE_DATASET) return 0;
+  const hid_t dataset = H5Dopen2(group, name, H5P_DEFAULT);
+  if (dataset < 0) return -1;
+  const H5Handle owned(dataset);
+  const H5Handle space(H5Dget_space(dataset));
+  if (!space.valid()) return -1;
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 1 || rank > 2) return rank < 0 ? -1 : 0;
+  hsize_t dims[2] = {0, 0};
+  hsize_t max_dims[2] = {0, 0};
+  if (H5Sget_simple_extent_dims(space.get(), dims, max_dims) < 0) return -1;
+  if (max_dims[0] != H5S_UNLIMITED) return 0;
+  static_cast<std::vector<SeriesExtent>*>(data)->push_back({std::string("/") + name, std::uint64_t{dims[0]}});
+  return 0;
+}
+
+// The family of a series: the series whose rows are written together (docs/run-format.md). /train's columns are
+// one family and /eval's another; any other series belongs to the nearest enclosing group (its own included) that
+// holds a `steps` series (/steps with /forward, /backward and /params; /replicas/steps with /replicas; ...).
+std::string series_family(const std::string& path, const std::vector<SeriesExtent>& series) {
+  std::string group = path.substr(0, path.rfind('/'));
+  if (group == "/train" || group == "/eval") return group;
+  const auto holds_steps = [&](const std::string& prefix) {
+    const std::string steps = prefix + "/steps";
+    return std::any_of(series.begin(), series.end(), [&](const SeriesExtent& s) { return s.path == steps; });
+  };
+  for (std::string prefix = group;; prefix = prefix.substr(0, prefix.rfind('/'))) {
+    if (holds_steps(prefix)) return prefix.empty() ? "/" : prefix;
+    if (prefix.empty()) break;
+  }
+  return group.empty() ? "/" : group;
+}
+
+// Cuts every series of the closed run file `file_name` to the shortest of its family, so that each family holds
+// whole rows (a writer killed while writing a hand-off can leave some of its series one write longer than the
+// others: they are extended one after another). Returns what was cut, family by family.
+std::vector<RecoverCut> cut_series_to_whole_rows(const std::string& file_name) {
+  H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
+  h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
+  H5Handle file(h5_check(H5Fopen(file_name.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen (read-write)", file_name, "",
+                         ErrorKind::user));
+  std::vector<SeriesExtent> series;
+  h5_check(H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, collect_series, &series), "H5Lvisit", file_name);
+  std::vector<RecoverCut> cuts;
+  std::vector<std::string> families;
+  for (const SeriesExtent& s : series) families.push_back(series_family(s.path, series));
+  std::set<std::string> done;
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    if (!done.insert(families[i]).second) continue;
+    RecoverCut cut;
+    cut.family = families[i];
+    cut.rows_kept = series[i].rows;
+    for (std::size_t j = i; j < series.size(); ++j)
+      if (families[j] == cut.family) cut.rows_kept = std::min(cut.rows_kept, series[j].rows);
+    for (std::size_t j = i; j < series.size(); ++j) {
+      if (families[j] != cut.family || series[j].rows == cut.rows_kept) continue;
+      H5Handle dataset(
+          h5_check(H5Dopen2(file.get(), series[j].path.c_str(), H5P_DEFAULT), "H5Dopen2", file_name, series[j].path));
+      const H5Handle space(h5_check(H5Dget_space(dataset.get()), "H5Dget_space", file_name, series[j].path));
+      hsize_t dims[2] = {0, 0};
+      const int rank =
+          h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name, series[j].path);
+      h5_check(H5Sget_simple_extent_dims(space.get(), dims, nullptr), "H5Sget_simple_extent_dims", file_name,
+               series[j].path);
+      PROPLAB_CHECK(rank >= 1 && rank <= 2, "series '", series[j].path, "' has rank 1 or 2");
+      dims[0] = cut.rows_kept;
+      h5_check(H5Dset_extent(dataset.get(), dims), "H5Dset_extent", file_name, series[j].path, ErrorKind::write);
+      cut.series_cut.push_back(series[j].path);
+      cut.most_rows_cut = std::max(cut.most_rows_cut, series[j].rows - cut.rows_kept);
+      dataset.close(file_name);
+    }
+    if (!cut.series_cut.empty()) cuts.push_back(cut);
+  }
+  file.close(file_name);
+  return cuts;
+}
+
 }  // namespace
 
 bool run_file_marked_open(const fs::path& path) {
@@ -219,6 +307,7 @@ RecoverResult recover_run_file(const fs::path& path) {
   }
   PROPLAB_CHECK(!run_file_marked_open(path), "clearing the status flags of '", file_name, "' cleared them");
   result.outcome = RecoverOutcome::recovered;
+  result.cuts = cut_series_to_whole_rows(file_name);
 
   result.status_after = result.status_before;
   if (result.status_before == run_status_name(RunStatus::running)) {

@@ -16,6 +16,11 @@
 //   (clear_status_flags, skip_eof_check, null_fsm_addr) and H5Fincrement_filesize: the EOA becomes
 //   max(EOA, end of file) + recover_eoa_margin, so nothing written is cut off. (Clearing the flags alone, like
 //   plain `h5clear -s`, keeps the stale EOA and loses data.)
+// - After clearing, every family of series (the series written together: /train's columns; /eval's; /steps with
+//   /forward, /backward and /params; each other group holding a `steps` series with its series) is cut to its
+//   shortest series, so the file holds whole rows only: a writer killed in the middle of a hand-off can leave some
+//   series of it extended and others not. Nothing that a reader cutting to the shortest (RunReader, the Python
+//   package) would show is lost.
 // - After clearing, a status still "running" becomes "failed" with detail "killed" and end_time the file's
 //   last modification time before recovery (when the writer last wrote). Any other status is kept.
 // - A closed file that still says "running" (its writer closed it but could not record how the run ended, e.g.
@@ -25,6 +30,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "io/run_file.h"
 
@@ -43,10 +49,20 @@ enum class RecoverOutcome {
   status_written,   // a closed file that said running: its status rewritten
 };
 
+// One family of series (written together: docs/run-format.md) that a killed writer left with some series longer
+// than others, and how recovery cut them to whole rows.
+struct RecoverCut {
+  std::string family;                   // "/train", "/eval", "/" (/steps with /forward, /backward, /params), ...
+  std::uint64_t rows_kept = 0;          // the shortest series' rows, which every series of the family now has
+  std::uint64_t most_rows_cut = 0;      // the most rows cut from one series
+  std::vector<std::string> series_cut;  // the series that were longer, in name order
+};
+
 struct RecoverResult {
   RecoverOutcome outcome = RecoverOutcome::not_marked_open;
-  std::string status_before;  // the status attribute as found
-  std::string status_after;   // as left
+  std::string status_before;     // the status attribute as found
+  std::string status_after;      // as left
+  std::vector<RecoverCut> cuts;  // families cut to whole rows (recovered files only)
 };
 
 // Clears a killed writer's open-for-write mark on the run file at `path` (see the invariants above).

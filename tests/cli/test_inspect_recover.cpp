@@ -409,11 +409,24 @@ TEST_F(InspectRecoverTest, KilledRunIsRecoveredWithEveryFlushedRow) {
   EXPECT_THROW(RunReader::open(run_file, RunOpenMode::normal), UserError);
   std::int64_t rows_after_kill = 0;
   std::int64_t records_after_kill = -1;  // -1: the run records no statistics
+  std::int64_t longest_after_kill = -1;  // the longest statistics series, one longer for a record killed mid-write
   {
     const RunReader reader = RunReader::open(run_file, RunOpenMode::swmr);
     EXPECT_EQ(reader.status(), RunStatus::running);
     rows_after_kill = static_cast<std::int64_t>(reader.read_train().size());
-    if (reader.exists("/steps")) records_after_kill = static_cast<std::int64_t>(reader.read_ints("/steps").size());
+    if (reader.exists("/steps")) {
+      // Whole records: the kill may come in the middle of a record's write, after some of its series were extended.
+      records_after_kill = static_cast<std::int64_t>(reader.read_ints("/steps").size());
+      longest_after_kill = records_after_kill;
+      for (const std::string group : {"/forward", "/backward", "/params"}) {
+        for (const std::string& stat : reader.list(group)) {
+          if (group == "/params" && stat == "name") continue;
+          const std::int64_t rows = reader.read_2d(group + "/" + stat).rows;
+          records_after_kill = std::min(records_after_kill, rows);
+          longest_after_kill = std::max(longest_after_kill, rows);
+        }
+      }
+    }
     EXPECT_GE(rows_after_kill, seen);
     // An open reader holds HDF5's file lock: recover refuses, and the file is left as it was.
     const std::string killed_bytes = read_text(run_file);
@@ -429,6 +442,11 @@ TEST_F(InspectRecoverTest, KilledRunIsRecoveredWithEveryFlushedRow) {
   EXPECT_TRUE(contains(recovered.out, "recovered out/endless.h5")) << recovered.out;
   EXPECT_TRUE(contains(recovered.out, "running -> failed (killed)")) << recovered.out;
   EXPECT_TRUE(contains(recovered.out, std::to_string(rows_after_kill) + " train rows")) << recovered.out;
+  if (records_after_kill >= 0) {
+    EXPECT_TRUE(contains(recovered.out, std::to_string(records_after_kill) + " records")) << recovered.out;
+    EXPECT_EQ(contains(recovered.out, "cut the series of / to their "), longest_after_kill > records_after_kill)
+        << recovered.out;
+  }
   {
     const RunReader reader = RunReader::open(run_file, RunOpenMode::normal);
     EXPECT_FALSE(reader.swmr());
@@ -446,7 +464,9 @@ TEST_F(InspectRecoverTest, KilledRunIsRecoveredWithEveryFlushedRow) {
       const std::int64_t probes = static_cast<std::int64_t>(reader.read_strings("/probes/name").size());
       for (const std::string direction : {"/forward/", "/backward/"}) {
         for (const std::string& stat : reader.list(direction.substr(0, direction.size() - 1))) {
-          EXPECT_EQ(reader.read_2d(direction + stat).columns, probes) << direction << stat;
+          const Dataset2D values = reader.read_2d(direction + stat);
+          EXPECT_EQ(values.columns, probes) << direction << stat;
+          EXPECT_EQ(values.rows, records_after_kill) << direction << stat << ": not cut to whole records";
         }
       }
     }

@@ -139,6 +139,80 @@ TEST(Recover, KilledSwmrWriterBecomesAPlainlyReadableFailedRun) {
       << reader.attribute_string("end_time");
   EXPECT_EQ(reader.attribute_string("config"), recover_header().config);
   expect_recovered_contents(reader);
+  EXPECT_TRUE(result.cuts.empty()) << "a file of whole records had " << result.cuts.size() << " families cut";
+}
+
+// A writer killed in the middle of a write: every series of that write that was extended before the kill is one
+// row longer than the rest of its family. Here the child leaves that state on purpose (it appends to some series of
+// a record and not to others, and flushes), so recovery must cut each family, and only its longer series, back to
+// whole records, and keep every whole record.
+TEST(Recover, SeriesOfAKilledWriteAreCutToWholeRecords) {
+  ScratchDirectory dir;
+  const auto path = dir / "midwrite.h5";
+  write_then_kill([&] {
+    RunWriter writer = RunWriter::create(path, recover_header(), false, manual_flush());
+    const SeriesId steps = writer.create_series_1d_int("/steps");
+    const SeriesId var = writer.create_series_2d("/forward/var", 3);
+    const SeriesId grad = writer.create_series_2d("/params/grad_rms", 2);
+    const SeriesId replica_steps = writer.create_series_1d_int("/replicas/steps");
+    const SeriesId disagreement = writer.create_series_2d("/replicas/disagreement", 2);
+    writer.start();
+    for (int step = 0; step < 30; ++step) writer.append_train(row_at(step));
+    for (int record = 0; record < 12; ++record) {
+      writer.append_int(steps, record * 25);
+      const double row[3] = {stat_at(record, 0), stat_at(record, 1), stat_at(record, 2)};
+      writer.append_row(var, row);
+      writer.append_row(grad, row);
+      if (record < 5) {
+        writer.append_int(replica_steps, record * 10);
+        writer.append_row(disagreement, row);
+      }
+    }
+    writer.flush_and_wait();
+    // Record 12 reached /steps and /forward/var but not /params/grad_rms; a sixth /replicas row only its series.
+    writer.append_int(steps, 300);
+    const double partial[3] = {-1.0, -2.0, -3.0};
+    writer.append_row(var, partial);
+    writer.append_row(disagreement, partial);
+    writer.flush_and_wait();
+    die_now();
+  });
+  {
+    const RunReader killed = RunReader::open(path, RunOpenMode::swmr);
+    EXPECT_EQ(killed.read_ints("/steps").size(), 13u);
+    EXPECT_EQ(killed.read_2d("/params/grad_rms").rows, 12);
+    EXPECT_EQ(killed.read_2d("/replicas/disagreement").rows, 6);
+  }
+
+  const RecoverResult result = recover_run_file(path);
+  EXPECT_EQ(result.outcome, RecoverOutcome::recovered);
+  ASSERT_EQ(result.cuts.size(), 2u);
+  EXPECT_EQ(result.cuts[0].family, "/");
+  EXPECT_EQ(result.cuts[0].rows_kept, 12u);
+  EXPECT_EQ(result.cuts[0].most_rows_cut, 1u);
+  EXPECT_EQ(result.cuts[0].series_cut, (std::vector<std::string>{"/forward/var", "/steps"}));
+  EXPECT_EQ(result.cuts[1].family, "/replicas");
+  EXPECT_EQ(result.cuts[1].rows_kept, 5u);
+  EXPECT_EQ(result.cuts[1].series_cut, (std::vector<std::string>{"/replicas/disagreement"}));
+
+  const RunReader reader = RunReader::open(path, RunOpenMode::normal);
+  EXPECT_EQ(reader.status(), RunStatus::failed);
+  EXPECT_EQ(reader.read_train().size(), 30u);
+  const std::vector<std::int64_t> recorded = reader.read_ints("/steps");
+  ASSERT_EQ(recorded.size(), 12u);
+  for (const char* series : {"/forward/var", "/params/grad_rms"}) {
+    const Dataset2D values = reader.read_2d(series);
+    ASSERT_EQ(values.rows, 12) << series;
+    for (std::int64_t record = 0; record < 12; ++record) {
+      EXPECT_EQ(recorded[record], record * 25);
+      for (std::int64_t column = 0; column < values.columns; ++column)
+        EXPECT_EQ(values.at(record, column), stat_at(record, column)) << series << " record " << record;
+    }
+  }
+  EXPECT_EQ(reader.read_ints("/replicas/steps").size(), 5u);
+  const Dataset2D replicas = reader.read_2d("/replicas/disagreement");
+  ASSERT_EQ(replicas.rows, 5);
+  EXPECT_EQ(replicas.at(4, 1), stat_at(4, 1));
 }
 
 TEST(Recover, SecondRecoverAndFinishedRunsAreLeftUnchanged) {
