@@ -379,7 +379,14 @@ Signal layernorm_forward(const Signal& x, std::int64_t features) {
   check_signal(x, "layernorm_forward");
   PROPLAB_CHECK(features > 1 && x.var > 0.0, "layernorm_forward: needs features > 1 and var > 0, got ", features, ", ",
                 x.var);
-  return {0.0, 1.0, clamp_corr(x.corr * (1.0 - 1.0 / static_cast<double>(features)))};
+  return {0.0, 1.0, clamp_corr(layernorm_pair_corr(x.corr, features))};
+}
+
+double layernorm_pair_corr(double r, std::int64_t features) {
+  PROPLAB_CHECK(features > 1, "layernorm_pair_corr: needs features > 1, got ", features);
+  // The expected cosine of two Gaussian vectors of correlation r in n = features − 1 dimensions (the centring
+  // leaves features − 1): r·(1 − (1 − r²)/(2n)) to first order in 1/n (docs/theory.md, "LayerNorm").
+  return r * (1.0 - (1.0 - r * r) / (2.0 * static_cast<double>(features - 1)));
 }
 
 GradSignal layernorm_backward(const Signal& x, const GradSignal& d_y) {

@@ -122,8 +122,10 @@ Signal activation_forward(Activation kind, const Signal& x, const GaussHermite& 
 GradSignal activation_backward(Activation kind, const Signal& x, const GradSignal& d_y, const GaussHermite& rule);
 
 // ---- normalisation (no affine) --------------------------------------------------------------------------------
-// LayerNorm over `features` features: μ = 0, σ² = 1, r_out = r·(1 - 1/features).
+// LayerNorm over `features` features: μ = 0, σ² = 1, r_out = layernorm_pair_corr(r, features).
 Signal layernorm_forward(const Signal& x, std::int64_t features);
+// The correlation of two tokens' LayerNorm outputs (their expected cosine) whose inputs correlate by r.
+double layernorm_pair_corr(double r, std::int64_t features);
 // Backward: σ²_g,in = σ_g² / σ², r_g unchanged (leading order in 1/features).
 GradSignal layernorm_backward(const Signal& x, const GradSignal& d_y);
 

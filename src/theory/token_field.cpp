@@ -332,13 +332,13 @@ TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t feature
   for (std::int64_t a = 0; a < x.buckets(); ++a)
     PROPLAB_CHECK(x.diag(a) > 0.0, "token norm_forward: needs a positive variance at every position");
   if (kind == NormKind::layernorm) {
-    // layernorm_forward per pair: variance 1, correlation r·(1 - 1/features); ε shrinks a token whose feature
-    // variance is s² ≈ (1 - 1/features)·var by s²/(s² + ε).
-    const double keep = layernorm_forward(Signal{0.0, 1.0, 1.0}, features).corr;
+    // layernorm_forward per pair: variance 1, correlation layernorm_pair_corr(r) (the two outputs' expected
+    // cosine); ε shrinks a token whose feature variance is s² ≈ (1 - 1/features)·var by s²/(s² + ε).
     const double centred = 1.0 - 1.0 / static_cast<double>(features);
     auto shrink = [&](double v) { return eps > 0.0 ? centred * v / (centred * v + eps) : 1.0; };
     map_pairs(x, y, [&](double c, double vi, double vj, bool same, std::int64_t, std::int64_t) {
-      return same ? shrink(vi) : pair_r(c, vi, vj) * keep * std::sqrt(shrink(vi) * shrink(vj));
+      return same ? shrink(vi)
+                  : layernorm_pair_corr(pair_r(c, vi, vj), features) * std::sqrt(shrink(vi) * shrink(vj));
     });
     return y;
   }

@@ -253,6 +253,27 @@ TEST(NormMaps, LayerNormMatchesMonteCarlo) {
   expect_grad_near(backward.grad_signal(), layernorm_backward(x_signal, d_y_signal), 0.02, 0.02);
 }
 
+// The outputs' correlation is the two tokens' expected cosine, r·(1 − (1 − r²)/(2(d − 1))), not the reference's
+// r·(1 − 1/d): at d = 32 the two differ by 0.010 at r = 0.5 and 0.025 at r = 0.9, and a Post-LN stack's 2L norms
+// compound the difference (docs/theory.md, "LayerNorm").
+TEST(NormMaps, LayerNormCorrelationIsTheExpectedCosine) {
+  constexpr int kFeatures = 32, kSequences = 40000;
+  for (const double r : {0.5, 0.9, -0.6}) {
+    NormalStream normals(21, 1);
+    SequenceMoments forward;
+    std::vector<double> x, inv_std;
+    for (int s = 0; s < kSequences; ++s) {
+      fill_sequence(normals, 0.2, 1.5, r, 2, kFeatures, x);
+      layernorm_rows(x, 2, kFeatures, inv_std);
+      forward.add(x, 2, kFeatures);
+    }
+    const double predicted = layernorm_forward(Signal{0.2, 1.5, r}, kFeatures).corr;
+    EXPECT_DOUBLE_EQ(predicted, layernorm_pair_corr(r, kFeatures));
+    EXPECT_NEAR(forward.corr(), predicted, 0.003) << "r = " << r;
+    EXPECT_GT(std::abs(forward.corr() - r * (1.0 - 1.0 / kFeatures)), 0.006) << "r = " << r;
+  }
+}
+
 TEST(NormMaps, RmsNormMatchesMonteCarlo) {
   constexpr int kTokens = 8, kFeatures = 256, kSequences = 200;
   const Signal x_signal{0.8, 0.5, 0.3};
