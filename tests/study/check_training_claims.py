@@ -397,12 +397,14 @@ def deepscalelm_shapes(proplab, work, c, reduced):
         c.check(name, "Post-LN: shallow-wide ends lowest, deep-thin highest",
                 best[("post", 2)] < best[("post", 8)] < best[("post", 32)],
                 " / ".join(f"{best[('post', l)]:.3f}" for l, _ in shapes))
-    # "Verdict: ... deep-thin does not beat shallow-wide, Pre-LN or Post-LN": the 32 x 64 model ends at least 0.05
+    # "Verdict: ... deep-thin does not beat shallow-wide, Pre-LN or Post-LN": the 32 x 64 model ends over 0.03
     # above the best shape, under either norm (the reduced version's 2 x 256 model moves, but never below the others).
+    # The reduced version's margins (2026-12-06, since DeepScaleLM's calibration reads the LayerNorm map's finite-width
+    # correlation): Pre-LN 0.101 here and 0.098 on the AVX2 build, Post-LN 0.066 and 0.051 (0.084 here before).
     for norm, label in (("pre", "Pre-LN"), ("post", "Post-LN")):
         lowest = min(best[(norm, 2)], best[(norm, 8)])
-        c.check(name, f"{label}: deep-thin (32 x 64) ends over 0.05 above the best shape",
-                best[(norm, 32)] > lowest + 0.05, " / ".join(f"{best[(norm, l)]:.3f}" for l, _ in shapes))
+        c.check(name, f"{label}: deep-thin (32 x 64) ends over 0.03 above the best shape",
+                best[(norm, 32)] > lowest + 0.03, " / ".join(f"{best[(norm, l)]:.3f}" for l, _ in shapes))
     # "At 3e-3 the 8- and 32-block Post-LN models stall"
     stalled = min(val[("post", "0.003", l)] for l in (8, 32))
     trained = max(val[("post", "0.001", l)] for l in (8, 32))
