@@ -142,12 +142,10 @@ struct SeriesExtent {
 
 herr_t collect_series(hid_t group, const char* name, const H5L_info_t* info, void* data) {
   if (info->type != H5L_TYPE_HARD) return 0;
-  H5O_info_t object{};
-  if (H5Oget_info_by_name(group, name, &object, H5P_DEFAULT) < 0) return -1;
-  if (object.type != H5O_TYPE_DATASET) return 0;
-  const hid_t dataset = H5Dopen2(group, name, H5P_DEFAULT);
+  const hid_t dataset = H5Oopen(group, name, H5P_DEFAULT);  // (H5Oopen and H5Iget_type: the same in HDF5 1.10 to 1.14)
   if (dataset < 0) return -1;
   const H5Handle owned(dataset);
+  if (H5Iget_type(dataset) != H5I_DATASET) return 0;
   const H5Handle space(H5Dget_space(dataset));
   if (!space.valid()) return -1;
   const int rank = H5Sget_simple_extent_ndims(space.get());
