@@ -552,9 +552,9 @@ TEST(ModelTheory, BothNormsCommonPartFollowsPostLn) {
 // compounds: Admin's stream at width 128 climbs to a token correlation of 0.94 at the top (4 seeds), which the
 // reference's r·(1 − 1/d) per norm had predicted falling back to 0.77 after 0.82 at block 6. Each norm's output
 // correlation is the tokens' expected cosine (NormMaps.LayerNormCorrelationIsTheExpectedCosine), and with it the
-// prediction follows: 0.854, 0.903, 0.918, 0.923 against 0.873, 0.920, 0.934, 0.940 measured (what is left, 0.017
-// here, is about 0.002 at width 512). The gradient over the top block's, which reads the correlation through
-// attention, went from 9.6%, 7.1% and 0.9% off to 0.9%, 0.2% and 2.3% at blocks 6, 12 and 18 (docs/theory.md,
+// prediction follows: 0.854, 0.903, 0.918, 0.923 against 0.873, 0.920, 0.934, 0.940 measured (at width 512 the
+// top is within 0.002, blocks 2-10 up to 0.012 high). The gradient over the top block's, which reads the correlation
+// through attention, went from 8.7%, 6.6% and 0.9% off to 0.9%, 0.2% and 2.4% at blocks 6, 12 and 18 (docs/theory.md,
 // "LayerNorm"; at the accuracy table's shape the admin row's backward went from 5.0% / 6.9% to 1.6% / 5.1%).
 TEST(ModelTheory, PostLnStreamKeepsItsTokenCorrelation) {
   const char* names[] = {"blocks.6.out", "blocks.12.out", "blocks.18.out", "blocks.23.out"};
