@@ -10,7 +10,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
-#include <set>
+#include <map>
 #include <system_error>
 #include <vector>
 
@@ -134,10 +134,11 @@ std::string fit_to(const std::string& text, std::size_t size) {
   return text.substr(0, length) + "...";
 }
 
-// Every series of the file (a dataset extendible along dimension 0): its path and rows.
+// Every series of the file (a dataset extendible along dimension 0): its path, rank and extent.
 struct SeriesExtent {
   std::string path;
-  std::uint64_t rows = 0;
+  int rank = 1;
+  hsize_t dims[2] = {0, 0};
 };
 
 herr_t collect_series(hid_t group, const char* name, const H5L_info_t* info, void* data) {
@@ -148,13 +149,12 @@ herr_t collect_series(hid_t group, const char* name, const H5L_info_t* info, voi
   if (H5Iget_type(dataset) != H5I_DATASET) return 0;
   const H5Handle space(H5Dget_space(dataset));
   if (!space.valid()) return -1;
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (rank < 1 || rank > 2) return rank < 0 ? -1 : 0;
-  hsize_t dims[2] = {0, 0};
+  SeriesExtent series{std::string("/") + name};
+  series.rank = H5Sget_simple_extent_ndims(space.get());
+  if (series.rank < 1 || series.rank > 2) return series.rank < 0 ? -1 : 0;
   hsize_t max_dims[2] = {0, 0};
-  if (H5Sget_simple_extent_dims(space.get(), dims, max_dims) < 0) return -1;
-  if (max_dims[0] != H5S_UNLIMITED) return 0;
-  static_cast<std::vector<SeriesExtent>*>(data)->push_back({std::string("/") + name, std::uint64_t{dims[0]}});
+  if (H5Sget_simple_extent_dims(space.get(), series.dims, max_dims) < 0) return -1;
+  if (max_dims[0] == H5S_UNLIMITED) static_cast<std::vector<SeriesExtent>*>(data)->push_back(series);
   return 0;
 }
 
@@ -177,7 +177,7 @@ std::string series_family(const std::string& path, const std::vector<SeriesExten
 
 // Cuts every series of the closed run file `file_name` to the shortest of its family, so that each family holds
 // whole rows (a writer killed while writing a hand-off can leave some of its series one write longer than the
-// others: they are extended one after another). Returns what was cut, family by family.
+// others: they are extended one after another). Returns what was cut, family by family (in family name order).
 std::vector<RecoverCut> cut_series_to_whole_rows(const std::string& file_name) {
   H5Handle access(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate", file_name));
   h5_check(H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST), "H5Pset_libver_bounds", file_name);
@@ -185,37 +185,32 @@ std::vector<RecoverCut> cut_series_to_whole_rows(const std::string& file_name) {
                          ErrorKind::user));
   std::vector<SeriesExtent> series;
   h5_check(H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, collect_series, &series), "H5Lvisit", file_name);
-  std::vector<RecoverCut> cuts;
   std::vector<std::string> families;
-  for (const SeriesExtent& s : series) families.push_back(series_family(s.path, series));
-  std::set<std::string> done;
-  for (std::size_t i = 0; i < series.size(); ++i) {
-    if (!done.insert(families[i]).second) continue;
-    RecoverCut cut;
-    cut.family = families[i];
-    cut.rows_kept = series[i].rows;
-    for (std::size_t j = i; j < series.size(); ++j)
-      if (families[j] == cut.family) cut.rows_kept = std::min(cut.rows_kept, series[j].rows);
-    for (std::size_t j = i; j < series.size(); ++j) {
-      if (families[j] != cut.family || series[j].rows == cut.rows_kept) continue;
-      H5Handle dataset(
-          h5_check(H5Dopen2(file.get(), series[j].path.c_str(), H5P_DEFAULT), "H5Dopen2", file_name, series[j].path));
-      const H5Handle space(h5_check(H5Dget_space(dataset.get()), "H5Dget_space", file_name, series[j].path));
-      hsize_t dims[2] = {0, 0};
-      const int rank =
-          h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims", file_name, series[j].path);
-      h5_check(H5Sget_simple_extent_dims(space.get(), dims, nullptr), "H5Sget_simple_extent_dims", file_name,
-               series[j].path);
-      PROPLAB_CHECK(rank >= 1 && rank <= 2, "series '", series[j].path, "' has rank 1 or 2");
-      dims[0] = cut.rows_kept;
-      h5_check(H5Dset_extent(dataset.get(), dims), "H5Dset_extent", file_name, series[j].path, ErrorKind::write);
-      cut.series_cut.push_back(series[j].path);
-      cut.most_rows_cut = std::max(cut.most_rows_cut, series[j].rows - cut.rows_kept);
-      dataset.close(file_name);
+  std::map<std::string, RecoverCut> by_family;
+  for (const SeriesExtent& s : series) {
+    families.push_back(series_family(s.path, series));
+    RecoverCut& cut = by_family[families.back()];
+    if (cut.family.empty()) {
+      cut.family = families.back();
+      cut.rows_kept = s.dims[0];
     }
-    if (!cut.series_cut.empty()) cuts.push_back(cut);
+    cut.rows_kept = std::min<std::uint64_t>(cut.rows_kept, s.dims[0]);
+  }
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    RecoverCut& cut = by_family.at(families[i]);
+    SeriesExtent& s = series[i];
+    if (s.dims[0] == cut.rows_kept) continue;
+    H5Handle dataset(h5_check(H5Dopen2(file.get(), s.path.c_str(), H5P_DEFAULT), "H5Dopen2", file_name, s.path));
+    cut.series_cut.push_back(s.path);
+    cut.most_rows_cut = std::max<std::uint64_t>(cut.most_rows_cut, s.dims[0] - cut.rows_kept);
+    s.dims[0] = cut.rows_kept;
+    h5_check(H5Dset_extent(dataset.get(), s.dims), "H5Dset_extent", file_name, s.path, ErrorKind::write);
+    dataset.close(file_name);
   }
   file.close(file_name);
+  std::vector<RecoverCut> cuts;
+  for (auto& [family, cut] : by_family)
+    if (!cut.series_cut.empty()) cuts.push_back(std::move(cut));
   return cuts;
 }
 

@@ -62,7 +62,7 @@ struct RecoverResult {
   RecoverOutcome outcome = RecoverOutcome::not_marked_open;
   std::string status_before;     // the status attribute as found
   std::string status_after;      // as left
-  std::vector<RecoverCut> cuts;  // families cut to whole rows (recovered files only)
+  std::vector<RecoverCut> cuts;  // families cut to whole rows, in family name order (recovered files only)
 };
 
 // Clears a killed writer's open-for-write mark on the run file at `path` (see the invariants above).

@@ -46,12 +46,12 @@ REDUCED = {
     "keel": ["train.steps=100", "train.warmup=10", "model.width=32"],
 }
 
+# The deeper ResNet of resnet_depth, whole and reduced.
+RESNET_DEPTHS = {False: 56, True: 44}
 # Reduced versions that also change the sweep's grid (--set cannot: the [sweep] table is read from the file): the
 # text replaced in a copy of the study, swept in its place. resnet_depth: ResNet-44 in place of ResNet-56, 22% less
 # of the deep points' work (the longest test of ctest; docs/perf.md, "The test suite under ctest -j2"), with the
 # claims' margins as at ResNet-56 (200 steps: BatchNorm 0.599 -> 0.614 against 0.613 at ResNet-56).
-# The deeper ResNet of resnet_depth, whole and reduced.
-RESNET_DEPTHS = {False: 56, True: 44}
 REDUCED_GRID = {
     "resnet_depth": tuple(f'grid = {{ "model.depth" = [20, {RESNET_DEPTHS[r]}] }}' for r in (False, True)),
 }
