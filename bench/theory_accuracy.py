@@ -11,7 +11,10 @@ then compared with the prediction probe by probe:
 - transformers: the residual stream (blocks.l.in / .mid / .out), forward var and backward var;
 - MLPs (ReLU/He, tanh and GELU near their critical points): every preact and postact, forward and backward var;
 - ResNet-56 at 32×32 (basic and bottleneck, pre- and post-activation; NF, SkipInit, Fixup, BatchNorm and
-  unnormalised): the stream at every block's input and output, forward and backward var.
+  unnormalised): the stream at every block's input and output, forward and backward var;
+- transformers also: the token correlation of the stream and of its gradient (the `corr` statistic), as an absolute
+  error (a correlation can be near 0); a stream whose correlation is off shows in the backward only later, through
+  the attention's maps (Post-LN admin: 0.09 low at the top until 2026-12-06, while its forward variances were right).
 MLPs and ResNets (cheap to run) average --small-seeds networks (48 by default): one network's variances scatter
 around the mean by its finite-width band (docs/theory.md, "Finite-width bands"), by several percent at a ResNet's
 width 1 (16 to 64 channels), which four seeds leave in a row's median (the bottleneck NF-ResNet forward: 3.9% over
@@ -105,22 +108,23 @@ def point_path(runs, **values):
     return os.path.join(runs, ",".join(f"{k}={v}" for k, v in wanted.items()) + ".h5")
 
 
-def read(path, direction):
+def read(path, direction, statistic="var"):
     with h5py.File(path, "r") as f:
         names = text(f["probes/name"][:])
         kinds = text(f["probes/kind"][:])
-        measured = f[f"{direction}/var"][0]
-        predicted = f[f"theory/{direction}/var"][:]
+        measured = f[f"{direction}/{statistic}"][0]
+        predicted = f[f"theory/{direction}/{statistic}"][:]
     return names, kinds, measured, predicted
 
 
-def errors(paths, direction, select):
-    """Relative errors of the seed-averaged measured var against the seed-averaged prediction, over the selected
-    probes, and each probe's standard error of that seed average relative to the prediction (the seeds' own
-    scatter)."""
+def errors(paths, direction, select, statistic="var"):
+    """Errors of the seed-averaged measurement against the seed-averaged prediction over the selected probes, and
+    each probe's standard error of that seed average (the seeds' own scatter). Variances ("var") are compared
+    relative to the prediction; a token correlation ("corr", which may be near 0 or of either sign) absolutely."""
+    relative = statistic == "var"
     samples, predictions, names, kinds = [], [], None, None
     for path in paths:
-        names, kinds, measured, predicted = read(path, direction)
+        names, kinds, measured, predicted = read(path, direction, statistic)
         samples.append(measured)
         predictions.append(predicted)
     n = len(samples)
@@ -133,30 +137,33 @@ def errors(paths, direction, select):
             continue
         values = [sample[i] for sample in samples]
         mean = sum(values) / n
-        if predicted[i] == 0 and mean == 0:
+        if relative and predicted[i] == 0 and mean == 0:
             out.append(0.0)  # exact: e.g. Fixup's zero classifier leaves every gradient 0
             scatter.append(0.0)
-        elif math.isfinite(predicted[i]) and predicted[i] != 0 and math.isfinite(mean):
-            out.append(abs(mean - predicted[i]) / abs(predicted[i]))
+        elif math.isfinite(predicted[i]) and (predicted[i] != 0 or not relative) and math.isfinite(mean):
+            scale = abs(predicted[i]) if relative else 1.0
+            out.append(abs(mean - predicted[i]) / scale)
             spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-            scatter.append(spread / math.sqrt(n) / abs(predicted[i]))
+            scatter.append(spread / math.sqrt(n) / scale)
         else:
             unpredicted += 1
     return out, scatter, unpredicted
 
 
-def summary(result):
-    """"median / worst (±scatter / ±scatter at the worst)": the relative errors' median and worst, the median
-    standard error of the seed averages, and the standard error at the worst probe (with one seed, no scatter is
-    shown). Upper blocks of a deep transformer scatter several times more than the median probe (Pre-LN
-    deepscalelm, width 512, 48 blocks: 4% per seed at the top), so the worst error is read against its own."""
+def summary(result, absolute=False):
+    """"median / worst (±scatter / ±scatter at the worst)": the errors' median and worst, the median standard error
+    of the seed averages, and the standard error at the worst probe (with one seed, no scatter is shown); relative
+    errors in percent, absolute ones (absolute=True: correlations) to three decimals. Upper blocks of a deep
+    transformer scatter several times more than the median probe (Pre-LN deepscalelm, width 512, 48 blocks: 4% per
+    seed at the top), so the worst error is read against its own."""
     values, scatter, unpredicted = result
     if not values:
         return "-"
     worst = max(range(len(values)), key=lambda i: values[i])
-    text = f"{100 * median(values):.1f}% / {100 * values[worst]:.1f}%"
+    show = (lambda v: f"{v:.3f}") if absolute else (lambda v: f"{100 * v:.1f}%")
+    text = f"{show(median(values))} / {show(values[worst])}"
     if any(scatter):
-        text += f" (±{100 * median(scatter):.1f}% / ±{100 * scatter[worst]:.1f}%)"
+        text += f" (±{show(median(scatter))} / ±{show(scatter[worst])})"
     return text + (f" ({unpredicted} of {len(values) + unpredicted} without a finite value)" if unpredicted else "")
 
 
@@ -209,7 +216,9 @@ eval_every = 0
                     raise SystemExit(f"theory_accuracy: {missing[0]} was not written (see {runs}/logs)")
                 select = lambda name, kind: is_stream(name)
                 rows.append((label, rule, tokens, summary(errors(paths, "forward", select)),
-                             summary(errors(paths, "backward", select))))
+                             summary(errors(paths, "backward", select)),
+                             summary(errors(paths, "forward", select, "corr"), absolute=True),
+                             summary(errors(paths, "backward", select, "corr"), absolute=True)))
     return rows
 
 
@@ -246,7 +255,7 @@ grid = {{ "seed" = {list(range(1, args.small_seeds + 1))} }}
         select = lambda name, kind, kinds=kinds: kind in kinds
         name = f"{activation} (σ_w² = {sigma_w2}, σ_b² = {sigma_b2})" + (f", residual {rule}" if residual else "")
         rows.append(("MLP", name, "-", summary(errors(paths, "forward", select)),
-                     summary(errors(paths, "backward", select))))
+                     summary(errors(paths, "backward", select)), "-", "-"))
     return rows
 
 
@@ -284,7 +293,7 @@ grid = {{ "seed" = {list(range(1, args.small_seeds + 1))} }}
         select = lambda name, kind: (name.startswith("blocks.") and name.count(".") == 2
                                      and (name.endswith(".in") or name.endswith(".out")))
         rows.append((f"ResNet-{depth}, {label}", rule, "-", summary(errors(paths, "forward", select)),
-                     summary(errors(paths, "backward", select))))
+                     summary(errors(paths, "backward", select)), "-", "-"))
     return rows
 
 
@@ -327,14 +336,16 @@ def main():
              "relative error of the seed-averaged measured variance against the seed-averaged prediction, median / "
              "worst over the probes, and in brackets the seed average's standard error relative to the prediction, "
              "its median over the probes / at the worst probe "
-             + ("(the residual stream)." if args.only else
+             + ("(the residual stream)" if args.only else
                 "(transformers: the residual stream; MLPs: preact and postact, and the stream of residual ones; "
-                "ResNets: each block's output)."),
+                "ResNets: each block's output)")
+             + "; the corr columns: the absolute error of the stream's token correlation, forward and of the "
+             "gradient (transformers only), the same way.",
              "",
-             "| model | rule | tokens | forward var | backward var |",
-             "|---|---|---|---|---|"]
-    for model, rule, tokens, forward, backward in rows:
-        lines.append(f"| {model} | `{rule}` | {tokens} | {forward} | {backward} |")
+             "| model | rule | tokens | forward var | backward var | forward corr | backward corr |",
+             "|---|---|---|---|---|---|---|"]
+    for model, rule, tokens, forward, backward, forward_corr, backward_corr in rows:
+        lines.append(f"| {model} | `{rule}` | {tokens} | {forward} | {backward} | {forward_corr} | {backward_corr} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "accuracy.md"), "w") as f:
         f.write(table)

@@ -24,6 +24,8 @@ def main():
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| model")]
     cell = re.compile(r"^(\d+\.\d% / \d+\.\d%( \(±\d+\.\d% / ±\d+\.\d%\))?"
                       r"( \(\d+ of \d+ without a finite value\))?|-)$")
+    corr_cell = re.compile(r"^(\d\.\d{3} / \d\.\d{3}( \(±\d\.\d{3} / ±\d\.\d{3}\))?"
+                           r"( \(\d+ of \d+ without a finite value\))?|-)$")
     expected = {
         ("transformer, pre-LN", "standard"), ("transformer, pre-LN", "xavier"), ("transformer, pre-LN", "deepscalelm"),
         ("transformer, post-LN", "standard"), ("transformer, post-LN", "xavier"), ("transformer, post-LN", "deepnorm"),
@@ -34,13 +36,17 @@ def main():
     seen = set()
     for row in rows:
         fields = [f.strip() for f in row.strip("|").split("|")]
-        assert len(fields) == 5, row
-        model, rule, _, forward, backward = fields
+        assert len(fields) == 7, row
+        model, rule, _, forward, backward, forward_corr, backward_corr = fields
         assert cell.match(forward), row
         assert cell.match(backward), row
+        assert corr_cell.match(forward_corr) and corr_cell.match(backward_corr), row
         if model.startswith("transformer"):
             seen.add((model, rule.strip("`")))
             assert forward != "-" and backward != "-", row
+            assert forward_corr != "-" and backward_corr != "-", row  # the tokens' correlation is predicted
+        else:
+            assert forward_corr == "-" and backward_corr == "-", row  # samples and images: no token correlation
         if model.startswith("ResNet"):
             assert forward != "-" and backward != "-", row  # forward and backward predictions
         if model.startswith("ResNet") or model.startswith("MLP"):
@@ -94,6 +100,17 @@ def check_seed_averaging(script, work):
     assert unpredicted == 0 and abs(values[0] - 1.0 / 12.0) < 1e-12 and values[1] == 0.0, values
     assert abs(scatter[0] - 0.1 / 1.2) < 1e-12 and scatter[1] == 0.0, scatter
     assert module.summary((values, scatter, 0)) == "4.2% / 8.3% (±4.2% / ±8.3%)", module.summary((values, scatter, 0))
+    # A correlation is compared absolutely (it may be near 0 or negative): seed 1 measures (0.5, -0.02) against
+    # (0.4, 0.0), seed 2 (0.7, 0.02) against (0.4, 0.0): errors |0.6 - 0.4| = 0.2 and 0 (relative: undefined).
+    for seed, measured in ((1, [0.5, -0.02]), (2, [0.7, 0.02])):
+        with h5py.File(paths[seed - 1], "a") as f:
+            f["forward/corr"] = [measured]
+            f["theory/forward/corr"] = [0.4, 0.0]
+    values, scatter, unpredicted = module.errors(paths, "forward", lambda name, kind: True, "corr")
+    assert unpredicted == 0 and abs(values[0] - 0.2) < 1e-12 and abs(values[1]) < 1e-12, values
+    assert abs(scatter[0] - 0.1) < 1e-12 and abs(scatter[1] - 0.02) < 1e-12, scatter
+    assert module.summary((values, scatter, 0), absolute=True) == "0.100 / 0.200 (±0.060 / ±0.100)", \
+        module.summary((values, scatter, 0), absolute=True)
 
 
 if __name__ == "__main__":
