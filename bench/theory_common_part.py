@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The gradient along the stream's common part, measured in a float64 replica of an initialised transformer.
 
-Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B] [--profile SEEDS | --factors SEEDS]
+Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B]
+                                   [--profile SEEDS | --factors SEEDS | --pre-factors SEEDS]
 
 CHECKPOINT is a proplab checkpoint of a tied-head GELU transformer with affine LayerNorm, Pre-LN or Post-LN, and the
 `deepscalelm` rule (its study is read from the checkpoint), written after one step at a negligible learning rate,
@@ -29,6 +30,12 @@ along ĉ_x, by central differences), each for the whole gradient and for the par
 what proplab's bookkeeping carries; the branch's response averaged over the positions, and per position), per
 unit of α_s; and what each norm's backward keeps of the part, α at its input times the sum's scale σ (per token)
 over α at its output (sublayers over ranges of depth, summed over SEEDS networks of 4 sequences).
+
+With --pre-factors SEEDS (Pre-LN) it redraws the weights the same way and takes each sublayer apart (sublayer k
+from its input x, the stream below, to its sum s_k): per unit of α_s = Σ_t g(s_k)_t·ĉ_s, what reaches ĉ_x at the
+input, through the skip and through the branch, the branch split by what it reads: the part α_t·ĉ_s alone (what
+proplab carries), the gradient's part along each token's own direction (ω_t·û_t, û_t the unit vector along s_t less
+the tokens' mean) and the rest.
 
 docs/theory.md ("The gradient along the stream's common part") reads these figures against `proplab theory`.
 """
@@ -61,9 +68,12 @@ def main():
                        help="the common part's change per sublayer, averaged over SEEDS redrawn networks")
     modes.add_argument("--factors", type=int, default=0, metavar="SEEDS",
                        help="each Post-LN sublayer's skip, branch and norm factors on the common part (SEEDS networks)")
+    modes.add_argument("--pre-factors", type=int, default=0, metavar="SEEDS",
+                       help="each Pre-LN sublayer's skip and branch factors on the common part, the branch's split by "
+                            "the part of the gradient it reads (SEEDS networks)")
     args = parser.parse_args()
-    if args.profile < 0 or args.factors < 0:
-        fail("--profile and --factors take a positive number of networks")
+    if args.profile < 0 or args.factors < 0 or args.pre_factors < 0:
+        fail("--profile, --factors and --pre-factors take a positive number of networks")
     try:
         f = h5py.File(args.checkpoint, "r")
         P = {k: torch.tensor(f["tensors/param/" + k][:]) for k in f["tensors/param"].keys()}
@@ -152,6 +162,17 @@ def main():
         if pre:
             fail(f"{args.checkpoint}: --factors takes a Post-LN model")
         factors(P, args.factors, L, T, d, V, lam, beta, forward, {"attn": attn, "ffn": ffn})
+        return
+    if args.pre_factors > 0:
+        if not pre:
+            fail(f"{args.checkpoint}: --pre-factors takes a Pre-LN model")
+
+        def branch_of(k, W):
+            kind = "attn" if k % 2 == 0 else "ffn"
+            norm = (W[f"blocks.{k // 2}.{kind}.norm.weight"], W[f"blocks.{k // 2}.{kind}.norm.bias"])
+            return lambda x: (attn if kind == "attn" else ffn)(ln(x, *norm), k // 2, W)
+
+        pre_factors(P, args.pre_factors, L, T, d, V, lam, beta, forward, branch_of)
         return
     plain, removed = run(False), run(True)
     print(f"{'Pre' if pre else 'Post'}-LN, {L} blocks, width {d}, {T} tokens, β² = {beta_sq:.4g}")
@@ -267,6 +288,54 @@ def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
             keep = sum(keeps) / len(keeps) if keeps else float("nan")
             print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(3):10.4f} {mean(1):7.4f} {mean(4):12.4f} {mean(5):12.4f} "
                   f"{mean(2):7.4f} {keep:10.4f}")
+
+
+def pre_factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):
+    """--pre-factors: per sublayer k ≥ 1 (Pre-LN: its sum s_k = λx + β·F(Norm(x)) is the stream above it), summed over
+    SEEDS networks of 4 sequences: α_s = Σ_t g_t·ĉ_s at the sum and ω_s = Σ_t g_t·û_t (û_t the unit vector along
+    token t's own part, s_t less the tokens' mean); what reaches ĉ_x at the input, Σ_t g(x)_t·ĉ_x; through the skip,
+    λ·Σ_t α_t·ĉ_s·ĉ_x; and through the branch (β·Jᵀ by autograd, read along ĉ_x) for the part α_t·ĉ_s alone (what
+    proplab's bookkeeping carries, β²Γ), for the own part ω_t·û_t alone and for the rest of the gradient; all per
+    unit of α_s, means over the sublayers of each range of depth."""
+    batch = 4
+    generator = torch.Generator().manual_seed(5)
+    acc = torch.zeros(2 * L, 7, dtype=torch.float64)
+
+    def own_unit(t):
+        u = t.detach() - t.detach().mean(1, keepdim=True)
+        return u / u.norm(dim=-1, keepdim=True)
+
+    for seed in range(seeds):
+        P = redraw(P0, d, generator)
+        _, outs = forward(P, torch.randint(0, V, (batch, T + 1), generator=generator))
+        for k in range(1, 2 * L):
+            x, g = outs[k - 1].detach(), outs[k].grad.detach()
+            cs, cx, us = unit_common(outs[k]), unit_common(outs[k - 1]), own_unit(outs[k])
+            alpha, omega = (g * cs).sum(-1, keepdim=True), (g * us).sum(-1, keepdim=True)
+            branch = branch_of(k, P)
+
+            def returned(v):
+                xx = x.clone().requires_grad_(True)
+                (branch(xx) * v).sum().backward()
+                return beta * (xx.grad * cx).sum().item()
+
+            part, own, whole = returned(alpha * cs), returned(omega * us), returned(g)
+            acc[k] += torch.tensor([alpha.sum().item(), omega.sum().item(), (outs[k - 1].grad * cx).sum().item(),
+                                    lam * (alpha * cs * cx).sum().item(), part, own, whole - part - own])
+        print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
+    print(f"Pre-LN, {L} blocks, width {d}, {seeds} networks of 4 sequences: per sublayer, per unit of α at its sum, "
+          "what reaches the common part at its input (means over the sublayers of each range)")
+    print(f"  {'sublayers':10s} {'kind':4s} {'ω/α':>7s} {'input':>7s} {'skip':>7s} {'branch: part':>12s} {'own':>7s} "
+          f"{'rest':>7s}")
+    edges = sorted(e for e in {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L - 8, 2 * L} if 1 <= e <= 2 * L)
+    for lo, hi in zip(edges, edges[1:]):
+        for kind, name in ((0, "attn"), (1, "ffn")):
+            rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
+            if not rows:
+                continue
+            mean = lambda j: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
+            print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(1):7.3f} {mean(2):7.4f} {mean(3):7.4f} {mean(4):12.4f} "
+                  f"{mean(5):7.4f} {mean(6):7.4f}")
 
 
 if __name__ == "__main__":
