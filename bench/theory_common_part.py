@@ -277,17 +277,23 @@ def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
           "below keeps (α at its input times the sum's scale σ, over α at its output)")
     print(f"  {'sublayers':10s} {'kind':4s} {'skip: part':>10s} {'whole':>7s} {'branch: part':>12s} {'per position':>12s} "
           f"{'whole':>7s} {'norm keeps':>10s}")
-    edges = sorted(e for e in {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L} if 1 <= e <= 2 * L)
+    for lo, hi, kind, name, mean in depth_ranges(acc, {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L}, L):
+        keeps = [acc[k - 1][7].item() / acc[k][6].item() for k in range(lo, hi) if k % 2 == kind and k > 1]
+        keep = sum(keeps) / len(keeps) if keeps else float("nan")
+        print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(3):10.4f} {mean(1):7.4f} {mean(4):12.4f} {mean(5):12.4f} "
+              f"{mean(2):7.4f} {keep:10.4f}")
+
+
+def depth_ranges(acc, edges, L):
+    """Per range of sublayers between the edges (those within 1..2L) and per kind (0 attention, 1 FFN) that has a
+    sublayer with a nonzero acc[k][0]: (lo, hi, kind, name, mean), mean(j) the mean over those sublayers of
+    acc[k][j] per unit of acc[k][0]."""
+    edges = sorted(e for e in edges if 1 <= e <= 2 * L)
     for lo, hi in zip(edges, edges[1:]):
         for kind, name in ((0, "attn"), (1, "ffn")):
             rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
-            if not rows:
-                continue
-            mean = lambda j: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
-            keeps = [acc[k - 1][7].item() / acc[k][6].item() for k in range(lo, hi) if k % 2 == kind and k > 1]
-            keep = sum(keeps) / len(keeps) if keeps else float("nan")
-            print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(3):10.4f} {mean(1):7.4f} {mean(4):12.4f} {mean(5):12.4f} "
-                  f"{mean(2):7.4f} {keep:10.4f}")
+            if rows:
+                yield lo, hi, kind, name, lambda j, rows=rows: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
 
 
 def pre_factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):
@@ -327,15 +333,9 @@ def pre_factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):
           "what reaches the common part at its input (means over the sublayers of each range)")
     print(f"  {'sublayers':10s} {'kind':4s} {'ω/α':>7s} {'input':>7s} {'skip':>7s} {'branch: part':>12s} {'own':>7s} "
           f"{'rest':>7s}")
-    edges = sorted(e for e in {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L - 8, 2 * L} if 1 <= e <= 2 * L)
-    for lo, hi in zip(edges, edges[1:]):
-        for kind, name in ((0, "attn"), (1, "ffn")):
-            rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
-            if not rows:
-                continue
-            mean = lambda j: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
-            print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(1):7.3f} {mean(2):7.4f} {mean(3):7.4f} {mean(4):12.4f} "
-                  f"{mean(5):7.4f} {mean(6):7.4f}")
+    for lo, hi, _, name, mean in depth_ranges(acc, {1, 4, 8, L // 3, L, (3 * L) // 2, 2 * L - 8, 2 * L}, L):
+        print(f"  {lo:3d}-{hi - 1:<6d} {name:4s} {mean(1):7.3f} {mean(2):7.4f} {mean(3):7.4f} {mean(4):12.4f} "
+              f"{mean(5):7.4f} {mean(6):7.4f}")
 
 
 if __name__ == "__main__":
