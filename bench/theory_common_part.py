@@ -125,23 +125,30 @@ def main():
 
     seq = torch.randint(0, V, (B, T + 1), generator=torch.Generator().manual_seed(args.tokens_seed))
 
+    def norm_of(k, W):
+        """Sublayer k's norm (2l: block l's attention, 2l + 1: its FFN), weight and bias."""
+        kind = "attn" if k % 2 == 0 else "ffn"
+        return W[f"blocks.{k // 2}.{kind}.norm.weight"], W[f"blocks.{k // 2}.{kind}.norm.bias"]
+
+    def branch_of(k, W):
+        """Sublayer k's branch as a function of its input x (Pre-LN's reads Norm(x))."""
+        branch = attn if k % 2 == 0 else ffn
+        return lambda x: branch(ln(x, *norm_of(k, W)) if pre else x, k // 2, W)
+
     def forward(W, tokens, on_sum=None):
         """Forward and backward (mean cross-entropy on the next tokens) with the weights W; every sublayer's sum and
         output keep their gradients. on_sum(s) sees each sum as it is made (e.g. to register a backward hook)."""
         x = (W["embed.token.weight"][tokens[:, :T]] + W["embed.position.weight"][:T]).requires_grad_(True)
         sums, outs = [], []
-        for l in range(L):
-            for kind in ("attn", "ffn"):
-                branch = attn if kind == "attn" else ffn
-                norm = (W[f"blocks.{l}.{kind}.norm.weight"], W[f"blocks.{l}.{kind}.norm.bias"])
-                s = lam * x + beta * branch(ln(x, *norm) if pre else x, l, W)
-                s.retain_grad()
-                if on_sum:
-                    on_sum(s)
-                x = s if pre else ln(s, *norm)
-                x.retain_grad()
-                sums.append(s)
-                outs.append(x)
+        for k in range(2 * L):
+            s = lam * x + beta * branch_of(k, W)(x)
+            s.retain_grad()
+            if on_sum:
+                on_sum(s)
+            x = s if pre else ln(s, *norm_of(k, W))
+            x.retain_grad()
+            sums.append(s)
+            outs.append(x)
         head_in = ln(x, W["final_norm.weight"], W["final_norm.bias"]) if pre else x
         logits = head_in @ W["embed.token.weight"].T
         torch.nn.functional.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1)).backward()
@@ -161,17 +168,11 @@ def main():
     if args.factors > 0:
         if pre:
             fail(f"{args.checkpoint}: --factors takes a Post-LN model")
-        factors(P, args.factors, L, T, d, V, lam, beta, forward, {"attn": attn, "ffn": ffn})
+        factors(P, args.factors, L, T, d, V, lam, beta, forward, branch_of)
         return
     if args.pre_factors > 0:
         if not pre:
             fail(f"{args.checkpoint}: --pre-factors takes a Pre-LN model")
-
-        def branch_of(k, W):
-            kind = "attn" if k % 2 == 0 else "ffn"
-            norm = (W[f"blocks.{k // 2}.{kind}.norm.weight"], W[f"blocks.{k // 2}.{kind}.norm.bias"])
-            return lambda x: (attn if kind == "attn" else ffn)(ln(x, *norm), k // 2, W)
-
         pre_factors(P, args.pre_factors, L, T, d, V, lam, beta, forward, branch_of)
         return
     plain, removed = run(False), run(True)
@@ -244,7 +245,7 @@ def redraw(P0, d, generator):
     return P
 
 
-def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
+def factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):
     """--factors: per sublayer k ≥ 1 (Post-LN), sums over SEEDS networks of: α_s; λ·Σ g·ĉ_x (skip) and β·Σ g·dF
     (branch) for the whole gradient g at the sum; the same for the part α_t·ĉ_s alone, the branch's response both
     averaged over the positions and per position; α at the output of the norm below; and α_s times the sum's scale
@@ -259,9 +260,9 @@ def factors(P0, seeds, L, T, d, V, lam, beta, forward, branches):
         with torch.no_grad():
             for k in range(1, 2 * L):
                 x, s, g = outs[k - 1].detach(), sums[k].detach(), sums[k].grad
-                branch = branches["attn" if k % 2 == 0 else "ffn"]
+                branch = branch_of(k, P)
                 cx, cs = unit_common(x), unit_common(s)
-                dF = (branch(x + eps * cx, k // 2, P) - branch(x - eps * cx, k // 2, P)) / (2 * eps)
+                dF = (branch(x + eps * cx) - branch(x - eps * cx)) / (2 * eps)
                 alpha = (g * cs).sum(-1)  # per sequence and position
                 response = (dF * cs).sum(-1)
                 acc[k] += torch.tensor([
@@ -325,8 +326,11 @@ def pre_factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):
                 (branch(xx) * v).sum().backward()
                 return beta * (xx.grad * cx).sum().item()
 
-            part, own, whole = returned(alpha * cs), returned(omega * us), returned(g)
-            acc[k] += torch.tensor([alpha.sum().item(), omega.sum().item(), (outs[k - 1].grad * cx).sum().item(),
+            # x feeds only this sublayer, so its gradient is λ·g plus the branch's whole return.
+            reaching = (outs[k - 1].grad * cx).sum().item()
+            whole = reaching - lam * (g * cx).sum().item()
+            part, own = returned(alpha * cs), returned(omega * us)
+            acc[k] += torch.tensor([alpha.sum().item(), omega.sum().item(), reaching,
                                     lam * (alpha * cs * cx).sum().item(), part, own, whole - part - own])
         print(f"theory_common_part: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
     print(f"Pre-LN, {L} blocks, width {d}, {seeds} networks of 4 sequences: per sublayer, per unit of α at its sum, "
