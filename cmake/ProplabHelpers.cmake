@@ -41,6 +41,7 @@ function(add_proplab_test module)
   add_executable(test_${module} ${sources})
   target_link_libraries(test_${module} PRIVATE ${ARG_LIBS} proplab_test_support GTest::gtest GTest::gtest_main)
   target_compile_options(test_${module} PRIVATE -Wall -Wextra)
+  target_precompile_headers(test_${module} REUSE_FROM proplab_test_support)
   # One variable per property: gtest_discover_tests splits a ';' inside a property value (CMake 3.25), so
   # "A=1;B=2" in ENVIRONMENT would set only A.
   # Listing the tests takes well under a second, but on a shared, loaded machine the default 5 s timeout has

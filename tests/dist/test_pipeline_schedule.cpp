@@ -18,7 +18,10 @@ std::string describe(const std::vector<PipelineStep>& steps) {
   std::string out;
   for (const PipelineStep& s : steps) {
     const char* letter = s.action == A::forward ? "F" : s.action == A::backward ? "B" : nullptr;
-    if (letter) out += (out.empty() ? "" : " ") + std::string(letter) + std::to_string(s.microbatch);
+    if (!letter) continue;
+    if (!out.empty()) out += ' ';
+    out += letter;
+    out += std::to_string(s.microbatch);
   }
   return out;
 }

@@ -9,7 +9,8 @@ minutes on 2 CPU cores; resnet_depth: 11 more; deepnet 7, mup_transfer 3.5, deep
 --reduced (what ctest runs, `study.training_claims`) each study runs a stated smaller version that keeps its depths
 and its comparison: fewer steps (deepscalelm_shapes: 300 of its 1200, resnet_depth: 200 of its 300, and ResNet-44
 in place of ResNet-56: the same depth law, 20 against a deeper ResNet), and for rezero_skipinit, depth_mup, deepnet
-and keel a narrower model, for mup_transfer fewer tokens a step (REDUCED and REDUCED_GRID below say which);
+and keel a narrower model, for mup_transfer fewer tokens a step and its learning rates up to 2^-5 of 2^-3 (REDUCED and
+REDUCED_GRID below say which);
 quickstart and local_sgd run whole either way (a minute each). Every claim is asserted
 next to the header line it checks. A loss "at a step range" is the mean training loss over those steps (one batch
 per step is noisy); resnet_depth's are its last validation loss, mup_transfer's its validation loss after the last
@@ -35,7 +36,8 @@ REDUCED = {
     # 200 of its 300 steps (its warmup and evaluation with them), and ResNet-44 (REDUCED_GRID): every claim holds
     # there. At 100 steps BatchNorm and Fixup were still worse at ResNet-56 than at ResNet-20, and with batches of 32
     # for 300 steps too; at 150 steps (and ResNet-56), BatchNorm 0.705 -> 0.778 and Fixup 1.216 -> 1.309.
-    "resnet_depth": ["train.steps=200", "train.warmup=20", "train.eval_every=100"],
+    # One evaluation, at the end (the claims read the last; an evaluation changes no training loss or later one).
+    "resnet_depth": ["train.steps=200", "train.warmup=20", "train.eval_every=200"],
     "rezero_skipinit": ["train.steps=100", "model.width=32"],
     "depth_mup": ["train.steps=100", "model.width=32"],
     "compression_signal": ["train.steps=100", "model.width=32"],
@@ -52,8 +54,14 @@ RESNET_DEPTHS = {False: 56, True: 44}
 # text replaced in a copy of the study, swept in its place. resnet_depth: ResNet-44 in place of ResNet-56, 22% less
 # of the deep points' work (the longest test of ctest; docs/perf.md, "The test suite under ctest -j2"), with the
 # claims' margins as at ResNet-56 (200 steps: BatchNorm 0.599 -> 0.614 against 0.613 at ResNet-56).
+# mup_transfer: its learning rates 2^-12 .. 2^-3, and the reduced version's 2^-12 .. 2^-5: every point above 2^-6
+# collapses (validation loss 5.07-5.89, at every width under either rule), so the two it leaves out are never a best
+# learning rate or a largest that does not collapse; the rest are the same runs, loss for loss. The check asserts
+# that the grid's largest learning rate collapses at every width, so the largest that does not lies inside the grid.
+MUP_LRS = {reduced: [2.0 ** k for k in range(-12, -4 if reduced else -2)] for reduced in (False, True)}
 REDUCED_GRID = {
     "resnet_depth": tuple(f'grid = {{ "model.depth" = [20, {RESNET_DEPTHS[r]}] }}' for r in (False, True)),
+    "mup_transfer": tuple('"train.lr" = [' + ", ".join(repr(lr) for lr in MUP_LRS[r]) + "]" for r in (False, True)),
 }
 
 
@@ -266,7 +274,7 @@ def mup_transfer(proplab, work, c, reduced):
     point = sweep(proplab, "mup_transfer", work, reduced)
     name = "mup_transfer"
     widths = (64, 128, 256, 512)
-    lrs = [2.0 ** k for k in range(-12, -2)]
+    lrs = MUP_LRS[reduced]
     collapsed = 0.9 * math.log(256)  # "collapses": a validation loss above 0.9 of the uniform one
     best, edge = {}, {}
     for rule in ("standard", "mup"):
@@ -274,8 +282,10 @@ def mup_transfer(proplab, work, c, reduced):
             val = [point(f"rule={rule},width={width},lr={lr!r}").val for lr in lrs]
             best[(rule, width)] = (lrs[val.index(min(val))], min(val))
             edge[(rule, width)] = max(lr for lr, v in zip(lrs, val) if v < collapsed)
-            print(f"  {name}: {rule}, width {width}: validation loss at lr 2^-12 .. 2^-3: " +
+            print(f"  {name}: {rule}, width {width}: validation loss at lr 2^-12 .. 2^{math.log2(lrs[-1]):.0f}: " +
                   " ".join(f"{v:.3f}" for v in val))
+            c.check(name, f"{rule}, width {width}: the largest lr of the grid collapses", val[-1] > collapsed,
+                    f"{val[-1]:.3f} at 2^{math.log2(lrs[-1]):.0f}")
     moved = {rule: max(best[(rule, w)][0] for w in widths) / min(best[(rule, w)][0] for w in widths)
              for rule in ("standard", "mup")}
     # "standard: the best learning rate falls 16x from width 64 to 512 ..."
