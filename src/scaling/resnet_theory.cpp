@@ -71,8 +71,72 @@ Slope slope_integrals(Activation kind, double mean, double var) {
   return {first, second};
 }
 
+// E[φ(x)⁴] for x ~ N(mean, var): what a conv reading φ's output sees of its patches' spread (the scale mixture).
+double gaussian_fourth(Activation kind, double mean, double var) {
+  if (var <= 0) {
+    const double value = resnet_util::activation_value(kind, mean);
+    return value * value * value * value;
+  }
+  const double sd = std::sqrt(var);
+  if (kind == Activation::relu) {
+    // Closed form: (μ⁴ + 6μ²σ² + 3σ⁴)Φ + (μ³σ + 5μσ³)φ at μ/σ.
+    const double z = mean / sd, cdf = normal_cdf(z), pdf = std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+    const double m2 = mean * mean;
+    return (m2 * m2 + 6.0 * m2 * var + 3.0 * var * var) * cdf + (m2 * mean * sd + 5.0 * mean * var * sd) * pdf;
+  }
+  constexpr int kSteps = 4000;
+  const double step = 24.0 / kSteps;
+  double fourth = 0.0;
+  for (int i = 0; i <= kSteps; ++i) {
+    const double z = -12.0 + i * step;
+    const double weight =
+        (i == 0 || i == kSteps ? 0.5 : 1.0) * step * std::exp(-0.5 * z * z) / std::sqrt(2 * std::numbers::pi);
+    const double value = resnet_util::activation_value(kind, mean + sd * z);
+    fourth += weight * value * value * value * value;
+  }
+  return fourth;
+}
+
+// A Gaussian scale mixture N(mean, var·s), s of mean 1 and relative variance cv2 taken as Gamma-distributed (shape
+// 1/cv2; docs/theory.md, "ResNets", "A ReLU after a conv of small fan-in"): the nodes s_i and weights w_i of a
+// trapezoid rule in log s over ±9 standard deviations of log s, normalised to Σw = 1 and Σw·s = 1. Empty below
+// cv2 = 1e-9 (a plain Gaussian).
+struct MixtureNode {
+  double s = 1.0, w = 1.0;
+};
+// E[√s] for s Gamma-distributed of mean 1 and relative variance cv2: Γ(k + ½)/(Γ(k)·√k), k = 1/cv2 (its asymptotic
+// series for large k, where the two log-gammas would cancel to rounding).
+double gamma_root(double cv2) {
+  if (!(cv2 > 0.0)) return 1.0;
+  const double k = 1.0 / cv2;
+  if (k > 100.0) return 1.0 - 1.0 / (8.0 * k) + 1.0 / (128.0 * k * k) + 5.0 / (1024.0 * k * k * k);
+  return std::exp(std::lgamma(k + 0.5) - std::lgamma(k)) / std::sqrt(k);
+}
+std::vector<MixtureNode> gamma_scale_nodes(double cv2) {
+  if (!(cv2 > 1e-9)) return {};
+  const double k = 1.0 / cv2;
+  // log s has mode log 1 = 0 at shape k (density ∝ exp(k·u − k·e^u)) and standard deviation √ψ'(k) ≈ √(1/k + 1/(2k²)).
+  const double sd = std::sqrt(1.0 / k + 0.5 / (k * k));
+  constexpr int kNodes = 33;
+  const double step = 18.0 * sd / (kNodes - 1);
+  std::vector<MixtureNode> nodes(kNodes);
+  double total = 0.0, first = 0.0;
+  for (int i = 0; i < kNodes; ++i) {
+    const double u = -9.0 * sd + i * step;
+    nodes[static_cast<std::size_t>(i)] = {std::exp(u), std::exp(k * u - k * std::exp(u))};
+    total += nodes[static_cast<std::size_t>(i)].w;
+    first += nodes[static_cast<std::size_t>(i)].w * std::exp(u);
+  }
+  for (MixtureNode& n : nodes) {
+    n.w /= total;
+    n.s /= first / total;
+  }
+  return nodes;
+}
+
 // The activation's integrals per distinct (mean, var): most positions of a map (all of its interior) share them, and
-// the smooth activations' quadrature is thousands of evaluations.
+// the smooth activations' quadrature is thousands of evaluations. The `mixed` forms average over a Gaussian scale
+// mixture of relative variance cv2 (gamma_scale_nodes; cv2 = 0: the Gaussian's).
 class ActivationIntegrals {
  public:
   explicit ActivationIntegrals(Activation kind) : kind_(kind) {}
@@ -86,11 +150,64 @@ class ActivationIntegrals {
     if (fresh) it->second = slope_integrals(kind_, mean, var);
     return it->second;
   }
+  double fourth(double mean, double var) {
+    auto [it, fresh] = fourths_.try_emplace({mean, var});
+    if (fresh) it->second = gaussian_fourth(kind_, mean, var);
+    return it->second;
+  }
+  StreamMoments mixed_moments(double mean, double var, double cv2) {
+    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
+    if (nodes.empty()) return moments(mean, var);
+    StreamMoments m{0.0, 0.0};
+    for (const MixtureNode& n : nodes) {
+      const StreamMoments& at = moments(mean, var * n.s);
+      m.mean += n.w * at.mean;
+      m.var += n.w * at.var;
+    }
+    return m;
+  }
+  Slope mixed_slope(double mean, double var, double cv2) {
+    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
+    if (nodes.empty()) return slope(mean, var);
+    Slope m{0.0, 0.0};
+    for (const MixtureNode& n : nodes) {
+      const Slope& at = slope(mean, var * n.s);
+      m.mean += n.w * at.mean;
+      m.second += n.w * at.second;
+    }
+    return m;
+  }
+  double mixed_fourth(double mean, double var, double cv2) {
+    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
+    if (nodes.empty()) return fourth(mean, var);
+    double m = 0.0;
+    for (const MixtureNode& n : nodes) m += n.w * fourth(mean, var * n.s);
+    return m;
+  }
+  // The relative variance over the mixture of E[φ² | s]: how much of the scale the activation's output keeps
+  // (cv2 itself for a ReLU of a centred input, whose E[φ² | s] = var·s/2).
+  double mixed_second_spread(double mean, double var, double cv2) {
+    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
+    double first = 0.0, second = 0.0;
+    for (const MixtureNode& n : nodes) {
+      const double g = moments(mean, var * n.s).var;
+      first += n.w * g;
+      second += n.w * g * g;
+    }
+    return first > 0.0 ? std::max(0.0, second / (first * first) - 1.0) : 0.0;
+  }
 
  private:
+  const std::vector<MixtureNode>& nodes_for(double cv2) {
+    auto [it, fresh] = nodes_.try_emplace(cv2);
+    if (fresh) it->second = gamma_scale_nodes(cv2);
+    return it->second;
+  }
   Activation kind_;
   std::map<std::pair<double, double>, StreamMoments> moments_;
   std::map<std::pair<double, double>, Slope> slopes_;
+  std::map<std::pair<double, double>, double> fourths_;
+  std::map<double, std::vector<MixtureNode>> nodes_;
 };
 
 double average(const std::vector<double>& values) {
@@ -134,10 +251,40 @@ struct Plane {
   // link[Δ]: Σ over this plane's channels c' of E[realised Cov(x_c(p), plane_c'(p + Δ))²]/(Var x·Var plane), x the
   // stream entering the block (one channel c): how much of this plane follows the stream in one network.
   Offsets link{};
+  // The scale mixture (docs/theory.md, "ResNets", "A ReLU after a conv of small fan-in"): over i.i.d. weights a
+  // plain conv's output is exactly N(0, E[w²]·|patch|²) given its input patch, so over the patches each element is a
+  // Gaussian scale mixture N(mean, var·s), E[s] = 1. mix[p] is Var[s] at p and root[p] is E[√s] (s is a product of
+  // independent Gamma factors, one per conv since the last norm: E[√s] is the product of theirs); empty: s = 1.
+  // Every output channel at p shares s (the same patch), so the channels' squares covary: shared[p] is the relative
+  // variance of the part of E[a² | s] that the channels at p share, shared_root[p] E[√·] of it (empty: mix and root,
+  // a conv's output; a ReLU of a centred mixture keeps them). fourth[p] is E[a⁴] at p where an activation made it
+  // (empty: that of the mixture, m⁴ + 6m²v + 3v²(1 + mix)).
+  std::vector<double> mix, root, shared, shared_root, fourth;
+  double mix_at(std::size_t p) const { return mix.empty() ? 0.0 : mix[p]; }
+  double root_at(std::size_t p) const { return root.empty() ? gamma_root(mix_at(p)) : root[p]; }
+  double shared_at(std::size_t p) const { return shared.empty() ? mix_at(p) : shared[p]; }
+  double shared_root_at(std::size_t p) const { return shared.empty() ? root_at(p) : shared_root[p]; }
+  double fourth_at(std::size_t p) const {
+    if (!fourth.empty()) return fourth[p];
+    const double m = mean[p], v = var_at(p);
+    return m * m * m * m + 6.0 * m * m * v + 3.0 * v * v * (1.0 + mix_at(p));
+  }
+  void clear_mixture() {
+    mix.clear();
+    root.clear();
+    shared.clear();
+    shared_root.clear();
+    fourth.clear();
+  }
   static Plane uniform(int size, double mean, double var) {
     const std::size_t n = static_cast<std::size_t>(size) * static_cast<std::size_t>(size);
-    return {size, std::vector<double>(n, mean), std::vector<double>(n, var + mean * mean), mean * mean,
-            std::vector<double>(n, 0.0)};
+    Plane plane;
+    plane.size = size;
+    plane.mean.assign(n, mean);
+    plane.second.assign(n, var + mean * mean);
+    plane.channel_mean_sq = mean * mean;
+    plane.mean_share.assign(n, 0.0);
+    return plane;
   }
   double log_var(double stream_log_var) const { return coupling * coupling * stream_log_var + fresh; }
   // E over channels of δ̄_c²: the channel-specific part of a channel's mean over the batch.
@@ -253,26 +400,68 @@ double padded_centred_ratio(const Plane& x, const ConvWeights& w, int out, doubl
 // Forward: plain conv out E[y²][p] = in·E[w²]·Σ_taps E[a²] (padding taps are zero); standardised conv
 // out Var = ws_norm_sq·(avg_taps E[a²] − (avg_taps mean)²) over the k² taps (zero where padded). Mean 0. A channel's
 // mean is Σ w·(input channel means): E[w²]·in·k²·channel_mean_sq (standardised rows: less the shared mean).
-Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders, bool padded_spread) {
+Plane conv_forward(const Plane& x, const ConvWeights& w, bool borders, bool padded_spread, bool mixture) {
   const int out = borders ? out_size_of(x.size, w.kernel, w.stride) : x.size / w.stride;
   Plane y = Plane::uniform(out, 0.0, 0.0);
   const double taps = static_cast<double>(w.kernel * w.kernel);
+  // The scale mixture of a plain conv's output (Plane::mix): given the patch, y ~ N(0, E[w²]·|patch|²), and |patch|²
+  // sums C_in channels' squares at each tap inside. Given the scale s_t that a tap's channels share (Plane::shared),
+  // those are independent: E[a² | s] = s·e2, E[a⁴ | s] = s²·e4 with e4 = E[a⁴]/(1 + shared). So |patch|² is the
+  // taps' shared scale times a fresh factor of relative variance Σ_t (e4 − e2²)/(C_in·(Σ_t e2)²): 2/(C_in·taps) for
+  // i.i.d. Gaussian inputs, 5/C_in through a 1×1 conv reading a ReLU of a centred mixture (e4 = 6·e2²). The taps'
+  // shared scales are taken as independent, averaged with weights e2 (exact for 1×1 convs, the projections): relative
+  // variance Σ_t e2²·shared/(Σ_t e2)². The two factors multiply (Var[s] = (1 + a)(1 + b) − 1, E[√s] the product).
+  // Weight-standardised rows (zero mean, fixed norm) leave only the channels' within-channel kurtosis, not tracked
+  // (NF ResNets).
+  const bool mixes = mixture && !w.standardised;
+  if (mixes) {
+    y.mix.assign(y.count(), 0.0);
+    y.root.assign(y.count(), 1.0);
+  }
+  struct Tapped {
+    double second = 0.0, mean = 0.0, fresh = 0.0, shared = 0.0, shared_root = 1.0;
+    int inside = 0;
+  };
+  auto tap = [&](Tapped& t, std::size_t q) {
+    t.second += x.second[q];
+    t.mean += x.mean[q];
+    if (!mixes) return;
+    const double e2 = x.second[q], shared = x.shared_at(q);
+    t.fresh += std::max(0.0, x.fourth_at(q) / (1.0 + shared) - e2 * e2);
+    t.shared += e2 * e2 * shared;
+    t.shared_root = x.shared_root_at(q);
+    ++t.inside;
+  };
+  Tapped interior;  // borders = false: every tap reads the plane's average
+  if (!borders) {
+    Tapped plane;
+    for (std::size_t q = 0; q < x.count(); ++q) tap(plane, q);
+    const double scale = taps / static_cast<double>(x.count());
+    interior.second = scale * plane.second;
+    interior.mean = scale * plane.mean;
+    interior.fresh = scale * plane.fresh;
+    interior.shared = scale * plane.shared;
+    interior.shared_root = plane.shared_root;
+    interior.inside = w.kernel * w.kernel;
+  }
   for (int oy = 0; oy < out; ++oy)
     for (int ox = 0; ox < out; ++ox) {
-      double second = 0.0, mean = 0.0;
+      Tapped t = interior;
       if (borders) {
-        for_taps(x.size, w.kernel, w.stride, oy, ox, [&](std::size_t q) {
-          second += x.second[q];
-          mean += x.mean[q];
-        });
-      } else {  // the wide interior: every tap reads the plane's average
-        second = taps * x.avg_second();
-        mean = taps * x.avg_mean();
+        t = Tapped{};
+        for_taps(x.size, w.kernel, w.stride, oy, ox, [&](std::size_t q) { tap(t, q); });
       }
+      const double second = t.second, mean = t.mean;
       const std::size_t p = static_cast<std::size_t>(oy) * out + ox;
       y.second[p] = w.standardised
                         ? w.ws_norm_sq * std::max(0.0, second / taps - (mean / taps) * (mean / taps))
                         : w.weight_var * static_cast<double>(w.in) * second;
+      if (mixes && second > 0.0) {
+        const double fresh = t.fresh / (static_cast<double>(w.in) * second * second);
+        const double shared = t.shared / (second * second);
+        y.mix[p] = (1.0 + shared) * (1.0 + fresh) - 1.0;
+        y.root[p] = (t.inside == 1 ? t.shared_root : gamma_root(shared)) * gamma_root(fresh);
+      }
     }
   const double shared = x.avg_mean();
   y.channel_mean_sq = w.standardised ? w.ws_norm_sq * std::max(0.0, x.channel_mean_sq - shared * shared)
@@ -436,11 +625,34 @@ Density gaussian_density(double mean, double var, double h) {
   return d;
 }
 
+// The masses of the scale mixture N(mean, var·s) (Plane::mix, gamma_scale_nodes) on the same grid: its nodes'
+// Gaussian masses, weighted.
+Density mixture_density(double mean, double var, double cv2, double h) {
+  const std::vector<MixtureNode> nodes = gamma_scale_nodes(cv2);
+  if (nodes.empty()) return gaussian_density(mean, var, h);
+  std::vector<Density> parts;
+  std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = std::numeric_limits<std::int64_t>::min();
+  for (const MixtureNode& n : nodes) {
+    parts.push_back(gaussian_density(mean, var * n.s, h));
+    first = std::min(first, parts.back().first);
+    last = std::max(last, parts.back().first + static_cast<std::int64_t>(parts.back().mass.size()) - 1);
+  }
+  Density d;
+  d.h = h;
+  d.first = first;
+  d.mass.assign(static_cast<std::size_t>(last - first + 1), 0.0);
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    for (std::size_t j = 0; j < parts[i].mass.size(); ++j)
+      d.mass[static_cast<std::size_t>(parts[i].first - first) + j] += nodes[i].w * parts[i].mass[j];
+  return d;
+}
+
 // s = λ·ReLU(u) + y, y ~ N(m, v) independent of u (the branch's normalised output at one position; u the previous
 // sum, whose ReLU is the stream): E[ReLU(s)], E[ReLU(s)²] and P(s > 0) summed exactly over λ·ReLU(u)'s masses (the
 // Gaussian ReLU moments in closed form per mass), and s's own masses on a grid of spacing h for the next block.
 struct RectifiedSum {
   StreamMoments moments;  // {E[ReLU(s)], E[ReLU(s)²]}
+  double fourth = 0.0;    // E[ReLU(s)⁴]
   double positive = 0.0;  // P(s > 0): ReLU's slope
   Density sum;
 };
@@ -474,6 +686,7 @@ RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, 
     const StreamMoments relu = gaussian_integrals(Activation::relu, mu, v);  // {E[ReLU], E[ReLU²]}
     out.moments.mean += x[k] * relu.mean;
     out.moments.var += x[k] * relu.var;
+    out.fourth += x[k] * gaussian_fourth(Activation::relu, mu, v);
     out.positive += x[k] * slope_integrals(Activation::relu, mu, v).mean;
   }
   // s's masses: x convolved with y's cell masses (offsets d: N(m, v) on [(d − ½)h, (d + ½)h]).
@@ -561,6 +774,9 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     }
     y.channel_mean_sq = shift * shift;
     std::fill(y.mean_share.begin(), y.mean_share.end(), 0.0);
+    // Each channel divided by its own batch deviation: the channels' scale spread, which most of a conv's scale
+    // mixture is, is gone; the within-channel kurtosis left ((κ_c − 3)/fan-in) is not tracked.
+    y.clear_mixture();
     // Every channel is normalised by its own batch statistics: no scale spread is left.
     y.coupling = 0.0;
     y.fresh = 0.0;
@@ -568,15 +784,37 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     y.var_spread = 0.0;
     return y;
   };
-  // A channel's mean after φ: the shared mean plus its deviation times the mean slope.
+  // A channel's mean after φ: the shared mean plus its deviation times the mean slope. The moments are those of
+  // the input's scale mixture (Plane::mix; a ReLU of a centred mixture keeps E[φ²] = v/2 and lowers E[φ] to
+  // E[√s]·√v/√(2π)); the output's E[φ⁴] is kept for the next conv.
   auto activate = [&](const Plane& x) -> Plane {
     Plane y = x;
+    y.clear_mixture();
+    y.fourth.resize(x.count());
+    y.shared.resize(x.count());
+    y.shared_root.resize(x.count());
     std::vector<double> slopes(x.count());
     for (std::size_t p = 0; p < x.count(); ++p) {
-      const StreamMoments& m = integrals.moments(x.mean[p], x.var_at(p));
+      const double mean = x.mean[p], var = x.var_at(p), mix = x.mix_at(p);
+      if (act == Activation::relu && mean == 0.0 && mix > 0.0) {
+        // A ReLU of a centred mixture, exactly: E[φ] = E[√s]·√v/√(2π), E[φ²] = v/2, E[φ⁴] = 3v²·E[s²]/2, and
+        // E[φ² | s] ∝ s keeps the whole scale for the next conv.
+        y.mean[p] = x.root_at(p) * std::sqrt(var / (2.0 * std::numbers::pi));
+        y.second[p] = 0.5 * var;
+        y.fourth[p] = 1.5 * var * var * (1.0 + mix);
+        y.shared[p] = mix;
+        y.shared_root[p] = x.root_at(p);
+        slopes[p] = 0.5;
+        continue;
+      }
+      // Otherwise the mixture as one Gamma factor of its variance.
+      const StreamMoments m = integrals.mixed_moments(mean, var, mix);
       y.mean[p] = m.mean;
       y.second[p] = m.var;
-      slopes[p] = integrals.slope(x.mean[p], x.var_at(p)).mean;
+      y.fourth[p] = integrals.mixed_fourth(mean, var, mix);
+      y.shared[p] = integrals.mixed_second_spread(mean, var, mix);
+      y.shared_root[p] = gamma_root(y.shared[p]);
+      slopes[p] = integrals.mixed_slope(mean, var, mix).mean;
     }
     const double slope = average(slopes);
     const double in_mean = x.avg_mean(), out_mean = y.avg_mean();
@@ -606,6 +844,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   auto scaled = [](Plane x, double s) {
     for (double& m : x.mean) m *= s;
     for (double& v : x.second) v *= s * s;
+    for (double& v : x.fourth) v *= s * s * s * s;
     for (double& v : x.mean_share) v *= s * s;
     x.channel_mean_sq *= s * s;
     return x;
@@ -642,7 +881,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   out.formulae = std::string("resnet variance bookkeeping, position-resolved (") +
                  (borders ? "zero-padded borders" : "interior only") +
                  "): plain conv E[y²] = C_in·std²·Σ_taps E[a²]; standardised conv Var = (gain·scale)²·(avg E[a²] − "
-                 "avg(mean)²); BatchNorm on the batch statistics; out = λ·shortcut + β·branch (independent); "
+                 "avg(mean)²); BatchNorm on the batch statistics; a ReLU after a plain conv without BatchNorm sees a "
+                 "Gaussian scale mixture (Gamma factors); out = λ·shortcut + β·branch (independent); "
                  "post-activation ReLU sums with a rectified shortcut carried as distributions per position; "
                  "backward: transposed conv sums, φ'² per position (carried sums: E[g²|s] weighs the mask), "
                  "BatchNorm γ²·E[1/σ_c²] less the batch mean (the images' loss gradients covary)";
@@ -656,7 +896,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   images.channel_spread = 2.0 / pixels;
   images.var_spread = images.channel_spread;
   Plane x = conv_forward(images, weights(ParamRole::conv_stem, config.in_channels, base, 3, 1, -1, false), borders,
-                         options.padded_spread);
+                         options.padded_spread, options.scale_mixture);
   Plane rectifier_input;
   int density_block = -1;  // post-activation: the block whose sum_density is rectifier_input's (−1: Gaussian)
   if (!preact) {
@@ -706,7 +946,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
         step.input = cur;
       }
       if (j == 0) first_conv_input = step.input;
-      cur = conv_forward(step.input, step.w, borders, options.padded_spread);
+      cur = conv_forward(step.input, step.w, borders, options.padded_spread, options.scale_mixture);
       if (!preact) {
         step.pre_norm = cur;
         cur = norm(cur);
@@ -726,7 +966,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
       st.shortcut = weights(ParamRole::conv_shortcut, channels, block_out, 1, stride, b, true);
       // Pre-activation: the projection reads act(norm(s·x)) (the first conv's input); post-activation: s·x.
       st.shortcut_input = first_conv_input;
-      st.shortcut_out = conv_forward(st.shortcut_input, st.shortcut, borders, options.padded_spread);
+      st.shortcut_out =
+          conv_forward(st.shortcut_input, st.shortcut, borders, options.padded_spread, options.scale_mixture);
       shortcut = preact ? st.shortcut_out : norm(st.shortcut_out);
     }
     Plane sum = shortcut;
@@ -740,6 +981,20 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                           2.0 * st.lambda * st.beta * shortcut.avg_mean() * cur.avg_mean();
     for (std::size_t p = 0; p < sum.count(); ++p)
       sum.mean_share[p] = st.lambda * st.lambda * shortcut.mean_share[p] + st.beta * st.beta * cur.mean_share[p];
+    // The sum's scale mixture: a zero part (a Fixup or SkipInit branch at initialisation) leaves the other's; two
+    // nonzero parts are closed as a Gaussian.
+    if (st.beta * st.beta * cur.avg_second() == 0.0) {
+      for (double& v : sum.fourth) v *= st.lambda * st.lambda * st.lambda * st.lambda;
+    } else if (st.lambda * st.lambda * shortcut.avg_second() == 0.0) {
+      sum.mix = cur.mix;
+      sum.root = cur.root;
+      sum.shared = cur.shared;
+      sum.shared_root = cur.shared_root;
+      sum.fourth = cur.fourth;
+      for (double& v : sum.fourth) v *= st.beta * st.beta * st.beta * st.beta;
+    } else {
+      sum.clear_mixture();
+    }
     // The band of the sum: each part's coupling to the block input's scale and its own spread, weighted by its
     // share, plus the empirical shortcut–branch covariance over elements (zero in expectation). Over the branch's
     // last conv its dominant part is the channels' own means: (1/C)·Σ_c δ_s,c·δ_b,c with variance
@@ -808,16 +1063,17 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
         st.branch_mean[p] = st.beta * cur.mean[p];
         st.branch_var[p] = st.beta * st.beta * cur.var_at(p);
         if (st.projection) {
-          st.sum_density[p] = gaussian_density(sum.mean[p], sum.var_at(p), st.grid_h);
-          st.sum_positive[p] = integrals.slope(sum.mean[p], sum.var_at(p)).mean;
+          st.sum_density[p] = mixture_density(sum.mean[p], sum.var_at(p), sum.mix_at(p), st.grid_h);
+          st.sum_positive[p] = integrals.mixed_slope(sum.mean[p], sum.var_at(p), sum.mix_at(p)).mean;
           continue;
         }
-        const Density u = density_block >= 0
-                              ? states[static_cast<std::size_t>(density_block)].sum_density[p]
-                              : gaussian_density(rectifier_input.mean[p], rectifier_input.var_at(p), st.grid_h);
+        const Density u = density_block >= 0 ? states[static_cast<std::size_t>(density_block)].sum_density[p]
+                                             : mixture_density(rectifier_input.mean[p], rectifier_input.var_at(p),
+                                                               rectifier_input.mix_at(p), st.grid_h);
         RectifiedSum r = rectified_sum(u, st.lambda, st.branch_mean[p], st.branch_var[p], st.grid_h);
         x.mean[p] = r.moments.mean;
         x.second[p] = r.moments.var;
+        x.fourth[p] = r.fourth;
         st.sum_positive[p] = r.positive;
         st.sum_density[p] = std::move(r.sum);
       }
@@ -892,7 +1148,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     GradPlane dx = dy;
     double slope_mean = 0.0;
     for (std::size_t p = 0; p < dy.second.size(); ++p) {
-      const Slope& s = integrals.slope(pre.mean[p], pre.var_at(p));
+      const Slope s = integrals.mixed_slope(pre.mean[p], pre.var_at(p), pre.mix_at(p));
       dx.second[p] *= s.second;
       slope_mean += s.mean;
     }

@@ -7,11 +7,12 @@
 // - Position-resolved: every activation is a map over the image positions of per-position mean and second
 //   moment (the same for every channel and image); a conv sums, at each output position, the taps inside the image
 //   (zero padding at the borders; options.borders = false gives the interior-only wide limit).
-// - Each element is Gaussian given its position's mean and variance; distinct elements of a conv's input are
-//   independent of its weights: a plain conv with weight std² = c/fan_in maps E[a²] to c·avg_taps E[a²]; a
-//   weight-standardised conv (zero-mean rows of squared norm (gain·scale)²) maps to (gain·scale)²·(avg_taps E[a²]
-//   − (avg_taps mean)²); BatchNorm uses the batch statistics over images and positions; an activation's moments
-//   are Gaussian integrals; the shortcut and the branch are independent.
+// - Each element is Gaussian given its position's mean and variance, but for a plain conv's output without
+//   BatchNorm: a Gaussian scale mixture (Plane::mix in the .cpp; docs/theory.md, "A ReLU after a conv of small
+//   fan-in"). Distinct elements of a conv's input are independent of its weights: a plain conv with weight std² =
+//   c/fan_in maps E[a²] to c·avg_taps E[a²]; a weight-standardised conv (zero-mean rows of squared norm (gain·scale)²)
+//   maps to (gain·scale)²·(avg_taps E[a²] − (avg_taps mean)²); BatchNorm uses the batch statistics over images and
+//   positions; an activation's moments are Gaussian integrals; the shortcut and the branch are independent.
 // - A post-activation stream is rectified: its mean is tracked and the sum λ·x + β·f is closed as a Gaussian.
 // - Backward: the mean softmax cross-entropy gradient, the classifier, average pooling (the gradient is shared by
 //   an image's positions), transposed convs over the same taps, φ'(x)² per position (a carried post-activation sum:
@@ -63,6 +64,11 @@ struct ResnetTheoryOptions {
   // BatchNorm's channel-variance spread counts the zero padding's part of the conv input's centred Gram (every
   // channel's patch drops its mean at a border together; false: the interior's Gram at every position).
   bool padded_spread = true;
+  // A ReLU after a plain conv without BatchNorm sees a Gaussian scale mixture (the conv's output given its input patch
+  // is N(0, E[w²]·|patch|²)), carried from conv to conv as a product of Gamma factors (false: the Gaussian closure of
+  // every conv's output, which under-predicts such a ReLU's variance: 0.9% at the stem, 4.3% after a 1×1 projection
+  // from 16 channels).
+  bool scale_mixture = true;
 };
 
 // The bookkeeping for a ResNet initialised by `rule`, on inputs of elementwise variance input_var (mean 0).
