@@ -3,7 +3,8 @@
 rule x norm placement x model kind, written as the markdown table of docs/theory.md ("Accuracy").
 
 Usage: bench/theory_accuracy.py PROPLAB OUT_DIR [--width 512] [--layers 48] [--tokens 64,128] [--seeds 4]
-                                [--small-seeds 48] [--batch 2] [--jobs 2] [--only NORM:RULE,...] [--quick]
+                                [--small-seeds 48] [--resnet-seeds 144] [--batch 2] [--jobs 2]
+                                [--only NORM:RULE,...] [--quick]
 
 Every setting is a `proplab sweep` of one-step runs (the step-0 record is the network at initialisation, and the run
 file holds the prediction beside it). For each setting the measured variances are averaged over the seeds first,
@@ -15,10 +16,11 @@ then compared with the prediction probe by probe:
 - transformers also: the token correlation of the stream and of its gradient (the `corr` statistic), as an absolute
   error (a correlation can be near 0); a stream whose correlation is off shows in the backward only later, through
   the attention's maps (Post-LN admin: 0.09 low at the top until 2026-12-06, while its forward variances were right).
-MLPs and ResNets (cheap to run) average --small-seeds networks (48 by default): one network's variances scatter
+MLPs average --small-seeds networks (48 by default), ResNets --resnet-seeds (144): one network's variances scatter
 around the mean by its finite-width band (docs/theory.md, "Finite-width bands"), by several percent at a ResNet's
 width 1 (16 to 64 channels), which four seeds leave in a row's median (the bottleneck NF-ResNet forward: 3.9% over
-seeds 1-4, 1.1% over 1-48). Every cell shows, in brackets, the seed average's own standard error: its median over
+seeds 1-4, 1.1% over 1-48), and 48 still in the basic SkipInit backward's (2.8% / 4.7% over seeds 1-48, 7.4% /
+11.3% over 1-144: one network's input gradient scatters by about 35%). Every cell shows, in brackets, the seed average's own standard error: its median over
 the probes and its value at the worst probe. --only (e.g. pre:deepscalelm,post:xavier) remeasures just those
 transformer rows, and no MLPs or ResNets. Combinations a rule rejects (tfixup needs no norms; deepnorm and admin
 Post-LN) are left out. --quick runs a tiny shape (for the test that keeps this script working). Prints progress to stderr and the table to stdout; also writes
@@ -282,13 +284,13 @@ steps = 1
 batch = 16
 lr = 0.01
 {TAIL}[sweep]
-grid = {{ "seed" = {list(range(1, args.small_seeds + 1))} }}
+grid = {{ "seed" = {list(range(1, args.resnet_seeds + 1))} }}
 """
         label = f"{block}, {'pre' if preact else 'post'}-act, {'no norm' if norm == 'none' else norm}"
         print(f"theory_accuracy: ResNet-{depth} {label}, {rule}", file=sys.stderr, flush=True)
         runs, _ = run_sweep(args.proplab, study,
                             os.path.join(out, f"resnet_{block}_{'pre' if preact else 'post'}_{norm}_{rule}"), args.jobs)
-        paths = [point_path(runs, seed=s) for s in range(1, args.small_seeds + 1)]
+        paths = [point_path(runs, seed=s) for s in range(1, args.resnet_seeds + 1)]
         # The stream: every block's input and output.
         select = lambda name, kind: (name.startswith("blocks.") and name.count(".") == 2
                                      and (name.endswith(".in") or name.endswith(".out")))
@@ -305,16 +307,17 @@ def main():
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--tokens", default="64,128")
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--small-seeds", type=int, default=48, help="networks averaged per MLP and ResNet row")
+    parser.add_argument("--small-seeds", type=int, default=48, help="networks averaged per MLP row")
+    parser.add_argument("--resnet-seeds", type=int, default=144, help="networks averaged per ResNet row")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", default="", help="NORM:RULE,... : only these transformer rows (no MLPs, ResNets)")
     parser.add_argument("--quick", action="store_true", help="a tiny shape: width 32, 2 layers, 16 tokens, 1 seed (MLPs and ResNets: 2)")
     args = parser.parse_args()
-    if args.seeds < 1 or args.small_seeds < 1:
-        parser.error("--seeds and --small-seeds: at least 1")
+    if args.seeds < 1 or args.small_seeds < 1 or args.resnet_seeds < 1:
+        parser.error("--seeds, --small-seeds and --resnet-seeds: at least 1")
     if args.quick:
-        args.width, args.layers, args.tokens, args.seeds, args.small_seeds = 32, 2, "16", 1, 2
+        args.width, args.layers, args.tokens, args.seeds, args.small_seeds, args.resnet_seeds = 32, 2, "16", 1, 2, 2
     try:
         args.tokens = [int(t) for t in args.tokens.split(",")]
     except ValueError:
@@ -331,7 +334,8 @@ def main():
     if not args.only:
         rows += mlp_rows(args, args.out) + resnet_rows(args, args.out)
     seeds = (f", averaged over {args.seeds} seed(s): " if args.only else
-             f" (ResNets: as stated), averaged over {args.seeds} seed(s) ({args.small_seeds} for MLPs and ResNets): ")
+             f" (ResNets: as stated), averaged over {args.seeds} seed(s) ({args.small_seeds} for MLPs, "
+             f"{args.resnet_seeds} for ResNets): ")
     lines = [f"Width {args.width}, {args.layers} layers{seeds}"
              "relative error of the seed-averaged measured variance against the seed-averaged prediction, median / "
              "worst over the probes, and in brackets the seed average's standard error relative to the prediction, "
