@@ -156,33 +156,21 @@ class ActivationIntegrals {
     return it->second;
   }
   StreamMoments mixed_moments(double mean, double var, double cv2) {
-    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
-    if (nodes.empty()) return moments(mean, var);
-    StreamMoments m{0.0, 0.0};
-    for (const MixtureNode& n : nodes) {
-      const StreamMoments& at = moments(mean, var * n.s);
-      m.mean += n.w * at.mean;
-      m.var += n.w * at.var;
-    }
-    return m;
+    const auto [first, second] = mixed(var, cv2, [&](double v) {
+      const StreamMoments& m = moments(mean, v);
+      return std::pair{m.mean, m.var};
+    });
+    return {first, second};
   }
   Slope mixed_slope(double mean, double var, double cv2) {
-    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
-    if (nodes.empty()) return slope(mean, var);
-    Slope m{0.0, 0.0};
-    for (const MixtureNode& n : nodes) {
-      const Slope& at = slope(mean, var * n.s);
-      m.mean += n.w * at.mean;
-      m.second += n.w * at.second;
-    }
-    return m;
+    const auto [first, second] = mixed(var, cv2, [&](double v) {
+      const Slope& s = slope(mean, v);
+      return std::pair{s.mean, s.second};
+    });
+    return {first, second};
   }
   double mixed_fourth(double mean, double var, double cv2) {
-    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
-    if (nodes.empty()) return fourth(mean, var);
-    double m = 0.0;
-    for (const MixtureNode& n : nodes) m += n.w * fourth(mean, var * n.s);
-    return m;
+    return mixed(var, cv2, [&](double v) { return std::pair{fourth(mean, v), 0.0}; }).first;
   }
   // The relative variance over the mixture of E[φ² | s]: how much of the scale the activation's output keeps
   // (cv2 itself for a ReLU of a centred input, whose E[φ² | s] = var·s/2).
@@ -198,6 +186,19 @@ class ActivationIntegrals {
   }
 
  private:
+  // Two integrals at variance v averaged over the mixture's nodes (at v itself without a mixture).
+  template <typename F>
+  std::pair<double, double> mixed(double var, double cv2, F&& at) {
+    const std::vector<MixtureNode>& nodes = nodes_for(cv2);
+    if (nodes.empty()) return at(var);
+    std::pair<double, double> sum{0.0, 0.0};
+    for (const MixtureNode& n : nodes) {
+      const std::pair<double, double> value = at(var * n.s);
+      sum.first += n.w * value.first;
+      sum.second += n.w * value.second;
+    }
+    return sum;
+  }
   const std::vector<MixtureNode>& nodes_for(double cv2) {
     auto [it, fresh] = nodes_.try_emplace(cv2);
     if (fresh) it->second = gamma_scale_nodes(cv2);
