@@ -55,7 +55,7 @@ RESNET_DEPTHS = {False: 56, True: 44}
 # of the deep points' work (the longest test of ctest; docs/perf.md, "The test suite under ctest -j2"), with the
 # claims' margins as at ResNet-56 (200 steps: BatchNorm 0.599 -> 0.614 against 0.613 at ResNet-56).
 # mup_transfer: its learning rates 2^-12 .. 2^-3, and the reduced version's 2^-12 .. 2^-5: every point above 2^-6
-# collapses (validation loss 5.07-5.89, at every width under either rule), so the two it leaves out are never a best
+# collapses (validation loss 5.07-6.89, at every width under either rule), so the two it leaves out are never a best
 # learning rate or a largest that does not collapse; the rest are the same runs, loss for loss. The check asserts
 # that the grid's largest learning rate collapses at every width, so the largest that does not lies inside the grid.
 MUP_LRS = {reduced: [2.0 ** k for k in range(-12, -4 if reduced else -2)] for reduced in (False, True)}
