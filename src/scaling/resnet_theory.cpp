@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <utility>
 
 #include "scaling/resnet_util.h"
@@ -709,6 +710,138 @@ RectifiedSum rectified_sum(const Density& u, double lambda, double m, double v, 
   return out;
 }
 
+// The gradient's part that leans on the classifier's own weights (docs/theory.md, "ResNets", "The classifier's
+// coupling"). Over the head's weights H (variance σ²) the loss gradient at the pooled features, Hᵀ(p − y) with
+// p = softmax(H·f), has the mean σ²·tr S·f (Stein; S = diag p − ppᵀ), and below the features the gradient gains
+// σ⁴·((tr S)² + tr S²)·E|Jᵀf|² over the bookkeeping (J the Jacobian from a layer to the features of the same image):
+// f propagated backward through the very weights that made it, which the independent-weights bookkeeping
+// underestimates. This carries E|Jᵀf|² through a stack of identity blocks, 1×1 projections and ReLU masks (a
+// SkipInit or Fixup ResNet at initialisation): at a level whose pre-activation y has, per channel, the mean μ ~ N(0,
+// q_μ) (over the weights) and the rest ε ~ N(0, s²), the part of Jᵀf that is a function of the channel's (μ, y) is
+// G = a₁·ρ(μ) + a₂·ReLU(y) + a₃·1(y > 0)·ρ(μ), ρ(μ) = E_ε[ReLU(μ + ε)], and the rest (`incoherent`) is independent
+// of the weights below. A ReLU mask maps (a₁, a₂, a₃) to (0, a₂, a₁ + a₃); a 1×1 conv's transpose sums its C_out
+// channels' G coherently: E[W_c·G_c] = v·E[∇_{W_c}G_c] = v·(K_μ·ā + K_y·(a − ā)) at the input a = ReLU(y_in) that the
+// output position reads (ā its channels' means), K_y = E[∂_y G], K_μ = E[∂_μ G] + K_y, so the input gains
+// C_out(C_out − 1)·v²·E[(K_μ·ρ + K_y·(ReLU − ρ))²] over the naive C_out·v·E[G²].
+class HeadCoupling {
+ public:
+  // Starts at the pooled features' input, the ReLU output of the pre-activation `top` (unmasked): each position
+  // carries f/area, f ≈ ρ(μ) a channel's mean, plus the image's own deviation (independent).
+  HeadCoupling(const Plane& top, double own_part) : level_(&top), interior_(interior_var(top)) {
+    const std::size_t n = top.count();
+    const double area = static_cast<double>(n);
+    a1_.assign(n, 1.0 / area);
+    a2_.assign(n, 0.0);
+    a3_.assign(n, 0.0);
+    incoherent_.assign(n, own_part / (area * area));
+  }
+  // E|Jᵀf|² per element at the current level.
+  double energy() {
+    if (energy_ < 0.0) {
+      double total = 0.0;
+      for (std::size_t p = 0; p < a1_.size(); ++p) total += incoherent_[p] + at(p).square;
+      energy_ = total / static_cast<double>(a1_.size());
+    }
+    return energy_;
+  }
+  // The ReLU mask of `pre` (the level's own pre-activation: the same values). Once per level: the ReLUs of a
+  // rectified stream (post-activation zero-branch blocks) mask the same entries again.
+  void mask(const Plane& pre) {
+    if (masked_) return;
+    masked_ = true;
+    level_ = &pre;
+    interior_ = interior_var(pre);
+    energy_ = -1.0;
+    for (std::size_t p = 0; p < a1_.size(); ++p) {
+      a3_[p] += a1_[p];
+      a1_[p] = 0.0;
+      incoherent_[p] *= normal_cdf(pre.mean[p] / std::sqrt(std::max(pre.var_at(p), 1e-300)));
+    }
+  }
+  // The transpose of a plain 1×1 conv of stride `stride` (weights w) whose input is ReLU(`pre_in`); the current
+  // level is its output.
+  void transpose(const ConvWeights& w, int stride, const Plane& pre_in) {
+    const std::size_t n_in = pre_in.count();
+    const auto out_size = static_cast<std::size_t>(level_->size), in_size = static_cast<std::size_t>(pre_in.size);
+    const double c_out = static_cast<double>(w.out), v = w.weight_var;
+    const double interior_in = interior_var(pre_in);
+    std::vector<double> a1(n_in, 0.0), a2(n_in, 0.0), a3(n_in, 0.0), incoherent(n_in, 0.0);
+    for (std::size_t oy = 0; oy < out_size; ++oy) {
+      for (std::size_t ox = 0; ox < out_size; ++ox) {
+        const std::size_t p = oy * out_size + ox;
+        const std::size_t q = oy * static_cast<std::size_t>(stride) * in_size + ox * static_cast<std::size_t>(stride);
+        if (q >= n_in) continue;
+        const Here h = at(p);
+        const Channels below = channels(pre_in, q, interior_in);
+        const double coherent = h.k_mu * h.k_mu * below.rho_sq + h.k_y * h.k_y * (below.relu_sq - below.rho_sq);
+        a1[q] = c_out * v * (h.k_mu - h.k_y);
+        a2[q] = c_out * v * h.k_y;
+        incoherent[q] = c_out * v * (incoherent_[p] + h.square) - c_out * v * v * coherent;
+      }
+    }
+    a1_ = std::move(a1);
+    a2_ = std::move(a2);
+    a3_ = std::move(a3);
+    incoherent_ = std::move(incoherent);
+    level_ = &pre_in;
+    interior_ = interior_in;
+    energy_ = -1.0;
+    masked_ = false;
+  }
+
+ private:
+  // Per channel at one position of a centred pre-activation plane: μ ~ N(0, q_μ), the channels' mean square scaled
+  // with the position's variance (a border position reads fewer taps), ε ~ N(0, s²). E[ρ²], E[ReLU(y)²], and the
+  // integrals K reads.
+  struct Channels {
+    double rho_sq = 0.0, relu_sq = 0.0, cdf = 0.5, cdf_sq = 0.25, cdf_rho_sq = 0.0, density_rho = 0.0;
+  };
+  static double interior_var(const Plane& y) {
+    double interior = 0.0;
+    for (std::size_t i = 0; i < y.count(); ++i) interior = std::max(interior, y.var_at(i));
+    return interior;
+  }
+  static Channels channels(const Plane& y, std::size_t p, double interior) {
+    static const theory::GaussHermite rule(64);
+    const double var = y.var_at(p);
+    const double q_mu = interior > 0 ? std::clamp(y.channel_mean_sq * var / interior, 0.0, var) : 0.0;
+    const double s = std::sqrt(std::max(var - q_mu, 1e-300));
+    Channels c;
+    c.relu_sq = 0.5 * var;
+    auto each = [&](auto&& f) { return rule.expect(f, 0.0, std::sqrt(q_mu)); };
+    auto cdf = [&](double mu) { return normal_cdf(mu / s); };
+    auto rho = [&](double mu) {
+      return mu * normal_cdf(mu / s) + s * std::exp(-0.5 * mu * mu / (s * s)) / std::sqrt(2.0 * std::numbers::pi);
+    };
+    c.rho_sq = each([&](double mu) { return rho(mu) * rho(mu); });
+    c.cdf = each(cdf);
+    c.cdf_sq = each([&](double mu) { return cdf(mu) * cdf(mu); });
+    c.cdf_rho_sq = each([&](double mu) { return cdf(mu) * rho(mu) * rho(mu); });
+    c.density_rho = each([&](double mu) {
+      return std::exp(-0.5 * mu * mu / (s * s)) / (s * std::sqrt(2.0 * std::numbers::pi)) * rho(mu);
+    });
+    return c;
+  }
+  struct Here {
+    double square = 0.0, k_mu = 0.0, k_y = 0.0;
+  };
+  Here at(std::size_t p) const {
+    const double a1 = a1_[p], a2 = a2_[p], a3 = a3_[p];
+    if (a1 == 0.0 && a2 == 0.0 && a3 == 0.0) return {};
+    const Channels c = channels(*level_, p, interior_);
+    Here h;
+    h.square = (a1 * a1 + 2.0 * a1 * a2 + 2.0 * a2 * a3) * c.rho_sq + a2 * a2 * c.relu_sq +
+               (a3 * a3 + 2.0 * a1 * a3) * c.cdf_rho_sq;
+    h.k_y = a2 * c.cdf + a3 * c.density_rho;
+    h.k_mu = a1 * c.cdf + a3 * c.cdf_sq + h.k_y;
+    return h;
+  }
+  const Plane* level_;
+  double interior_ = 0.0, energy_ = -1.0;
+  bool masked_ = false;
+  std::vector<double> a1_, a2_, a3_, incoherent_;
+};
+
 }  // namespace
 
 StreamMoments activation_moments(Activation kind, double mean, double var) {
@@ -886,7 +1019,8 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
                  "Gaussian scale mixture (Gamma factors); out = λ·shortcut + β·branch (independent); "
                  "post-activation ReLU sums with a rectified shortcut carried as distributions per position; "
                  "backward: transposed conv sums, φ'² per position (carried sums: E[g²|s] weighs the mask), "
-                 "BatchNorm γ²·E[1/σ_c²] less the batch mean (the images' loss gradients covary)";
+                 "BatchNorm γ²·E[1/σ_c²] less the batch mean (the images' loss gradients covary); identity blocks at "
+                 "initialisation: + the classifier's coupling σ⁴·((tr S)² + tr S²)·E|Jᵀf|²";
   const int image = config.image_size;
   // The images' own sampling: a mean of squares of in_channels × image² × batch N(0, input_var) pixels, and per
   // channel of image² × batch of them.
@@ -1134,9 +1268,9 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   // correlate by r (s(r) = softmax_shared_excess; S = E[Σp²]), against S − 2/C + 1 on the diagonal. Their batch
   // mean's square is (diagonal + (N − 1)·(pair term) + pairs/N)/(N·diagonal) of the variance, `pairs` = Σ_v n_v(n_v −
   // 1) over the batch's target counts (random targets: N(N − 1)/C).
+  const double sum_p_sq = theory::softmax_sum_p_sq(logits.var, classes);
   {
     const double c = static_cast<double>(classes);
-    const double sum_p_sq = theory::softmax_sum_p_sq(logits.var, classes);
     const double diagonal = sum_p_sq - 2.0 / c + 1.0;
     double pairs = batch * (batch - 1.0) / c;
     if (!options.batch_targets.empty()) pairs = theory::same_label_pairs(options.batch_targets);
@@ -1222,6 +1356,31 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
 
   if (preact) g = norm_act_backward(g, final_pre_act, x, 0.0);
   const int blocks = layout.blocks();
+  // The classifier's coupling (HeadCoupling above), where it is derived: plain convs, no norm, ReLU, and every block
+  // the identity at initialisation (its branch's β = 0, λ = 1, input scale 1) with plain 1×1 projections. Its scale
+  // σ⁴·((tr S)² + tr S²)·(grad_scale/batch)², with E[Σp²] = S₂ the softmax's and Σp³ ≈ (C·S₂)³/C² (log-normal
+  // probabilities): tr S = 1 − S₂, tr S² = S₂ − 2·Σp³ + S₂².
+  std::optional<HeadCoupling> coupling;
+  double coupling_scale = 0.0;
+  {
+    bool identity = options.head_coupling && head_var > 0.0 && act == Activation::relu && !normed &&
+                    !spec.weight_standardization && !states.empty();
+    for (const BlockState& st : states)
+      identity = identity && st.beta == 0.0 && st.lambda == 1.0 && st.input_scale == 1.0 &&
+                 (!st.projection || (!st.shortcut.standardised && st.shortcut.kernel == 1));
+    if (identity) {
+      const double c = static_cast<double>(classes), trace = 1.0 - sum_p_sq;
+      const double cube = std::pow(c * sum_p_sq, 3.0) / (c * c);
+      const double trace_sq = sum_p_sq - 2.0 * cube + sum_p_sq * sum_p_sq;
+      const double per_image = options.grad_scale / batch;
+      coupling_scale = head_var * head_var * (trace * trace + trace_sq) * per_image * per_image;
+      const double own = std::max(0.0, final_in.avg_second() - final_in.channel_mean_sq) / area;
+      const BlockState& last = states.back();
+      coupling.emplace(preact ? final_pre_act : (last.passes ? last.rectifier_input : last.sum), own);
+      if (preact) coupling->mask(final_pre_act);
+    }
+  }
+  auto coupled = [&]() { return coupling ? coupling_scale * coupling->energy() : 0.0; };
   out.grad_in.assign(static_cast<std::size_t>(blocks), 0.0);
   out.grad_branch.assign(static_cast<std::size_t>(blocks), 0.0);
   out.grad_out.assign(static_cast<std::size_t>(blocks), 0.0);
@@ -1232,7 +1391,14 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
   std::vector<double> kept;
   for (int b = blocks - 1; b >= 0; --b) {
     const BlockState& st = states[static_cast<std::size_t>(b)];
-    out.grad_out[static_cast<std::size_t>(b)] = g.avg();
+    out.grad_out[static_cast<std::size_t>(b)] = g.avg() + coupled();
+    if (coupling && preact && st.projection) {
+      coupling->transpose(st.shortcut, st.shortcut.stride, st.steps.front().pre_act);
+      coupling->mask(st.steps.front().pre_act);
+    } else if (coupling && !preact) {
+      coupling->mask(st.passes ? st.rectifier_input : st.sum);
+      if (st.projection) coupling->transpose(st.shortcut, st.shortcut.stride, st.rectifier_input);
+    }
     GradPlane d_sum = g;
     if (!preact && !st.passes) {
       // The ReLU of this sum made the stream a zero-branch block above masked with: it does not mask twice.
@@ -1346,7 +1512,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     }
     profile = std::move(below);
     g = d_x;
-    out.grad_in[static_cast<std::size_t>(b)] = g.avg();
+    out.grad_in[static_cast<std::size_t>(b)] = g.avg() + coupled();
   }
   // stem.out is the stream entering block 0.
   out.grad_stem = out.grad_in.empty() ? g.avg() : out.grad_in.front();

@@ -69,6 +69,11 @@ struct ResnetTheoryOptions {
   // every conv's output, which under-predicts such a ReLU's variance: 0.9% at the stem, 4.3% after a 1×1 projection
   // from 16 channels).
   bool scale_mixture = true;
+  // A ResNet whose blocks are all the identity at initialisation (SkipInit, Fixup) with a random classifier: the
+  // gradient below the pooled features leans on the classifier's weights through the softmax, σ⁴·((tr S)² + tr S²)·
+  // E|Jᵀf|² per image (docs/theory.md, "The classifier's coupling"; false: the independent-weights bookkeeping, 6.7%
+  // low at a width-1 ResNet-56's input).
+  bool head_coupling = true;
 };
 
 // The bookkeeping for a ResNet initialised by `rule`, on inputs of elementwise variance input_var (mean 0).
