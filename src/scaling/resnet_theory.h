@@ -21,6 +21,8 @@
 //   statistics remove: the batch mean (the image-mean part, tracked as E[(mean over positions)²], over the batch
 //   size, plus what the images' loss gradients share, from the logits' shared part and the batch's classes) and,
 //   where its activation follows, that shared part's projection on x̂.
+// - A stack of identity blocks (SkipInit) adds the part of the gradient that leans on the classifier's own
+//   weights through the softmax (options.head_coupling).
 #pragma once
 
 #include <cstdint>
