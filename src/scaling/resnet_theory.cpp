@@ -586,8 +586,27 @@ GradPlane conv_backward(const GradPlane& dy, int in_size, const ConvWeights& w, 
     std::fill(dx.second.begin(), dx.second.end(), each);
   }
   const double area = static_cast<double>(dy.size * dy.size) / static_cast<double>(in_size * in_size);
-  dx.image_mean_sq = v * taps * area * area * dy.image_mean_sq;
-  dx.images_shared = v * taps * area * area * dy.images_shared;
+  // An image-mean part ḡ of dy (the same at every output) sums to Σ_t w_t·n_t·ḡ over the input, n_t the outputs
+  // whose tap t is inside: Σ_t n_t²/(k²·HW_out²) of the interior's k²·HW_out² (0.71 for a 3×3 conv on 8×8).
+  double inside = 1.0;
+  if (borders) {
+    const int pad = w.kernel / 2;
+    double sum_sq = 0.0;
+    for (int ky = 0; ky < w.kernel; ++ky)
+      for (int kx = 0; kx < w.kernel; ++kx) {
+        auto count = [&](int k) {
+          int n = 0;
+          for (int o = 0; o < dy.size; ++o) n += (o * w.stride + k - pad >= 0 && o * w.stride + k - pad < in_size);
+          return static_cast<double>(n);
+        };
+        const double n = count(ky) * count(kx);
+        sum_sq += n * n;
+      }
+    const double outputs = static_cast<double>(dy.size * dy.size);
+    inside = sum_sq / (taps * outputs * outputs);
+  }
+  dx.image_mean_sq = inside * v * taps * area * area * dy.image_mean_sq;
+  dx.images_shared = inside * v * taps * area * area * dy.images_shared;
   return dx;
 }
 
