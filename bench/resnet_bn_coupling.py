@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """How much a pre-activation BatchNorm ResNet's gradient leans on its own weights at initialisation.
 
-Usage: bench/resnet_bn_coupling.py [--depth 56] [--seeds 96] [--first 1]
+Usage: bench/resnet_bn_coupling.py [--depth 56] [--seeds 96] [--first 1] [--post]
 
 A float64 PyTorch replica of proplab's pre-activation BatchNorm ResNet (width 1: 16/32/64 channels; each block
 BN → ReLU → conv3×3 → BN → ReLU → conv3×3 plus the identity or a 1×1 stride-2 projection of the first ReLU's output;
 He-initialised convs, norms without gains or biases; the final BN → ReLU → average pool → classifier of variance
-1/64; 16 N(0, 1) images of 32×32 with the classes the C++ tests give them, (7·i + seed) mod 10). One backward pass
+1/64; 16 N(0, 1) images of 32×32 with the classes the C++ tests give them, (7·i + seed) mod 10); --post: the
+post-activation one (stem conv → BN → ReLU; blocks ReLU(x + BN(conv(ReLU(BN(conv(x)))))) with the projection
+BN(conv1×1(x)); no final norm). One backward pass
 per network in three forms, the forward always the network's own:
   T  the network's own backward pass;
   F  every conv's and the classifier's transpose drawn afresh from the same law (BatchNorm's backward keeps the
@@ -70,6 +72,7 @@ def main():
     parser.add_argument("--depth", type=int, default=56)
     parser.add_argument("--seeds", type=int, default=96)
     parser.add_argument("--first", type=int, default=1)
+    parser.add_argument("--post", action="store_true", help="the post-activation ResNet instead")
     args = parser.parse_args()
     per_stage = (args.depth - 2) // 6
     values = {}
@@ -93,24 +96,34 @@ def main():
             def back(own, other):
                 return other if form == "F" else own
             x = Conv.apply(images, stem, stem, 1, 1)
+            if args.post:
+                x = torch.relu(bn(x))
             x.retain_grad()
             streams = [x]
             for blk, new in zip(blocks, fresh):
-                a = torch.relu(bn(x))
-                out = Conv.apply(a, blk["c1"], back(blk["c1"], new["c1"]), blk["stride"], 1)
-                out = Conv.apply(torch.relu(bn(out)), blk["c2"], back(blk["c2"], new["c2"]), 1, 1)
-                shortcut = (Conv.apply(a, blk["proj"], back(blk["proj"], new["proj"]), blk["stride"], 0)
-                            if blk["proj"] is not None else x)
-                x = out + shortcut
+                if args.post:  # ReLU(x + BN(conv(ReLU(BN(conv(x)))))), the projection BN(conv1×1(x))
+                    out = torch.relu(bn(Conv.apply(x, blk["c1"], back(blk["c1"], new["c1"]), blk["stride"], 1)))
+                    out = bn(Conv.apply(out, blk["c2"], back(blk["c2"], new["c2"]), 1, 1))
+                    shortcut = (bn(Conv.apply(x, blk["proj"], back(blk["proj"], new["proj"]), blk["stride"], 0))
+                                if blk["proj"] is not None else x)
+                    x = torch.relu(out + shortcut)
+                else:
+                    a = torch.relu(bn(x))
+                    out = Conv.apply(a, blk["c1"], back(blk["c1"], new["c1"]), blk["stride"], 1)
+                    out = Conv.apply(torch.relu(bn(out)), blk["c2"], back(blk["c2"], new["c2"]), 1, 1)
+                    shortcut = (Conv.apply(a, blk["proj"], back(blk["proj"], new["proj"]), blk["stride"], 0)
+                                if blk["proj"] is not None else x)
+                    x = out + shortcut
                 x.retain_grad()
                 streams.append(x)
-            features = torch.relu(bn(x)).mean(dim=(2, 3))
+            features = (x if args.post else torch.relu(bn(x))).mean(dim=(2, 3))
             logits = Linear.apply(features, head, head if form == "T" else fresh_head)
             torch.nn.functional.cross_entropy(logits, labels).backward()
             for i, s in enumerate(streams):
                 values.setdefault((form, i), []).append(float((s.grad ** 2).mean()))
         print(f"resnet_bn_coupling: seed {seed}", file=sys.stderr, flush=True)
-    print(f"{args.seeds} networks, pre-activation BatchNorm ResNet-{args.depth}: the stream's gradient second moment "
+    print(f"{args.seeds} networks, {'post' if args.post else 'pre'}-activation BatchNorm ResNet-{args.depth}: the "
+          "stream's gradient second moment "
           "over the independent-transposes one (F)")
     for i in range(len(blocks) + 1):
         f = statistics.mean(values[("F", i)])
