@@ -1330,7 +1330,7 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     GradPlane dx = dy;
     for (double& v : dx.second) v = k * std::max(0.0, v - batch_mean_sq);
     dx.image_mean_sq = k * std::max(0.0, dy.image_mean_sq - batch_mean_sq);
-    dx.images_shared = 0.0;  // the batch mean is gone
+    dx.images_shared = -dx.image_mean_sq / batch;  // the batch mean is gone: the images' means sum to 0
     return dx;
   };
   // An activation right after the norm, backward through both. The part of the gradient shared by the whole batch
