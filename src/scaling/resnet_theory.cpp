@@ -746,7 +746,7 @@ class HeadCoupling {
  public:
   // Starts at the pooled features' input, the ReLU output of the pre-activation `top` (unmasked): each position
   // carries f/area, f ≈ ρ(μ) a channel's mean, plus the image's own deviation (independent).
-  HeadCoupling(const Plane& top, double own_part) : level_(&top), interior_(interior_var(top)) {
+  HeadCoupling(const Plane& top, double own_part) : size_(top.size), stats_(stats_of(top)) {
     const std::size_t n = top.count();
     const double area = static_cast<double>(n);
     a1_.assign(n, 1.0 / area);
@@ -763,13 +763,11 @@ class HeadCoupling {
     }
     return energy_;
   }
-  // The ReLU mask of `pre` (the level's own pre-activation: the same values). Once per level: the ReLUs of a
-  // rectified stream (post-activation zero-branch blocks) mask the same entries again.
+  // The ReLU mask of `pre` (the level's own pre-activation: the same values, so its per-channel statistics stay).
+  // Once per level: the ReLUs of a rectified stream (post-activation zero-branch blocks) mask the same entries again.
   void mask(const Plane& pre) {
     if (masked_) return;
     masked_ = true;
-    level_ = &pre;
-    interior_ = interior_var(pre);
     energy_ = -1.0;
     for (std::size_t p = 0; p < a1_.size(); ++p) {
       a3_[p] += a1_[p];
@@ -777,21 +775,22 @@ class HeadCoupling {
       incoherent_[p] *= normal_cdf(pre.mean[p] / std::sqrt(std::max(pre.var_at(p), 1e-300)));
     }
   }
-  // The transpose of a plain 1×1 conv of stride `stride` (weights w) whose input is ReLU(`pre_in`); the current
-  // level is its output.
-  void transpose(const ConvWeights& w, int stride, const Plane& pre_in) {
+  // The transpose of a plain 1×1 conv (weights w, its stride) whose input is ReLU(`pre_in`); the current level is
+  // its output.
+  void transpose(const ConvWeights& w, const Plane& pre_in) {
+    const auto stride = static_cast<std::size_t>(w.stride);
     const std::size_t n_in = pre_in.count();
-    const auto out_size = static_cast<std::size_t>(level_->size), in_size = static_cast<std::size_t>(pre_in.size);
+    const auto out_size = static_cast<std::size_t>(size_), in_size = static_cast<std::size_t>(pre_in.size);
     const double c_out = static_cast<double>(w.out), v = w.weight_var;
-    const double interior_in = interior_var(pre_in);
+    std::vector<Channels> stats_in = stats_of(pre_in);
     std::vector<double> a1(n_in, 0.0), a2(n_in, 0.0), a3(n_in, 0.0), incoherent(n_in, 0.0);
     for (std::size_t oy = 0; oy < out_size; ++oy) {
       for (std::size_t ox = 0; ox < out_size; ++ox) {
         const std::size_t p = oy * out_size + ox;
-        const std::size_t q = oy * static_cast<std::size_t>(stride) * in_size + ox * static_cast<std::size_t>(stride);
+        const std::size_t q = oy * stride * in_size + ox * stride;
         if (q >= n_in) continue;
         const Here h = at(p);
-        const Channels below = channels(pre_in, q, interior_in);
+        const Channels& below = stats_in[q];
         const double coherent = h.k_mu * h.k_mu * below.rho_sq + h.k_y * h.k_y * (below.relu_sq - below.rho_sq);
         a1[q] = c_out * v * (h.k_mu - h.k_y);
         a2[q] = c_out * v * h.k_y;
@@ -802,8 +801,8 @@ class HeadCoupling {
     a2_ = std::move(a2);
     a3_ = std::move(a3);
     incoherent_ = std::move(incoherent);
-    level_ = &pre_in;
-    interior_ = interior_in;
+    stats_ = std::move(stats_in);
+    size_ = pre_in.size;
     energy_ = -1.0;
     masked_ = false;
   }
@@ -815,10 +814,14 @@ class HeadCoupling {
   struct Channels {
     double rho_sq = 0.0, relu_sq = 0.0, cdf = 0.5, cdf_sq = 0.25, cdf_rho_sq = 0.0, density_rho = 0.0;
   };
-  static double interior_var(const Plane& y) {
+  // Every position's, once per level.
+  static std::vector<Channels> stats_of(const Plane& y) {
     double interior = 0.0;
     for (std::size_t i = 0; i < y.count(); ++i) interior = std::max(interior, y.var_at(i));
-    return interior;
+    std::vector<Channels> out;
+    out.reserve(y.count());
+    for (std::size_t p = 0; p < y.count(); ++p) out.push_back(channels(y, p, interior));
+    return out;
   }
   static Channels channels(const Plane& y, std::size_t p, double interior) {
     static const theory::GaussHermite rule(64);
@@ -847,7 +850,7 @@ class HeadCoupling {
   Here at(std::size_t p) const {
     const double a1 = a1_[p], a2 = a2_[p], a3 = a3_[p];
     if (a1 == 0.0 && a2 == 0.0 && a3 == 0.0) return {};
-    const Channels c = channels(*level_, p, interior_);
+    const Channels& c = stats_[p];
     Here h;
     h.square = (a1 * a1 + 2.0 * a1 * a2 + 2.0 * a2 * a3) * c.rho_sq + a2 * a2 * c.relu_sq +
                (a3 * a3 + 2.0 * a1 * a3) * c.cdf_rho_sq;
@@ -855,8 +858,9 @@ class HeadCoupling {
     h.k_mu = a1 * c.cdf + a3 * c.cdf_sq + h.k_y;
     return h;
   }
-  const Plane* level_;
-  double interior_ = 0.0, energy_ = -1.0;
+  int size_;                     // the current level's side
+  std::vector<Channels> stats_;  // its per-channel statistics, per position
+  double energy_ = -1.0;
   bool masked_ = false;
   std::vector<double> a1_, a2_, a3_, incoherent_;
 };
@@ -1412,11 +1416,11 @@ ResnetBookkeeping resnet_bookkeeping(const ResnetConfig& config, const ScalingRu
     const BlockState& st = states[static_cast<std::size_t>(b)];
     out.grad_out[static_cast<std::size_t>(b)] = g.avg() + coupled();
     if (coupling && preact && st.projection) {
-      coupling->transpose(st.shortcut, st.shortcut.stride, st.steps.front().pre_act);
+      coupling->transpose(st.shortcut, st.steps.front().pre_act);
       coupling->mask(st.steps.front().pre_act);
     } else if (coupling && !preact) {
       coupling->mask(st.passes ? st.rectifier_input : st.sum);
-      if (st.projection) coupling->transpose(st.shortcut, st.shortcut.stride, st.rectifier_input);
+      if (st.projection) coupling->transpose(st.shortcut, st.rectifier_input);
     }
     GradPlane d_sum = g;
     if (!preact && !st.passes) {
