@@ -389,11 +389,9 @@ TEST(ResnetTheoryAccuracy, TheClassifiersCouplingLiftsAnIdentityStacksGradient) 
   scaling.rule = "skipinit";
   constexpr int kBatch = 16, kSeeds = 400;
   std::vector<double> values;
-  int probe = -1;
   for (int seed = 1; seed <= kSeeds; ++seed) {
     Resnet model(config, scaling, static_cast<std::uint64_t>(seed));
-    probe = model.probe_block_in(0);
-    values.push_back(one_step(model, config.classes, seed, kBatch, 100 + seed).grad_var.at(probe));
+    values.push_back(one_step(model, config.classes, seed, kBatch, 100 + seed).grad_var.at(model.probe_block_in(0)));
   }
   double mean = 0.0, sq = 0.0;
   for (double v : values) mean += v / kSeeds;
