@@ -569,7 +569,7 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     const TokenGrad d_mixed = linear_backward(d_branch, d, bn.attn_out_std * bn.attn_out_std);
     const double scale_sq = numbers.logit_scale * numbers.logit_scale;
     const TokenGrad d_v = causal_mix_backward(d_mixed, s.weights);
-    const ScoreGrads score = causal_score_backward(d_mixed, s.v, s.q, s.weights, scale_sq, head_dim);
+    const ScoreGrads score = causal_score_backward(d_mixed, s.v, s.q, s.weights, scale_sq, head_dim, d);
     d_branch_in = linear_backward(d_v, d, bn.v_std * bn.v_std);
     const double q_gain = static_cast<double>(d) * bn.q_std * bn.q_std,
                  k_gain = static_cast<double>(d) * bn.k_std * bn.k_std;
@@ -670,8 +670,9 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
            << (c.norm_kind == NormKind::layernorm ? "layernorm" : "rmsnorm")
            << "_forward per token pair; activation_forward(" << activation_identifier(c.activation)
            << ") per token pair; causal attention (per key of each query's prefix E[w] and E[w²] of independent "
-              "N(0, D_k) logits, each key with its own spread, by one-dimensional integrals; log-normal shared-key "
-              "products for query pairs; the values' share along the logits, O(1/width)); dropout_forward; "
+              "N(0, D_k) logits, each key with its own spread, by one-dimensional integrals; shared-key products for "
+              "query pairs from a probit threshold model; the values' share along the logits, O(1/width)); "
+              "dropout_forward; "
               "residual_forward; tied "
               "head: the input token's "
               "own logit from the stream's token-aligned variance. backward: softmax cross-entropy gradient "
@@ -679,7 +680,8 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
            << token_pairs
            << " and the logits' row correlation; linear/activation/norm/dropout/residual "
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
-              "(per position, the softmax Jacobian's exact trace)";
+              "(per position, the softmax Jacobian's exact trace; the query path with the prefix's own covariance "
+              "and the Gram's finite-width fluctuation)";
   if (common_part)
     formulae << "; the gradient's part along the stream's common part, seeded by the tied head's first norm, grown by "
                 "each branch's response to a common shift"

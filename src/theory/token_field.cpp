@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -696,6 +697,62 @@ struct PairProducts {
   std::vector<double> shared, same;  // per key bucket: keys both read, and their product
   double kappa = 0.0;
 };
+// The 8-point Gauss–Legendre rule on [−1, 1]: nodes by Newton's method on the Legendre recurrence from the
+// standard cosine guesses, weights 2/((1 − x²)·P_8'(x)²).
+struct Legendre8 {
+  std::array<double, 8> x{}, w{};
+  Legendre8() {
+    const int n = 8;
+    for (int i = 0; i < n; ++i) {
+      double z = std::cos(std::numbers::pi * (i + 0.75) / (n + 0.5)), slope = 0.0;
+      for (int step = 0; step < 100; ++step) {
+        double p0 = 1.0, p1 = z;
+        for (int k = 2; k <= n; ++k) {
+          const double p2 = ((2.0 * k - 1.0) * z * p1 - (k - 1.0) * p0) / k;
+          p0 = p1, p1 = p2;
+        }
+        slope = n * (z * p1 - p0) / (z * z - 1.0);
+        const double next = z - p1 / slope;
+        if (std::abs(next - z) < 1e-15) {
+          z = next;
+          break;
+        }
+        z = next;
+      }
+      x[static_cast<std::size_t>(i)] = z;
+      w[static_cast<std::size_t>(i)] = 2.0 / ((1.0 - z * z) * slope * slope);
+    }
+  }
+};
+
+// Φ₂(h_a, h_b; r) − Φ(h_a)·Φ(h_b) for a standard bivariate normal of correlation r, by Plackett's identity
+// ∫_0^r φ₂(h_a, h_b; t) dt with t = sin θ, which leaves a smooth integrand: 8-point Gauss–Legendre in θ, within
+// 0.3% of a converged quadrature for h in [−3.5, 0] and r in [−0.9, 1].
+double orthant_excess(double ha, double hb, double r) {
+  static const Legendre8 rule;
+  r = std::clamp(r, -1.0, 1.0);
+  const double end = std::asin(r), diff = (ha - hb) * (ha - hb), cross = ha * hb;
+  if (end == 0.0) return 0.0;
+  double sum = 0.0;
+  for (std::size_t k = 0; k < rule.x.size(); ++k) {
+    const double t = std::sin(0.5 * end * (rule.x[k] + 1.0)), below = 1.0 - t, above = 1.0 + t;
+    double exponent = cross / above;
+    if (diff > 0.0) exponent += below > 0.0 ? diff / (2.0 * below * above) : std::numeric_limits<double>::infinity();
+    sum += rule.w[k] * std::exp(-exponent);
+  }
+  return sum * 0.5 * end / (2.0 * std::numbers::pi);
+}
+
+// Φ⁻¹(p) by bisection on erfc (to 1e-13; p in (0, 1)).
+double normal_quantile(double p) {
+  double lo = -40.0, hi = 40.0;
+  for (int k = 0; k < 100 && hi - lo > 1e-13; ++k) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(-mid / std::numbers::sqrt2) < p ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
 PairProducts pair_products(const CausalWeights& w, const std::vector<Representative>& reps, std::int64_t a,
                            std::int64_t b, QueryPair kind) {
   const std::int64_t p = static_cast<std::int64_t>(reps.size());
@@ -711,8 +768,20 @@ PairProducts pair_products(const CausalWeights& w, const std::vector<Representat
     if (kind == QueryPair::same) {
       out.same[ix] = w.key_sq[ax];
     } else {
-      const double boost = std::exp(std::min(rho * std::sqrt(w.key_logit[ax] * w.key_logit[bx]), 700.0));
-      out.same[ix] = std::min(boost * w.key_mean[ax] * w.key_mean[bx], std::sqrt(w.key_sq[ax] * w.key_sq[bx]));
+      // The two weights' covariance: their own variances (exact, key_sq) times the correlation the threshold model
+      // gives them (docs/theory.md, "Two queries on one key"): w ≈ Φ(κ(l − c)), a probit in the key's logit l
+      // with its threshold c set by the key's mean weight, so that E[w_a w_b] − E[w_a]E[w_b] ∝ Φ₂(h_a, h_b; r) −
+      // Φ(h_a)Φ(h_b), h = Φ⁻¹(E[w]), r = ρ·√(reach_a·reach_b), reach = κ²D/(1 + κ²D), κ² = π/8.
+      const double mean_a = w.key_mean[ax], mean_b = w.key_mean[bx];
+      const double var_a = std::max(0.0, w.key_sq[ax] - mean_a * mean_a),
+                   var_b = std::max(0.0, w.key_sq[bx] - mean_b * mean_b);
+      const double own = w.key_self[ax] * w.key_self[bx];
+      const double corr = own > 0.0 ? orthant_excess(w.key_threshold[ax], w.key_threshold[bx],
+                                                     rho * std::sqrt(w.key_reach[ax] * w.key_reach[bx])) /
+                                          std::sqrt(own)
+                                    : 0.0;
+      out.same[ix] =
+          std::min(mean_a * mean_b + corr * std::sqrt(var_a * var_b), std::sqrt(w.key_sq[ax] * w.key_sq[bx]));
     }
     same_mass += out.shared[ix] * out.same[ix];
     mean_mass += out.shared[ix] * w.key_mean[ax] * w.key_mean[bx];
@@ -740,6 +809,9 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
   w.key_mean.assign(cells(p), 0.0);
   w.key_sq.assign(cells(p), 0.0);
   w.key_logit.assign(cells(p), 0.0);
+  w.key_reach.assign(cells(p), 0.0);
+  w.key_threshold.assign(cells(p), 0.0);
+  w.key_self.assign(cells(p), 0.0);
   w.query_corr.assign(cells(p), 0.0);
   w.query_corr_within.assign(pp, 0.0);
   std::vector<double> counts(pp), rows(pp), spreads(pp), mean, sq;
@@ -784,6 +856,15 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
       w.key_mean[ax] = own_spreads ? mean[static_cast<std::size_t>(x)] : 1.0 / n;
       w.key_sq[ax] = own_spreads ? calibration * sq[static_cast<std::size_t>(x)] : m.sum_sq / n;
       if (!own_spreads) w.key_logit[ax] = d;
+      // The threshold model's numbers for pair_products: the logit's reach κ²D/(1 + κ²D) (D with the n/(n − 1)),
+      // the threshold h = Φ⁻¹(E[w]) and the weight's own variance in the model, Φ₂(h, h; reach) − Φ(h)².
+      const double spread = w.key_logit[ax] * unbias, kappa_sq = std::numbers::pi / 8.0;
+      w.key_reach[ax] = kappa_sq * spread / (1.0 + kappa_sq * spread);
+      const double mean_weight = w.key_mean[ax];
+      w.key_threshold[ax] = mean_weight > 0.0 && mean_weight < 1.0 ? normal_quantile(mean_weight) : 0.0;
+      w.key_self[ax] = mean_weight > 0.0 && mean_weight < 1.0
+                           ? orthant_excess(w.key_threshold[ax], w.key_threshold[ax], w.key_reach[ax])
+                           : 0.0;
     }
     for (std::int64_t b = 0; b < p; ++b) w.query_corr[at_index(a, b, p)] = pair_r(q.at(a, b), q.diag(a), q.diag(b));
     w.query_corr_within[ia] = pair_r(q.within[ia], q.diag(a), q.diag(a));
@@ -901,8 +982,59 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
   return g;
 }
 
+namespace {
+
+// The query path's Jacobian term beyond i.i.d. keys (docs/theory.md, "The query path's own parts"): over the values'
+// and keys' weights, E|d_q|² carries tr(A·M·A·M) for the softmax Jacobian A = diag(w) − wwᵀ and the prefix's Gram M
+// of the projections' input, which the i.i.d. form takes as K²·tr(A²) (K the prefix's spread). With the carried
+// covariance C (per feature, `v`'s shape: the values, keys and queries are linear maps of one input), the mean
+// weights w̄ and M = fan_in·C plus its finite-width fluctuation (Wick: E[tr(A·M·A·M)] = (d² + d)·tr(ACAC) +
+// d·tr(AC)²), the Jacobian J becomes (1 + 1/d)·(J + tr(ĀCĀC)/K² − tr(Ā²)) + (tr(ĀC)/K)²/d. Returns that.
+double query_path_jacobian(const TokenField& v, const CausalWeights& w, const std::vector<Representative>& reps,
+                           std::int64_t a, double spread, const SoftmaxWeightMoments& moments, std::int64_t fan_in) {
+  const double jacobian = moments.jacobian;
+  const std::int64_t p = v.buckets();
+  if (!(spread > 0.0)) return jacobian;
+  std::vector<double> cw(static_cast<std::size_t>(a + 1), 0.0);  // (C·w̄) at a key of bucket x
+  double dcdc = 0.0, a2 = 0.0, a3 = 0.0, diag = 0.0;
+  for (std::int64_t x = 0; x <= a; ++x) {
+    const double cx = key_count(reps, a, x), wx = w.key_mean[at_index(a, x, p)];
+    if (cx <= 0.0) continue;
+    const double own = v.diag(x), within = v.within[static_cast<std::size_t>(x)];
+    double row = wx * (own + (cx - 1.0) * within);
+    dcdc += cx * wx * wx * (own * own + (cx - 1.0) * within * within);
+    for (std::int64_t y = 0; y <= a; ++y) {
+      if (y == x) continue;
+      const double cy = key_count(reps, a, y), wy = w.key_mean[at_index(a, y, p)], c = v.at(x, y);
+      row += cy * wy * c;
+      dcdc += cx * cy * wx * wy * c * c;
+    }
+    cw[static_cast<std::size_t>(x)] = row;
+    a2 += cx * wx * wx;
+    a3 += cx * wx * wx * wx;
+    diag += cx * wx * own;
+  }
+  double cdc = 0.0, wcw = 0.0;
+  for (std::int64_t x = 0; x <= a; ++x) {
+    const double cx = key_count(reps, a, x), wx = w.key_mean[at_index(a, x, p)], r = cw[static_cast<std::size_t>(x)];
+    if (cx <= 0.0) continue;
+    cdc += cx * wx * r * r;
+    wcw += cx * wx * r;
+  }
+  const double acac = dcdc - 2.0 * cdc + wcw * wcw;  // tr(ĀCĀC), Ā = diag(w̄) − w̄w̄ᵀ
+  const double aa = a2 - 2.0 * a3 + a2 * a2;         // tr(Ā²)
+  const double structured = jacobian + acac / (spread * spread) - aa;
+  if (fan_in <= 0) return structured;
+  // tr(ĀC)/K is 1 − Σw̄² for isotropic own parts; the weights' own randomness makes it 1 − E[Σw²] there.
+  const double d = static_cast<double>(fan_in), ac = (diag - wcw) / spread + a2 - moments.sum_sq;
+  return (1.0 + 1.0 / d) * structured + ac * ac / d;
+}
+
+}  // namespace
+
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,
-                                 const CausalWeights& w, double scale_sq, std::int64_t head_dim) {
+                                 const CausalWeights& w, double scale_sq, std::int64_t head_dim, std::int64_t fan_in,
+                                 bool own_structure) {
   const std::int64_t p = d_out.buckets();
   const std::vector<Representative> reps = representatives(*d_out.layout);
   const PrefixStats v_stats = prefix_stats(v, reps, RangeSums(block_totals(v.cov, v.within, reps), reps, false));
@@ -914,9 +1046,13 @@ ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, co
     const Representative& r = reps[at];
     // The spreads are sample variances over the prefix: (1 − 1/n) of what differs between keys.
     const double unbias = r.n > 1.0 ? r.n / (r.n - 1.0) : 0.0;
-    const double jacobian = softmax_weight_moments(r.n, w.logit_spread[at] * unbias).jacobian;
+    const SoftmaxWeightMoments moments = softmax_weight_moments(r.n, w.logit_spread[at] * unbias);
+    const double jacobian = moments.jacobian;
     const double score = per_query * d_out.diag(a) * v_stats.spread[at] * unbias * jacobian;
-    out.d_q.at(a, a) = score * w.key_spread[at] * unbias;
+    const double query_jacobian = r.n > 1.0 && own_structure
+                                      ? query_path_jacobian(v, w, reps, a, v_stats.spread[at] * unbias, moments, fan_in)
+                                      : jacobian;
+    out.d_q.at(a, a) = (jacobian > 0.0 ? score / jacobian * query_jacobian : 0.0) * w.key_spread[at] * unbias;
     const double key_term = score / r.n * (q.diag(a) + q.mean * q.mean);
     out.d_k.at(a, a) = after + r.h * key_term;
     after += r.m * key_term;

@@ -139,6 +139,9 @@ struct CausalWeights {
   // the standardised logits: causal_mix_forward's finite-width term for Gaussian and fixed-length tokens.
   std::vector<double> aligned_gaussian, aligned_fixed;
   std::vector<double> key_mean, key_sq, key_logit;  // [buckets, buckets]: query bucket × key bucket
+  // The threshold model of two queries' weights on one key (pair_products): κ²D/(1 + κ²D), Φ⁻¹(E[w]) and the
+  // model's own variance of the weight, per query bucket × key bucket.
+  std::vector<double> key_reach, key_threshold, key_self;
   std::vector<double> query_corr;                   // [buckets, buckets]: the queries' correlation ρ_ab
   std::vector<double> query_corr_within;            // two queries of one bucket
   double logit_var = 0.0;  // scale²·d_head·E[q²]·E[k²] (the logits' variance)
@@ -187,14 +190,19 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread);
 
 // The query and key gradients through the logits (variances only: their cross-token covariance is neglected),
 // for d_out at the mixed output, the value field v and the query field q (the keys' spread is in `w`):
-// Var(d_q_i) = scale²·d_head·G_ii·K_v(i)·J_i·K_k(i), Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·K_v(i)·(J_i/n_i)·E[q_i²],
+// Var(d_q_i) = scale²·d_head·G_ii·K_v(i)·J'_i·K_k(i), Var(d_k_k) = Σ_{i≥k} scale²·d_head·G_ii·K_v(i)·(J_i/n_i)·E[q_i²],
 // with J_i = softmax_weight_moments(n_i, D_i).jacobian at the logits' spread D_i = scale²·d_head·E[q_i²]·K_k(i), and
 // K_v, K_k the variance of the values' and keys' parts that differ between keys (their sample variance over the
-// prefix times n/(n − 1)).
+// prefix times n/(n − 1)). With `own_structure` the query path reads the tokens' own parts as they are rather than
+// as i.i.d. keys (docs/theory.md, "The query path's own parts"): J'_i = (1 + 1/d)·(J_i + tr(ĀCĀC)/K² − tr(Ā²)) +
+// (tr(ĀC)/K)²/d, Ā = diag(w̄) − w̄w̄ᵀ over query i's keys, C the values' covariance over them (the keys', queries'
+// and values' are the same up to scale: linear maps of one input) and d = `fan_in`, the projections' input width
+// (0: the finite-width part left out); without it J'_i = J_i.
 struct ScoreGrads {
   TokenGrad d_q, d_k;
 };
 ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, const TokenField& q,
-                                 const CausalWeights& w, double scale_sq, std::int64_t head_dim);
+                                 const CausalWeights& w, double scale_sq, std::int64_t head_dim,
+                                 std::int64_t fan_in = 0, bool own_structure = true);
 
 }  // namespace proplab::theory

@@ -91,14 +91,20 @@ struct AttentionDraw {
 };
 
 // With `fixed_norm`, every token is rescaled to squared length d (as a norm leaves it).
+// With `ar` > 0 the tokens' own parts follow an AR(1) process over the positions, own_t = ar·own_{t−1} +
+// √(1 − ar²)·z_t, so that neighbouring tokens share more than distant ones (covariance input_corr + (1 − input_corr)·
+// ar^|i−j|).
 AttentionDraw draw_attention(testing::NormalStream& rng, std::int64_t l, std::int64_t d, std::int64_t head,
                              double input_corr, double qk_var, bool fixed_norm = false,
-                             const std::vector<double>* widths = nullptr) {
+                             const std::vector<double>* widths = nullptr, double ar = 0.0) {
   std::vector<double> xs(static_cast<std::size_t>(l * d)), wq(d * head), wk(d * head), wv(d * head);
   for (std::int64_t f = 0; f < d; ++f) {
     const double shared = rng.normal();
-    for (std::int64_t t = 0; t < l; ++t)
-      xs[t * d + f] = std::sqrt(input_corr) * shared + std::sqrt(1.0 - input_corr) * rng.normal();
+    double own = rng.normal();
+    for (std::int64_t t = 0; t < l; ++t) {
+      if (t > 0) own = ar * own + std::sqrt(1.0 - ar * ar) * rng.normal();
+      xs[t * d + f] = std::sqrt(input_corr) * shared + std::sqrt(1.0 - input_corr) * own;
+    }
   }
   for (std::int64_t t = 0; fixed_norm && t < l; ++t) {
     double sq = 0.0;
@@ -428,10 +434,11 @@ TEST(TokenField, SoftmaxWeightMomentsBeyondTheTable) {
 // for a white gradient at the output: the per-position variance of the value, query and key gradients against
 // causal_mix_backward and causal_score_backward, at logit variances 0.5 and 2. Measured (400 draws): value path
 // worst 8.0% at 0.5 and 20% at 2 (with the log-normal E[Σw²] used before 2026-12-03, 8.7% and 56%);
-// query and key paths worst 12–22% (most of it the Monte Carlo's own scatter: the key per position scatters by ±10%
-// about the prediction), where the earlier s(1 − 1/n)·spread_v·spread_k estimate missed by 61–65% / 14–17% at logit
-// variance 0.5 and 44–139% / 71–194% at 2. The key gradients sum to zero over the positions (Σ_j ds_ij = 0 for every
-// query), a cross-token covariance causal_score_backward neglects.
+// query path worst 8–17% with the Gram's finite-width term (fan-in d; 12–19% without it, "The query path's own
+// parts" in docs/theory.md), key path 19–22% (most of it the Monte Carlo's own scatter: the key per position
+// scatters by ±10% about the prediction), where the earlier s(1 − 1/n)·spread_v·spread_k estimate missed by 61–65% /
+// 14–17% at logit variance 0.5 and 44–139% / 71–194% at 2. The key gradients sum to zero over the positions (Σ_j ds_ij
+// = 0 for every query), a cross-token covariance causal_score_backward neglects.
 TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
   const std::int64_t l = 16, d = 64, head = 64;
   for (const double input_corr : {0.0, 0.5}) {
@@ -442,7 +449,7 @@ TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
       const CausalWeights w = causal_weights(q, k, 1.0 / head, head);
       const TokenGrad g = TokenGrad::white(x.layout, 1.0);
       const TokenGrad dv_pred = causal_mix_backward(g, w);
-      const ScoreGrads score_pred = causal_score_backward(g, v, q, w, 1.0 / head, head);
+      const ScoreGrads score_pred = causal_score_backward(g, v, q, w, 1.0 / head, head, d);
 
       testing::NormalStream rng(23, static_cast<std::uint64_t>(logit_var * 10 + input_corr * 100));
       const int draws = 400;
@@ -508,6 +515,117 @@ TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
       EXPECT_NEAR(sum_k_all / sum_k, -1.0, 1e-6) << "the key gradients sum to zero over the positions";
     }
   }
+}
+
+// The token field of draw_attention's inputs: unit variance, covariance r + (1 − r)·ar^|i−j|.
+TokenField ar_field(std::int64_t l, double r, double ar) {
+  TokenField x = TokenField::exchangeable(TokenLayout::exact(l), Signal{0.0, 1.0, r});
+  for (std::int64_t i = 0; i < l; ++i)
+    for (std::int64_t j = 0; j < l; ++j)
+      x.at(i, j) = i == j ? 1.0 : r + (1.0 - r) * std::pow(ar, static_cast<double>(std::abs(i - j)));
+  return x;
+}
+
+// Two queries on one key (docs/theory.md, "Two queries on one key"): with correlated queries (input correlation 0.5)
+// and a gradient whose neighbouring rows are anti-correlated by −1/2 (as a tied head's are, row i's target being row
+// i + 1's input token), the value path's variance nearly cancels, and what is left is set by how much less than
+// E[w_i²] two queries' weights on one key share. Monte Carlo (400 draws) against causal_mix_backward, per position
+// and summed. Measured: the value path summed over the positions 2.3% low at logit variance 0.5 and 0.8% high at 2,
+// worst position 11% and 22% (the e^{ρ√(D_i·D_j)}·E[w_i]E[w_j] products used before 2026-12-07: 3.7% and 14.6%
+// low, worst 13% and 30%).
+TEST(TokenField, TwoQueriesOnOneKeyMatchMonteCarlo) {
+  const std::int64_t l = 16, d = 64, head = 64;
+  for (const double logit_var : {0.5, 2.0}) {
+    const double qk_var = std::sqrt(logit_var), input_corr = 0.5;
+    const TokenField x = TokenField::exchangeable(TokenLayout::exact(l), Signal{0.0, 1.0, input_corr});
+    const TokenField q = linear_forward(x, d, qk_var / d);
+    const CausalWeights w = causal_weights(q, q, 1.0 / head, head);
+    TokenGrad g = TokenGrad::white(x.layout, 1.0);
+    for (std::int64_t i = 0; i + 1 < l; ++i) g.at(i, i + 1) = g.at(i + 1, i) = -0.5;
+    const TokenGrad dv_pred = causal_mix_backward(g, w);
+
+    testing::NormalStream rng(41, static_cast<std::uint64_t>(logit_var * 10));
+    const int draws = 400;
+    std::vector<double> dv_var(l, 0.0), z((l + 1) * head), gs(l * head);
+    for (int draw = 0; draw < draws; ++draw) {
+      const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var);
+      for (double& e : z) e = rng.normal();
+      for (std::int64_t i = 0; i < l; ++i)
+        for (std::int64_t h = 0; h < head; ++h)
+          gs[i * head + h] = (z[i * head + h] - z[(i + 1) * head + h]) / std::sqrt(2.0);
+      for (std::int64_t j = 0; j < l; ++j) {
+        double sq = 0;
+        for (std::int64_t h = 0; h < head; ++h) {
+          double dv = 0;
+          for (std::int64_t i = j; i < l; ++i) dv += a.p[i * l + j] * gs[i * head + h];
+          sq += dv * dv;
+        }
+        dv_var[j] += sq / (head * double(draws));
+      }
+    }
+    double pred = 0, mc = 0, worst = 0;
+    for (std::int64_t j = 0; j < l; ++j) {
+      pred += dv_pred.at(j, j), mc += dv_var[j];
+      worst = std::max(worst, std::abs(dv_pred.at(j, j) / dv_var[j] - 1.0));
+    }
+    std::printf("logit var %.1f: value path summed %.4f predicted %.4f (%+.1f%%), worst position %.1f%%\n", logit_var,
+                mc, pred, 100 * (pred / mc - 1), 100 * worst);
+    EXPECT_NEAR(pred / mc, 1.0, 0.06) << "logit var " << logit_var;
+    EXPECT_LT(worst, 0.27) << "logit var " << logit_var;
+  }
+}
+
+// The query path's own parts (docs/theory.md, "The query path's own parts"): tokens whose own parts follow an AR(1)
+// process over the positions (neighbours share more than distant tokens) give the query gradient more than i.i.d.
+// keys of the same prefix spread would, through tr(A·M·A·M) over the prefix's Gram M. Monte Carlo (400 draws,
+// white gradient, logit variance 0.5, input correlation 0.2) against causal_score_backward with the input's fan-in,
+// summed over the positions. Measured: ar = 0, 0.928 against 0.935 predicted (+0.8%; the i.i.d. form, without the
+// finite-width term, 0.853: −8%); ar = 0.9, 0.152 against 0.163 (+7.4%; the i.i.d. form 0.053: −65%).
+TEST(TokenField, QueryPathReadsTheTokensOwnStructure) {
+  const std::int64_t l = 16, d = 64, head = 64;
+  const double logit_var = 0.5, qk_var = std::sqrt(logit_var), input_corr = 0.2;
+  double mc_sum[2] = {0, 0}, pred_sum[2] = {0, 0}, iid_sum[2] = {0, 0};
+  const double ars[2] = {0.0, 0.9};
+  for (int which = 0; which < 2; ++which) {
+    const double ar = ars[which];
+    const TokenField x = ar_field(l, input_corr, ar);
+    const TokenField q = linear_forward(x, d, qk_var / d), v = linear_forward(x, d, 1.0 / d);
+    const CausalWeights w = causal_weights(q, q, 1.0 / head, head);
+    const TokenGrad g = TokenGrad::white(x.layout, 1.0);
+    const ScoreGrads pred = causal_score_backward(g, v, q, w, 1.0 / head, head, d);
+    const ScoreGrads iid = causal_score_backward(g, v, q, w, 1.0 / head, head, 0, false);  // i.i.d. keys
+
+    testing::NormalStream rng(43, static_cast<std::uint64_t>(which));
+    const int draws = 400;
+    std::vector<double> gs(l * head), ds(l * l);
+    const double scale = 1.0 / std::sqrt(double(head));
+    for (int draw = 0; draw < draws; ++draw) {
+      const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var, false, nullptr, ar);
+      for (double& e : gs) e = rng.normal();
+      for (std::int64_t i = 1; i < l; ++i) {
+        double mean_dp = 0;
+        std::vector<double> dp(static_cast<std::size_t>(i + 1));
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (std::int64_t h = 0; h < head; ++h) dot += gs[i * head + h] * a.v[j * head + h];
+          dp[j] = dot;
+          mean_dp += a.p[i * l + j] * dot;
+        }
+        double sq = 0;
+        for (std::int64_t h = 0; h < head; ++h) {
+          double dq = 0;
+          for (std::int64_t j = 0; j <= i; ++j) dq += scale * a.p[i * l + j] * (dp[j] - mean_dp) * a.k[j * head + h];
+          sq += dq * dq;
+        }
+        mc_sum[which] += sq / (head * double(draws));
+      }
+    }
+    for (std::int64_t i = 1; i < l; ++i) pred_sum[which] += pred.d_q.at(i, i), iid_sum[which] += iid.d_q.at(i, i);
+    std::printf("ar %.1f: query path summed %.4f, predicted %.4f (%+.1f%%), i.i.d. form %.4f\n", ar, mc_sum[which],
+                pred_sum[which], 100 * (pred_sum[which] / mc_sum[which] - 1), iid_sum[which]);
+    EXPECT_NEAR(pred_sum[which] / mc_sum[which], 1.0, 0.11) << "ar " << ar;
+  }
+  EXPECT_LT(iid_sum[1] / mc_sum[1], 0.5) << "at ar = 0.9 the i.i.d. form misses most of the query path";
 }
 
 // The mean of every pair's covariance, the diagonal included: (var + (L − 1)·cov)/L for an exchangeable field, the
