@@ -143,6 +143,25 @@ AttentionDraw draw_attention(testing::NormalStream& rng, std::int64_t l, std::in
   return out;
 }
 
+// The logit gradients of one draw for the gradient rows gs at the output ([l, head]):
+// ds_ij = P_ij·(g_i·v_j − Σ_m P_im·g_i·v_m), [l, l] (0 above the diagonal).
+std::vector<double> logit_gradients(const AttentionDraw& a, const std::vector<double>& gs, std::int64_t l,
+                                    std::int64_t head) {
+  std::vector<double> ds(static_cast<std::size_t>(l * l), 0.0);
+  for (std::int64_t i = 0; i < l; ++i) {
+    double mean_dp = 0;
+    std::vector<double> dp(static_cast<std::size_t>(i + 1));
+    for (std::int64_t j = 0; j <= i; ++j) {
+      double dot = 0;
+      for (std::int64_t h = 0; h < head; ++h) dot += gs[i * head + h] * a.v[j * head + h];
+      dp[j] = dot;
+      mean_dp += a.p[i * l + j] * dot;
+    }
+    for (std::int64_t j = 0; j <= i; ++j) ds[i * l + j] = a.p[i * l + j] * (dp[j] - mean_dp);
+  }
+  return ds;
+}
+
 // Causal softmax attention of one head on random Gaussian inputs with random weights: the measured per-position
 // output covariance against causal_mix_forward(causal_weights(...)), at logit variances 0.5 and 2: worst 3.3% of the
 // variance at 0.5 (typical of deep models at init), 6.0% at 2. With the log-normal estimate E[Σw²] ≈
@@ -453,24 +472,13 @@ TEST(TokenField, CausalAttentionBackwardMatchesMonteCarlo) {
 
       testing::NormalStream rng(23, static_cast<std::uint64_t>(logit_var * 10 + input_corr * 100));
       const int draws = 400;
-      std::vector<double> dv_var(l, 0.0), dk_cov(l * l, 0.0), dq_cov(l * l, 0.0), gs(l * head), ds(l * l);
+      std::vector<double> dv_var(l, 0.0), dk_cov(l * l, 0.0), dq_cov(l * l, 0.0), gs(l * head);
       const double scale = 1.0 / std::sqrt(double(head));
       for (int draw = 0; draw < draws; ++draw) {
         const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var);
-        const std::vector<double>&qs = a.q, &ks = a.k, &vs = a.v, &p = a.p;
+        const std::vector<double>&qs = a.q, &ks = a.k, &p = a.p;
         for (double& e : gs) e = rng.normal();
-        for (std::int64_t i = 0; i < l; ++i) {
-          // ds_ij = P_ij (g_i·v_j − Σ_m P_im g_i·v_m)
-          double mean_dp = 0;
-          std::vector<double> dp(static_cast<std::size_t>(i + 1));
-          for (std::int64_t j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (std::int64_t h = 0; h < head; ++h) dot += gs[i * head + h] * vs[j * head + h];
-            dp[j] = dot;
-            mean_dp += p[i * l + j] * dot;
-          }
-          for (std::int64_t j = 0; j <= i; ++j) ds[i * l + j] = p[i * l + j] * (dp[j] - mean_dp);
-        }
+        const std::vector<double> ds = logit_gradients(a, gs, l, head);
         std::vector<double> dq(l * head, 0.0), dk(l * head, 0.0), dv(l * head, 0.0);
         for (std::int64_t i = 0; i < l; ++i)
           for (std::int64_t j = 0; j <= i; ++j)
@@ -597,24 +605,17 @@ TEST(TokenField, QueryPathReadsTheTokensOwnStructure) {
 
     testing::NormalStream rng(43, static_cast<std::uint64_t>(which));
     const int draws = 400;
-    std::vector<double> gs(l * head), ds(l * l);
+    std::vector<double> gs(l * head);
     const double scale = 1.0 / std::sqrt(double(head));
     for (int draw = 0; draw < draws; ++draw) {
       const AttentionDraw a = draw_attention(rng, l, d, head, input_corr, qk_var, false, nullptr, ar);
       for (double& e : gs) e = rng.normal();
+      const std::vector<double> ds = logit_gradients(a, gs, l, head);
       for (std::int64_t i = 1; i < l; ++i) {
-        double mean_dp = 0;
-        std::vector<double> dp(static_cast<std::size_t>(i + 1));
-        for (std::int64_t j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (std::int64_t h = 0; h < head; ++h) dot += gs[i * head + h] * a.v[j * head + h];
-          dp[j] = dot;
-          mean_dp += a.p[i * l + j] * dot;
-        }
         double sq = 0;
         for (std::int64_t h = 0; h < head; ++h) {
           double dq = 0;
-          for (std::int64_t j = 0; j <= i; ++j) dq += scale * a.p[i * l + j] * (dp[j] - mean_dp) * a.k[j * head + h];
+          for (std::int64_t j = 0; j <= i; ++j) dq += scale * ds[i * l + j] * a.k[j * head + h];
           sq += dq * dq;
         }
         mc_sum[which] += sq / (head * double(draws));
