@@ -51,6 +51,10 @@ const char* activation_identifier(Activation kind);
 double activation_value(Activation kind, double x);
 double activation_derivative(Activation kind, double x);
 
+// The standard normal distribution function Φ and density φ.
+double normal_cdf(double x);
+double normal_pdf(double x);
+
 // ---- Gauss–Hermite quadrature --------------------------------------------------------------------------------
 // An N-point Gauss–Hermite rule in standard-normal form: E[f(z)] ≈ Σ w_i f(z_i), z ~ N(0, 1), exact for
 // polynomials of degree <= 2N-1. Nodes are the eigenvalues of the Hermite Jacobi matrix (Golub–Welsch), found by

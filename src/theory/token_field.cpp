@@ -547,7 +547,7 @@ double max_square_uncached(double n) {
   const double low = -8.0, dz = 20.0 / steps;
   double sum = 0.0;
   for (int i = 0; i <= steps; ++i) {
-    const double z = low + i * dz, cdf = 0.5 * std::erfc(-z / std::numbers::sqrt2);
+    const double z = low + i * dz, cdf = normal_cdf(z);
     const double density = n * std::exp(-0.5 * z * z) / std::sqrt(2.0 * std::numbers::pi) * std::pow(cdf, n - 1.0);
     sum += (i == 0 || i == steps ? 0.5 : 1.0) * dz * z * z * density;
   }
@@ -768,9 +768,9 @@ double normal_quantile(double p) {
   double x = t - (2.515517 + t * (0.802853 + t * 0.010328)) / (1.0 + t * (1.432788 + t * (0.189269 + t * 0.001308)));
   if (p < 0.5) x = -x;
   for (int step = 0; step < 3; ++step) {
-    const double density = std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
+    const double density = normal_pdf(x);
     if (!(density > 0.0)) break;
-    x -= (0.5 * std::erfc(-x / std::numbers::sqrt2) - p) / density;
+    x -= (normal_cdf(x) - p) / density;
   }
   return x;
 }
@@ -1070,11 +1070,11 @@ ScoreGrads causal_score_backward(const TokenGrad& d_out, const TokenField& v, co
     const double unbias = r.n > 1.0 ? r.n / (r.n - 1.0) : 0.0;
     const SoftmaxWeightMoments moments = softmax_weight_moments(r.n, w.logit_spread[at] * unbias);
     const double jacobian = moments.jacobian;
-    const double score = per_query * d_out.diag(a) * v_stats.spread[at] * unbias * jacobian;
+    const double per_jacobian = per_query * d_out.diag(a) * v_stats.spread[at] * unbias, score = per_jacobian * jacobian;
     const double query_jacobian = r.n > 1.0 && own_structure
                                       ? query_path_jacobian(v, w, reps, a, v_stats.spread[at] * unbias, moments, fan_in)
                                       : jacobian;
-    out.d_q.at(a, a) = (jacobian > 0.0 ? score / jacobian * query_jacobian : 0.0) * w.key_spread[at] * unbias;
+    out.d_q.at(a, a) = per_jacobian * query_jacobian * w.key_spread[at] * unbias;
     const double key_term = score / r.n * (q.diag(a) + q.mean * q.mean);
     out.d_k.at(a, a) = after + r.h * key_term;
     after += r.m * key_term;
