@@ -545,9 +545,14 @@ std::vector<double> norm_removal(const TransformerNumbers& numbers, int index, c
 // the branch then add λ²β²·Γ·(C_x/C_s)·(α_i·w_j + α_j·w_i) to the gradient's covariance of positions i and j, and
 // α_t reaches the input as √(C_x/C_s)·(λ²·α_t + β²·Γ·w_t), less (Post-LN, `norm_removes_part`) what the stream
 // norm below removes (norm_removal) (docs/theory.md, "The gradient along the stream's common part").
+//
+// `mean_share` (in/out, per bucket; used with `scale_spread`, Post-LN and both): the share of g_out's variance that a
+// branch's input map returned, the only part with a mean over features for a stream norm to project out; on return,
+// the share of the input gradient's (sum_norm_gradient_factors).
 TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const Sublayer& s, const TokenGrad& g_out,
                             const TokenGrad* norm_reads, std::vector<double>* aligned, bool norm_removes_part,
-                            ActivationPairMaps& rule, Builder& b, const SublayerProbes& p) {
+                            bool scale_spread, std::vector<double>& mean_share, ActivationPairMaps& rule, Builder& b,
+                            const SublayerProbes& p) {
   const TransformerConfig& c = numbers.config;
   const std::int64_t d = c.width, f = static_cast<std::int64_t>(c.ffn_mult) * c.width, head_dim = d / c.heads;
   const bool pre = norms_branch_input(c.norm), post = norms_residual_sum(c.norm);
@@ -555,12 +560,29 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   const TransformerBlockNumbers& bn = numbers.blocks[static_cast<std::size_t>(index / 2)];
   b.set_backward(p.result, g_out.signal());
   TokenGrad d_combined = g_out;
+  const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
   if (post) {
     d_combined = norm_backward(c.norm_kind, s.sum, norm_reads ? *norm_reads : g_out, c.norm_eps);
-    b.set_backward(p.sum, d_combined.signal());
     if (aligned) divide_by_norm_scale(c.norm_kind, s.sum, c.norm_eps, *aligned);
+    if (scale_spread) {
+      // κ_f: the output projection's own 2 (a fresh map of d outputs), plus the value projection's 2 (attention) or
+      // the hidden units' spread of their squares, (E[φ⁴]/E[φ²]² − 1)/ffn_mult (FFN); the first sublayer reads the
+      // embedding, whose rows are Gaussian (κ_x = 2), every other a norm's output (κ_x = 0). The first attention's
+      // values mix many embedding rows, whose norms' own spread (at most 2/d more in κ_f) is left out.
+      const double branch_kappa =
+          attention ? 4.0
+                    : 2.0 + (activation_square_ratio(c.activation, s.hidden.mean, s.hidden.var(), rule.rule()) - 1.0) /
+                                static_cast<double>(c.ffn_mult);
+      std::vector<double> jensen;
+      const std::vector<double> factor = sum_norm_gradient_factors(
+          c.norm_kind, s.input, s.sum, rn.lambda, index == 0 ? 2.0 : 0.0, branch_kappa, d, mean_share, &jensen);
+      d_combined = scale_positions(d_combined, factor);
+      // The part along the common direction (mean-free) shares the scale's fluctuation, not the mean's removal.
+      if (aligned)
+        for (std::size_t a = 0; a < aligned->size(); ++a) (*aligned)[a] *= std::sqrt(jensen[a]);
+    }
+    b.set_backward(p.sum, d_combined.signal());
   }
-  const ResidualNumbers& rn = attention ? bn.attn_residual : bn.ffn_residual;
   TokenGrad d_branch = scaled(d_combined, rn.beta * rn.beta);
   b.set_backward(p.branch, d_branch.signal());
   if (c.dropout > 0) d_branch = dropout_backward(d_branch, c.dropout);
@@ -587,6 +609,11 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
     d_branch_in = norm_backward(c.norm_kind, s.input, d_branch_in, c.norm_eps);
   }
   TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
+  // What the stream norm below sees of a mean over features: the branch's return, unless a LayerNorm on the
+  // branch's input projected it out; the skip carries d_combined, which this sublayer's own LayerNorm left mean-free.
+  for (std::int64_t a = 0; a < g.buckets() && scale_spread; ++a)
+    mean_share[static_cast<std::size_t>(a)] =
+        (pre && c.norm_kind == NormKind::layernorm) || g.diag(a) <= 0.0 ? 0.0 : d_branch_in.diag(a) / g.diag(a);
   if (aligned) {
     const TokenField& summed = post ? s.sum : s.out;
     const double common_in = common_square(s.input), common_out = common_square(summed);
@@ -682,6 +709,9 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
               "(per position, the softmax Jacobian's exact trace; the query path with the prefix's own covariance "
               "and the Gram's finite-width fluctuation)";
+  if (norms_residual_sum(c.norm) && inputs.norm_scale_spread)
+    formulae << "; each stream norm's backward with its finite-width factor (the token scale's spread over the "
+                "weights, the centring, the mean it projects out)";
   if (common_part)
     formulae << "; the gradient's part along the stream's common part, seeded by the tied head's first norm, grown by "
                 "each branch's response to a common shift"
@@ -1380,6 +1410,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     g = norm_backward(c.norm_kind, x, first_norm_reads, c.norm_eps);
     divide_by_norm_scale(c.norm_kind, x, c.norm_eps, aligned);
   }
+  // The head's gradient is a random linear map's transpose: 1/d of it lies along the mean (sublayer_backward).
+  std::vector<double> mean_share(static_cast<std::size_t>(g.buckets()), 1.0);
   for (int start = static_cast<int>(checkpoints.size() - 1) * segment; start >= 0; start -= segment) {
     const int end = std::min(start + segment, sublayers);
     std::vector<Sublayer> states;
@@ -1393,7 +1425,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
       const TokenGrad* norm_reads = i == sublayers - 1 && post ? &first_norm_reads : nullptr;
       g = sublayer_backward(numbers, i, states[static_cast<std::size_t>(i - start)], g, norm_reads,
                             aligned_share > 0.0 && inputs.common_part_gradient ? &aligned : nullptr,
-                            inputs.norm_removes_part, rule, b, probes[static_cast<std::size_t>(i)]);
+                            inputs.norm_removes_part, post && inputs.norm_scale_spread, mean_share, rule, b,
+                            probes[static_cast<std::size_t>(i)]);
       states.pop_back();
     }
   }

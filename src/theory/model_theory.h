@@ -106,6 +106,10 @@ struct TheoryInputs {
   // because the sublayer above it is not homogeneous of degree 1 (GELU, the softmax) (docs/theory.md, "The norm below
   // removes a little"). Off only to measure what the term does.
   bool norm_removes_part = true;
+  // Post-LN (and both): each stream norm's backward carries its finite-width factor, the fluctuation of the token's
+  // scale it divides by less the mean it projects out (docs/theory.md, "A stream norm's scale fluctuates"). Off only
+  // to measure what the term does.
+  bool norm_scale_spread = true;
 };
 
 // The prediction for one probe.

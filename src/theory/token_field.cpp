@@ -446,6 +446,53 @@ TokenGrad residual_backward(const TokenGrad& d_y, const TokenGrad& d_x_branch, d
   return g;
 }
 
+std::vector<double> sum_norm_gradient_factors(NormKind kind, const TokenField& input, const TokenField& sum,
+                                              double lambda, double input_kappa, double branch_kappa,
+                                              std::int64_t features, const std::vector<double>& mean_share,
+                                              std::vector<double>* jensen) {
+  const std::int64_t p = sum.buckets();
+  PROPLAB_CHECK(input.buckets() == p && static_cast<std::int64_t>(mean_share.size()) == p && features > 0,
+                "sum_norm_gradient_factors: needs one mean share per position and features > 0");
+  const double d = static_cast<double>(features);
+  std::vector<double> factor(static_cast<std::size_t>(p), 1.0);
+  if (jensen) jensen->assign(static_cast<std::size_t>(p), 1.0);
+  for (std::int64_t t = 0; t < p; ++t) {
+    const std::size_t i = static_cast<std::size_t>(t);
+    const double total = sum.diag(t);
+    const double a = total > 0.0 ? std::clamp(lambda * lambda * input.diag(t) / total, 0.0, 1.0) : 1.0, b = 1.0 - a;
+    const double spread = 1.0 + (input_kappa * a * a + 4.0 * a * b + branch_kappa * b * b) / d;
+    if (jensen) (*jensen)[i] = spread;
+    // LayerNorm divides by the token's variance about its own feature mean, E = Var·(1 − u/d) with u the share that
+    // is not centred already (the branch's, or the whole of a Gaussian input's), and projects out the gradient's
+    // mean, which only a branch's return has.
+    const double uncentred = input_kappa > 0.0 ? 1.0 : b;
+    factor[i] = spread + (kind == NormKind::layernorm ? (uncentred - std::clamp(mean_share[i], 0.0, 1.0)) / d : 0.0);
+  }
+  return factor;
+}
+
+TokenGrad scale_positions(const TokenGrad& g, const std::vector<double>& factor) {
+  PROPLAB_CHECK(static_cast<std::int64_t>(factor.size()) == g.buckets(),
+                "scale_positions: needs one factor per bucket");
+  TokenGrad out;
+  map_pairs(g, out, [&](double c, double, double, bool, std::int64_t a, std::int64_t b) {
+    return c * std::sqrt(factor[static_cast<std::size_t>(a)] * factor[static_cast<std::size_t>(b)]);
+  });
+  return out;
+}
+
+double activation_square_ratio(Activation kind, double mean, double var, const GaussHermite& rule) {
+  if (kind == Activation::identity)
+    return mean == 0.0 ? 3.0
+                       : rule.expect([](double u) { return u * u * u * u; }, mean, std::sqrt(var)) /
+                             std::pow(mean * mean + var, 2);
+  if (kind == Activation::relu && mean == 0.0) return 6.0;  // E[z⁴; z > 0]/E[z²; z > 0]² = (3/2)/(1/4), exactly
+  const double std_dev = std::sqrt(std::max(0.0, var));
+  const double second = rule.expect([kind](double u) { return std::pow(activation_value(kind, u), 2); }, mean, std_dev);
+  const double fourth = rule.expect([kind](double u) { return std::pow(activation_value(kind, u), 4); }, mean, std_dev);
+  return second > 0.0 ? fourth / (second * second) : 1.0;
+}
+
 TokenGrad scaled(const TokenGrad& g, double factor) {
   TokenGrad out = g;
   for (double& c : out.cov) c *= factor;

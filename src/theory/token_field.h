@@ -93,6 +93,26 @@ TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double wei
 TokenField norm_forward(NormKind kind, const TokenField& x, std::int64_t features, double eps = 0.0);
 // G'(i, j) = G(i, j)/√((σ_i² + ε)(σ_j² + ε)) (LayerNorm; RMSNorm divides by the second moments + ε).
 TokenGrad norm_backward(NormKind kind, const TokenField& x, const TokenGrad& d_y, double eps = 0.0);
+// A residual-sum norm's (Post-LN, both) finite-width factor on its backward, per position (docs/theory.md, "A
+// stream norm's scale fluctuates"): the norm divides the gradient by its token's σ_t, and σ_t² = |λx_t + βf_t|²/d
+// fluctuates over the weights, so E[1/σ_t²] = (1 + V_t)/E[σ_t²] with
+//   V_t = (κ_x·a_t² + 4·a_t·b_t + κ_f·b_t²)/d,
+// a_t = λ²·Var x_t/Var s_t and b_t = 1 − a_t the skip's and the branch's shares of the sum, κ_x the input's own
+// d·Var(|x_t|²)/E[|x_t|²]² (0 for a norm's output, 2 for a Gaussian embedding row) and κ_f the branch output's.
+// LayerNorm divides by the token's variance about its own feature mean, (1 − u_t/d) of Var s_t (u_t = b_t when the
+// input is a norm's output and centred already, 1 for a Gaussian input, κ_x > 0), and projects out the gradient's
+// mean over features, which only the part a branch returned has (its share `mean_share[t]` of the incoming
+// gradient: a random linear map leaves 1/d of it along the mean), and nothing along its output token (the network
+// above is homogeneous in it). `jensen` receives 1 + V_t; the return value is 1 + V_t + (u_t − mean_share_t)/d
+// (LayerNorm) or 1 + V_t (RMSNorm).
+std::vector<double> sum_norm_gradient_factors(NormKind kind, const TokenField& input, const TokenField& sum,
+                                              double lambda, double input_kappa, double branch_kappa,
+                                              std::int64_t features, const std::vector<double>& mean_share,
+                                              std::vector<double>* jensen = nullptr);
+// Every pair (a, b) of g scaled by √(factor_a·factor_b) (the within-bucket pairs and the diagonal by factor_a).
+TokenGrad scale_positions(const TokenGrad& g, const std::vector<double>& factor);
+// E[φ(u)⁴]/E[φ(u)²]² for u ~ N(mean, var): how much one unit's square spreads (ReLU at mean 0: 6).
+double activation_square_ratio(Activation kind, double mean, double var, const GaussHermite& rule);
 
 // A pointwise nonlinearity: each bucket's variance and mean exactly (theory/moments at that variance), the cross
 // terms from the pair correlation map at the mean variance (tabulated in θ = arccos r for GELU and tanh, closed

@@ -472,8 +472,10 @@ TEST(ModelTheory, PostLnDeepScaleLmGradientFollowsTheCommonPart) {
        {"blocks.23.out", "blocks.23.ffn.sum", "blocks.23.mid", "blocks.23.in", "blocks.12.in", "blocks.0.in"})
     std::printf("%s backward corr: measured %.4f, predicted %.4f (independence: %.4f)\n", name,
                 m.find(m.backward_corr, name), p.find(name)->backward_corr, q.find(name)->backward_corr);
-  // Measured (seed 7): growth 3.34, predicted 2.36 (1.05 by gradient independence alone; 2.70 without the norms'
-  // removal, PostLnNormsRemoveALittleOfTheCommonPart); backward median / worst 5.3% / 42% (11.0% / 217% without the
+  // Measured (seed 7): growth 3.32, predicted 2.45 (2.35 without the stream norms' finite-width factor, docs/theory.md
+  // "A stream norm's scale fluctuates"; 1.09 by gradient independence alone; 2.70 without the norms' removal,
+  // PostLnNormsRemoveALittleOfTheCommonPart; these measured 3.34 before 2026-12-07's attention terms, through which
+  // DeepScaleLM calibrates); backward median / worst 5.3% / 42% (11.0% / 217% without the
   // term). Over seeds 1-6 the growth is 3.1-4.2 against about 2.35 predicted, while blocks.12.in over blocks.23.out is
   // 0.82 ± 0.02 against 0.79: what the bookkeeping misses at this shape is in the lowest blocks (at width 512 and 48
   // blocks the input is 6.0% over the prediction with seeds 1-4, 7.4% with the accuracy table's 16, docs/theory.md).
@@ -518,9 +520,10 @@ TEST(ModelTheory, KeelBothNormsMatchesMeasurement) {
 // maps the normalised stream to itself), and below each stream norm its gradient is Post-LN's, so the common-part
 // terms are Post-LN's there (common_part_without_branch_norm in theory/model_theory.cpp). With DeepScaleLM's unit
 // branches, where those terms carry most of the backward, the two placements' gradients grow alike (seed 7: from
-// blocks.23.out to blocks.0.in 3.43× with both norms, 3.34× Post-LN), and so must their predictions (2.38× and 2.36×,
-// the worst probe 44% and 42% off; composed through the branch norm, the terms had predicted 1.83×, the worst probe
-// 87% off). What both miss at this shape is Post-LN's known shortfall in the lowest blocks (docs/theory.md).
+// blocks.23.out to blocks.0.in 3.41× with both norms, 3.32× Post-LN), and so must their predictions (2.49× and 2.45×;
+// 2.38× and 2.36× before the stream norms' finite-width factor, the worst probe 44% and 42% off then; composed through
+// the branch norm, the terms had predicted 1.83×, the worst probe 87% off). What both miss at this shape is Post-LN's
+// known shortfall in the lowest blocks (docs/theory.md).
 TEST(ModelTheory, BothNormsCommonPartFollowsPostLn) {
   double measured[2] = {}, predicted[2] = {}, worst[2] = {};
   const NormPlacement placements[2] = {NormPlacement::both, NormPlacement::post};
@@ -545,9 +548,10 @@ TEST(ModelTheory, BothNormsCommonPartFollowsPostLn) {
 // softmax sharpens): 0.25% per norm below an FFN and 0.02% below an attention at DeepScaleLM's branches, which 96
 // norms compound into the 11-14% by which the gradient of the accuracy table's Post-LN deepscalelm row was predicted
 // high at its lower blocks (docs/theory.md, "The norm below removes a little"). The table's shape (width 512, 48
-// blocks, 64 tokens), seeds 1-4: the gradient at blocks.36/24/12.in over blocks.47.out is measured 0.820 / 0.865 /
-// 1.233 against 0.847 / 0.859 / 1.210 predicted (0.850 / 0.891 / 1.366 without the removal); at blocks.0.in 3.74
-// against 3.53 (4.21 without).
+// blocks, 64 tokens), seeds 1-4: the gradient at blocks.36/24/12.in over blocks.47.out is measured 0.826 / 0.868 /
+// 1.225 against 0.847 / 0.858 / 1.207 predicted (0.850 / 0.890 / 1.365 without the removal); at blocks.0.in 3.69
+// against 3.59 (4.30 without). (Before the stream norms' finite-width factor the predictions were 0.844 / 0.852 /
+// 1.194 and 3.51.)
 // A Post-LN stack passes its token correlation through 2L norms, so the norm's finite-width correction to it
 // compounds: Admin's stream at width 128 climbs to a token correlation of 0.94 at the top (4 seeds), which the
 // reference's r·(1 − 1/d) per norm had predicted falling back to 0.77 after 0.82 at block 6. Each norm's output
@@ -556,10 +560,13 @@ TEST(ModelTheory, BothNormsCommonPartFollowsPostLn) {
 // top is within 0.002, blocks 2-10 up to 0.012 high). The gradient over the top block's, which reads the correlation
 // through attention, went from 8.7%, 6.6% and 0.9% off to 0.9%, 0.2% and 2.4% at blocks 6, 12 and 18 (docs/theory.md,
 // "LayerNorm"; at the accuracy table's shape the admin row's backward went from 5.0% / 6.9% to 1.6% / 5.1%).
+// One network's gradient at block 6 over the top's scatters by about 9%, so four seeds left ±4.5% there; eight
+// seeds (and with the stream norms' finite-width factor, "A stream norm's scale fluctuates", which moves block 6's
+// prediction by +4.8% at this width): 2.9%, 1.2% and 1.2% off at blocks 6, 12 and 18 (24 seeds: 2.3%, 2.3%, 0.2%).
 TEST(ModelTheory, PostLnStreamKeepsItsTokenCorrelation) {
   const char* names[] = {"blocks.6.out", "blocks.12.out", "blocks.18.out", "blocks.23.out"};
   double measured[4] = {}, predicted[4] = {}, gradient[4] = {}, gradient_predicted[4] = {};
-  const int seeds = 4;
+  const int seeds = 8;
   for (std::uint64_t seed = 1; seed <= static_cast<std::uint64_t>(seeds); ++seed) {
     Case run;
     run.config = small_config(24, 128, NormPlacement::post);
@@ -578,7 +585,7 @@ TEST(ModelTheory, PostLnStreamKeepsItsTokenCorrelation) {
     std::printf("%s: token corr measured %.4f, predicted %.4f; gradient over the top %.4f, predicted %.4f\n",
                 names[i], measured[i], predicted[i], gradient[i], gradient_predicted[i]);
     EXPECT_NEAR(measured[i], predicted[i], 0.025) << names[i];
-    EXPECT_LT(rel_error(gradient[i], gradient_predicted[i]), 0.03) << names[i];
+    EXPECT_LT(rel_error(gradient[i], gradient_predicted[i]), 0.035) << names[i];
   }
   EXPECT_GT(measured[3], 0.9);
 }
@@ -627,11 +634,13 @@ TEST(ModelTheory, PreLnStandardVarianceGrowsLinearly) {
 }
 
 // The Post-LN law: with Xavier init the gradient variance at the residual stream changes geometrically with
-// depth. Theory predicts, for 64 blocks of width 256, a constant factor per block over the lower half (1.014: each
-// block's gradient a little larger than the one above) and a steeper one over the top blocks (≈ 1.14 over blocks
+// depth. Theory predicts, for 64 blocks of width 256, a constant factor per block over the lower half (1.025: each
+// block's gradient a little larger than the one above) and a steeper one over the top blocks (1.161 over blocks
 // 47-59, where the stream's token correlation and the norms' gains are still settling). The measured factors
-// (geometric means of the per-block ratios over each range) must match the predicted ones (the top range:
-// measured 1.114-1.160 over seeds 1-3 and 7 against 1.140).
+// (geometric means of the per-block ratios over each range) must match the predicted ones (seed 7: 1.020 and 1.160
+// measured; the top range 1.114-1.160 over seeds 1-3 and 7). Before the stream norms' finite-width factor
+// (docs/theory.md, "A stream norm's scale fluctuates": +0.8% a block at this width) the predictions were 1.014 and
+// 1.149.
 TEST(ModelTheory, PostLnXavierGradientChangesGeometrically) {
   Case run;
   run.config = small_config(64, 256, NormPlacement::post);
@@ -655,7 +664,7 @@ TEST(ModelTheory, PostLnXavierGradientChangesGeometrically) {
       half, low_measured, low_mean, spread, top_measured, top_predicted);
   EXPECT_LT(spread, 0.005);  // theory: a near-constant factor
   // The lower half's measured factor scatters between seeds by about ±0.02 (0.974, 1.000, 1.016, 1.020 for seeds
-  // 2, 1, 3, 7 against the predicted 1.014): a slow geometric change is hard to resolve from one network.
+  // 2, 1, 3, 7 against the predicted 1.025): a slow geometric change is hard to resolve from one network.
   EXPECT_NEAR(low_measured, low_mean, 0.05);
   EXPECT_NEAR(top_measured, top_predicted, 0.05);
   EXPECT_GT(top_predicted, 1.1);  // the top range is a genuinely steeper geometric change

@@ -631,6 +631,103 @@ TEST(TokenField, QueryPathReadsTheTokensOwnStructure) {
 
 // The mean of every pair's covariance, the diagonal included: (var + (L − 1)·cov)/L for an exchangeable field, the
 // same whether the positions are bucketed or not.
+// A residual-sum norm's finite-width factor (sum_norm_gradient_factors; docs/theory.md, "A stream norm's scale
+// fluctuates"): a LayerNorm after s = x + f at width 64, x a norm's output and f an attention's value path on it
+// (W_o·W_v·x) or a ReLU FFN (2× wide), or x a Gaussian embedding row and f the value path on another token's (a
+// query mixes mostly other tokens). The incoming gradient is orthogonal to the norm's output (the network above is
+// homogeneous in it) and half of it has the mean over features a branch's return has. Measured:
+// E[|∂L/∂s|²/|∂L/∂y|²]·Var s over 6000 draws of the weights, against 1 + V + (u − m)/d; the leading-order map (a
+// factor of 1) is off by 11–17 standard errors.
+TEST(TokenField, SumNormFactorMatchesMonteCarlo) {
+  const std::int64_t d = 64, hidden = 2 * d;
+  const int draws = 6000;
+  enum class Branch { values, relu_ffn, values_on_embedding };
+  for (const Branch branch : {Branch::values, Branch::relu_ffn, Branch::values_on_embedding}) {
+    testing::NormalStream rng(0x5eed, 40 + static_cast<std::uint64_t>(branch));
+    std::vector<double> x(d), other(d), z(d), s(d), y(d), g(d), h(hidden), w_a(static_cast<std::size_t>(hidden * d)),
+        w_b(static_cast<std::size_t>(hidden * d));
+    const bool ffn = branch == Branch::relu_ffn, embedding = branch == Branch::values_on_embedding;
+    // Weights: the value path σ² = 1/d each (v_f = 1); the FFN W_in σ² = 2/d (preact variance 2, E[ReLU²] = 1) and
+    // W_out σ² = 1/hidden (v_f = 1).
+    const std::int64_t inner = ffn ? hidden : d;
+    const double sd_a = ffn ? std::sqrt(2.0 / d) : std::sqrt(1.0 / d), sd_b = std::sqrt(1.0 / inner);
+    double sum = 0.0, sum_sq = 0.0;
+    for (int n = 0; n < draws; ++n) {
+      double mean = 0.0, norm = 0.0;
+      for (auto& v : x) v = rng.normal();
+      for (auto& v : other) v = rng.normal();
+      const std::vector<double>& read = embedding ? other : x;
+      if (!embedding) {  // a norm's output: centred, |x|² = d
+        for (double v : x) mean += v / d;
+        for (auto& v : x) norm += (v - mean) * (v - mean);
+        for (auto& v : x) v = (v - mean) * std::sqrt(d / norm);
+      }
+      for (std::int64_t i = 0; i < inner * d; ++i) w_a[static_cast<std::size_t>(i)] = sd_a * rng.normal();
+      for (std::int64_t i = 0; i < inner * d; ++i) w_b[static_cast<std::size_t>(i)] = sd_b * rng.normal();
+      for (std::int64_t u = 0; u < inner; ++u) {
+        double acc = 0.0;
+        for (std::int64_t i = 0; i < d; ++i)
+          acc += w_a[static_cast<std::size_t>(u * d + i)] * read[static_cast<std::size_t>(i)];
+        h[static_cast<std::size_t>(u)] = ffn ? std::max(0.0, acc) : acc;
+      }
+      double s_mean = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) {
+        double acc = 0.0;
+        for (std::int64_t u = 0; u < inner; ++u)
+          acc += w_b[static_cast<std::size_t>(i * inner + u)] * h[static_cast<std::size_t>(u)];
+        s[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i)] + acc;
+        s_mean += s[static_cast<std::size_t>(i)] / d;
+      }
+      double var = 0.0;
+      for (double v : s) var += (v - s_mean) * (v - s_mean) / d;
+      const double sigma = std::sqrt(var);
+      for (std::int64_t i = 0; i < d; ++i)
+        y[static_cast<std::size_t>(i)] = (s[static_cast<std::size_t>(i)] - s_mean) / sigma;
+      // The incoming gradient: a mean-free part and a part with its mean (equal expected energy), both orthogonal to y.
+      double z_mean = 0.0;
+      for (auto& v : z) v = rng.normal();
+      for (double v : z) z_mean += v / d;
+      for (std::int64_t i = 0; i < d; ++i)
+        g[static_cast<std::size_t>(i)] = z[static_cast<std::size_t>(i)] - z_mean + rng.normal();
+      double along = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) along += g[static_cast<std::size_t>(i)] * y[static_cast<std::size_t>(i)] / d;
+      for (std::int64_t i = 0; i < d; ++i) g[static_cast<std::size_t>(i)] -= along * y[static_cast<std::size_t>(i)];
+      // LayerNorm's backward: (g − mean(g) − y·mean(g∘y))/σ.
+      double g_mean = 0.0, gy = 0.0, in_sq = 0.0, out_sq = 0.0;
+      for (std::int64_t i = 0; i < d; ++i) {
+        g_mean += g[static_cast<std::size_t>(i)] / d;
+        gy += g[static_cast<std::size_t>(i)] * y[static_cast<std::size_t>(i)] / d;
+      }
+      for (std::int64_t i = 0; i < d; ++i) {
+        const double v = (g[static_cast<std::size_t>(i)] - g_mean - y[static_cast<std::size_t>(i)] * gy) / sigma;
+        out_sq += v * v;
+        in_sq += g[static_cast<std::size_t>(i)] * g[static_cast<std::size_t>(i)];
+      }
+      const double ratio = out_sq / in_sq;
+      sum += ratio;
+      sum_sq += ratio * ratio;
+    }
+    // The theory's Var s: the input's variance (1) plus the branch's (1), uncentred.
+    const double total = 2.0, mean_ratio = sum / draws;
+    const double measured = mean_ratio * total;
+    const double error = std::sqrt((sum_sq / draws - mean_ratio * mean_ratio) / draws) * total;
+    const auto layout = TokenLayout::exact(1);
+    const TokenField input = TokenField::exchangeable(layout, Signal{0.0, 1.0, 0.0});
+    const TokenField summed = TokenField::exchangeable(layout, Signal{0.0, total, 0.0});
+    // κ_f: the output projection's 2, and the value projection's 2 or the hidden units' (6 − 1)/2; a Gaussian input
+    // row's own norm adds its 2 to the value path's.
+    const double kappa = ffn ? 2.0 + (6.0 - 1.0) / 2.0 : embedding ? 6.0 : 4.0;
+    const double predicted =
+        sum_norm_gradient_factors(NormKind::layernorm, input, summed, 1.0, embedding ? 2.0 : 0.0, kappa, d, {0.5})[0];
+    std::printf("branch %d: measured %.4f ± %.4f, predicted %.4f\n", static_cast<int>(branch), measured, error,
+                predicted);
+    EXPECT_NEAR(measured, predicted, 4.0 * error);
+    EXPECT_GT(std::abs(measured - 1.0), 6.0 * error);
+  }
+  EXPECT_NEAR(activation_square_ratio(Activation::relu, 0.0, 2.0, GaussHermite(64)), 6.0, 1e-12);
+  EXPECT_NEAR(activation_square_ratio(Activation::identity, 0.0, 2.0, GaussHermite(64)), 3.0, 1e-12);
+}
+
 TEST(TokenField, PairMeanIsTheMeanOverAllPairs) {
   for (const std::int64_t length : {1, 7, 64, 192}) {
     for (const auto& layout : {TokenLayout::exact(length), TokenLayout::for_length(length)}) {
