@@ -611,9 +611,10 @@ TokenGrad sublayer_backward(const TransformerNumbers& numbers, int index, const 
   TokenGrad g = residual_backward(d_combined, d_branch_in, rn.lambda);
   // What the stream norm below sees of a mean over features: the branch's return, unless a LayerNorm on the
   // branch's input projected it out; the skip carries d_combined, which this sublayer's own LayerNorm left mean-free.
-  for (std::int64_t a = 0; a < g.buckets() && scale_spread; ++a)
-    mean_share[static_cast<std::size_t>(a)] =
-        (pre && c.norm_kind == NormKind::layernorm) || g.diag(a) <= 0.0 ? 0.0 : d_branch_in.diag(a) / g.diag(a);
+  if (scale_spread)
+    for (std::int64_t a = 0; a < g.buckets(); ++a)
+      mean_share[static_cast<std::size_t>(a)] =
+          (pre && c.norm_kind == NormKind::layernorm) || g.diag(a) <= 0.0 ? 0.0 : d_branch_in.diag(a) / g.diag(a);
   if (aligned) {
     const TokenField& summed = post ? s.sum : s.out;
     const double common_in = common_square(s.input), common_out = common_square(summed);

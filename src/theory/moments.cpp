@@ -45,7 +45,6 @@ double clamp_corr(double r) { return std::clamp(r, -1.0, 1.0); }
 // Correlation from a covariance and a variance; a zero-variance signal has all tokens equal (corr 1).
 double corr_of(double cov, double var) { return var > 0.0 ? clamp_corr(cov / var) : 1.0; }
 
-
 // Number of eigenvalues below `lambda` of the symmetric tridiagonal matrix with zero diagonal and off-diagonal
 // b_k = √(k/2) (the Jacobi matrix of the physicists' Hermite polynomials), by the Sturm sequence of pivots.
 int hermite_eigenvalues_below(int n, double lambda) {

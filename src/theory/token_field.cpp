@@ -482,10 +482,10 @@ TokenGrad scale_positions(const TokenGrad& g, const std::vector<double>& factor)
 }
 
 double activation_square_ratio(Activation kind, double mean, double var, const GaussHermite& rule) {
-  if (kind == Activation::identity)
-    return mean == 0.0 ? 3.0
-                       : rule.expect([](double u) { return u * u * u * u; }, mean, std::sqrt(var)) /
-                             std::pow(mean * mean + var, 2);
+  if (kind == Activation::identity) {  // E[u⁴] = μ⁴ + 6μ²σ² + 3σ⁴ over E[u²]² = (μ² + σ²)²
+    const double mu_sq = mean * mean, second = mu_sq + var;
+    return second > 0.0 ? (mu_sq * mu_sq + 6.0 * mu_sq * var + 3.0 * var * var) / (second * second) : 1.0;
+  }
   if (kind == Activation::relu && mean == 0.0) return 6.0;  // E[z⁴; z > 0]/E[z²; z > 0]² = (3/2)/(1/4), exactly
   const double std_dev = std::sqrt(std::max(0.0, var));
   const double second = rule.expect([kind](double u) { return std::pow(activation_value(kind, u), 2); }, mean, std_dev);
@@ -595,7 +595,7 @@ double max_square_uncached(double n) {
   double sum = 0.0;
   for (int i = 0; i <= steps; ++i) {
     const double z = low + i * dz, cdf = normal_cdf(z);
-    const double density = n * std::exp(-0.5 * z * z) / std::sqrt(2.0 * std::numbers::pi) * std::pow(cdf, n - 1.0);
+    const double density = n * normal_pdf(z) * std::pow(cdf, n - 1.0);
     sum += (i == 0 || i == steps ? 0.5 : 1.0) * dz * z * z * density;
   }
   return sum;
