@@ -2,7 +2,7 @@
 """The gradient along the stream's common part, measured in a float64 replica of an initialised transformer.
 
 Usage: bench/theory_common_part.py CHECKPOINT.ckpt.h5 [--tokens-seed N] [--beta-sq B]
-                                   [--profile SEEDS | --factors SEEDS | --pre-factors SEEDS]
+                                   [--profile SEEDS | --factors SEEDS | --pre-factors SEEDS | --sublayer-maps SEEDS]
 
 CHECKPOINT is a proplab checkpoint of a tied-head GELU transformer with affine LayerNorm, Pre-LN or Post-LN, and the
 `deepscalelm` rule (its study is read from the checkpoint), written after one step at a negligible learning rate,
@@ -37,6 +37,18 @@ input, through the skip and through the branch, the branch split by what it read
 proplab carries), the gradient's part along each token's own direction (ω_t·û_t, û_t the unit vector along s_t less
 the tokens' mean) and the rest.
 
+With --sublayer-maps SEEDS (Post-LN) it redraws the weights the same way (batches of 2 sequences) and checks, for each
+sublayer of the top 24 blocks, the step from the gradient at its sum to the gradient at its input against what
+gradient independence takes for it given the gradient that arrived: attention, the value path's expectation over the
+value and output weights with the network's own attention weights, |g_s|² + Σ_h (1/H)·(P_hᵀ·G·P_h)_jj (G the
+tokens' Gram of g_s per feature); the FFN, the expectation over its output weights with its own hidden units,
+|g_s,t|²·(1 + ffn_mult·(d·σ_in²)·(d·σ_out²)·mean φ'(h_t)²). Per block and over the two halves it prints the
+measured over that expected gain (the mean of per-network ratios and its standard error), the attention's largest
+deviation of (i + 1)·E[P_i0] from 1 (uniform weights), and the attention's gain for the gradient at the norm's
+output turned by a random orthogonal matrix (its tokens' Gram kept) over the gain for the gradient itself: a
+dependence of the gradient on the sublayer's own weights would move it from 1 (docs/theory.md, "On 2026-12-07
+(last)" under "Accuracy", Post-LN `xavier`; `--beta-sq 0.5` there: a Post-LN network is the same for any λ = β).
+
 docs/theory.md ("The gradient along the stream's common part") reads these figures against `proplab theory`.
 """
 import argparse
@@ -68,12 +80,15 @@ def main():
                        help="the common part's change per sublayer, averaged over SEEDS redrawn networks")
     modes.add_argument("--factors", type=int, default=0, metavar="SEEDS",
                        help="each Post-LN sublayer's skip, branch and norm factors on the common part (SEEDS networks)")
+    modes.add_argument("--sublayer-maps", type=int, default=0, metavar="SEEDS",
+                       help="each top Post-LN sublayer's measured gradient gain against its expectation over its own "
+                            "weights given the arriving gradient, and against a rotated gradient (SEEDS networks)")
     modes.add_argument("--pre-factors", type=int, default=0, metavar="SEEDS",
                        help="each Pre-LN sublayer's skip and branch factors on the common part, the branch's split by "
                             "the part of the gradient it reads (SEEDS networks)")
     args = parser.parse_args()
-    if args.profile < 0 or args.factors < 0 or args.pre_factors < 0:
-        fail("--profile, --factors and --pre-factors take a positive number of networks")
+    if args.profile < 0 or args.factors < 0 or args.pre_factors < 0 or args.sublayer_maps < 0:
+        fail("--profile, --factors, --pre-factors and --sublayer-maps take a positive number of networks")
     try:
         f = h5py.File(args.checkpoint, "r")
         P = {k: torch.tensor(f["tensors/param/" + k][:]) for k in f["tensors/param"].keys()}
@@ -135,7 +150,7 @@ def main():
         branch = attn if k % 2 == 0 else ffn
         return lambda x: branch(ln(x, *norm_of(k, W)) if pre else x, k // 2, W)
 
-    def forward(W, tokens, on_sum=None):
+    def forward(W, tokens, on_sum=None, retain=False):
         """Forward and backward (mean cross-entropy on the next tokens) with the weights W; every sublayer's sum and
         output keep their gradients. on_sum(s) sees each sum as it is made (e.g. to register a backward hook)."""
         x = (W["embed.token.weight"][tokens[:, :T]] + W["embed.position.weight"][:T]).requires_grad_(True)
@@ -151,7 +166,7 @@ def main():
             outs.append(x)
         head_in = ln(x, W["final_norm.weight"], W["final_norm.bias"]) if pre else x
         logits = head_in @ W["embed.token.weight"].T
-        torch.nn.functional.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1)).backward()
+        torch.nn.functional.cross_entropy(logits.reshape(-1, V), tokens[:, 1:].reshape(-1)).backward(retain_graph=retain)
         return sums, outs
 
     def remove_common_part(s):
@@ -169,6 +184,22 @@ def main():
         if pre:
             fail(f"{args.checkpoint}: --factors takes a Post-LN model")
         factors(P, args.factors, L, T, d, V, lam, beta, forward, branch_of)
+        return
+    if args.sublayer_maps > 0:
+        if pre:
+            fail(f"{args.checkpoint}: --sublayer-maps takes a Post-LN model")
+
+        def attention_weights(x, l, W):
+            p, n = f"blocks.{l}.attn.", x.shape[0]
+            q, k, _ = (x @ W[p + "qkv.weight"].T + W[p + "qkv.bias"]).split(d, -1)
+            q, k = (t.view(n, T, H, dh).transpose(1, 2) for t in (q, k))
+            return ((q @ k.transpose(-1, -2)) / math.sqrt(dh)).masked_fill(mask, float("-inf")).softmax(-1)
+
+        def hidden_slope_sq(x, l, W):
+            h = (x @ W[f"blocks.{l}.ffn.fc.weight"].T + W[f"blocks.{l}.ffn.fc.bias"]).detach().requires_grad_(True)
+            return torch.autograd.grad(gelu(h).sum(), h)[0].pow(2).mean(-1)
+
+        sublayer_maps(P, args.sublayer_maps, L, T, d, V, H, lam, beta, forward, attention_weights, hidden_slope_sq)
         return
     if args.pre_factors > 0:
         if not pre:
@@ -295,6 +326,64 @@ def depth_ranges(acc, edges, L):
             rows = [acc[k] for k in range(lo, hi) if k % 2 == kind and acc[k][0] != 0]
             if rows:
                 yield lo, hi, kind, name, lambda j, rows=rows: sum(r[j].item() / r[0].item() for r in rows) / len(rows)
+
+
+def sublayer_maps(P0, seeds, L, T, d, V, H, lam, beta, forward, attention_weights, hidden_slope_sq):
+    """--sublayer-maps: per sublayer of the top 24 blocks, per network, the measured gain of the gradient from the
+    sum to the input over its expectation given the arriving gradient (attention and FFN), and (attention) the gain of
+    a rotated gradient over the gain of the gradient itself; means and standard errors over SEEDS networks."""
+    generator = torch.Generator().manual_seed(7)
+    blocks = list(range(max(L - 24, 1), L))
+    ratios = {key: torch.zeros(seeds, len(blocks)) for key in ("attn", "ffn", "rotated")}
+    gains = {key: torch.zeros(len(blocks)) for key in ("attn", "ffn")}
+    uniform = torch.zeros(len(blocks))
+    positions = torch.arange(1, T + 1, dtype=torch.float64).unsqueeze(1)
+    for seed in range(seeds):
+        W = redraw(P0, d, generator)
+        sums, outs = forward(W, torch.randint(0, V, (2, T + 1), generator=generator), retain=True)
+        # The gradients as the loss's backward left them (the rotated gradient's autograd.grad below would add to the
+        # .grad of tensors that retain it).
+        at_sum, at_out = [s.grad.clone() for s in sums], [x.grad.clone() for x in outs]
+        for n, l in enumerate(blocks):
+            k = 2 * l
+            x_in, g_s, g_in = outs[k - 1], at_sum[k], at_out[k - 1]
+            weights = attention_weights(x_in.detach(), l, W)
+            gram = torch.einsum("bid,bjd->bij", g_s, g_s) / d
+            value_path = torch.einsum("bhij,bik,bhkj->bj", weights, gram, weights) / H
+            expected = lam ** 2 * (g_s ** 2).mean() + beta ** 2 * value_path.mean()
+            ratios["attn"][seed, n] = (g_in ** 2).mean() / expected
+            gains["attn"][n] += ((g_in ** 2).mean() / (g_s ** 2).mean()).item() / lam ** 2 / seeds
+            uniform[n] = max(uniform[n], ((weights.mean((0, 1)) * positions)[:, 0] - 1).abs().max().item())
+            turn, _ = torch.linalg.qr(torch.randn(d, d, generator=generator))
+            g_s_turned = torch.autograd.grad(outs[k], sums[k], at_out[k] @ turn, retain_graph=True)[0]
+            g_in_turned = torch.autograd.grad(sums[k], x_in, g_s_turned, retain_graph=True)[0]
+            ratios["rotated"][seed, n] = ((g_in_turned ** 2).mean() / (g_s_turned ** 2).mean()) / \
+                ((g_in ** 2).mean() / (g_s ** 2).mean())
+            k += 1
+            g_s, g_in = at_sum[k], at_out[k - 1]
+            fc, proj = W[f"blocks.{l}.ffn.fc.weight"], W[f"blocks.{l}.ffn.proj.weight"]
+            branch = (fc.shape[0] / d) * (d * fc.var()) * (d * proj.var()) * hidden_slope_sq(outs[k - 1].detach(), l, W)
+            expected = ((g_s ** 2).mean(-1) * (lam ** 2 + beta ** 2 * branch)).mean()
+            ratios["ffn"][seed, n] = (g_in ** 2).mean() / expected
+            gains["ffn"][n] += ((g_in ** 2).mean() / (g_s ** 2).mean()).item() / lam ** 2 / seeds
+        print(f"sublayer-maps: network {seed + 1}/{seeds}", file=sys.stderr, flush=True)
+
+    def mean_se(values):
+        return values.mean().item(), (values.std().item() / math.sqrt(seeds) if seeds > 1 else float("nan"))
+
+    print(f"Post-LN, {L} blocks, width {d}, {T} tokens, {seeds} networks: measured over expected gain per sublayer "
+          f"(mean ± standard error over the networks); the gains per λ²")
+    print(f"{'block':>5s} {'attention':>16s} {'gain':>7s} {'|(i+1)P_i0-1|':>13s} {'rotated/real':>16s} "
+          f"{'FFN':>16s} {'gain':>7s}")
+    for n, l in enumerate(blocks):
+        a, r, f = mean_se(ratios["attn"][:, n]), mean_se(ratios["rotated"][:, n]), mean_se(ratios["ffn"][:, n])
+        print(f"{l:5d} {a[0]:8.4f} ± {a[1]:.4f} {gains['attn'][n]:7.4f} {uniform[n]:13.2e} {r[0]:8.4f} ± {r[1]:.4f} "
+              f"{f[0]:8.4f} ± {f[1]:.4f} {gains['ffn'][n]:7.4f}")
+    half = len(blocks) // 2
+    for name, part in (("lower half", slice(0, half)), ("upper half", slice(half, None))):
+        a, r, f = (mean_se(ratios[key][:, part].mean(1)) for key in ("attn", "rotated", "ffn"))
+        print(f"blocks {blocks[part][0]}-{blocks[part][-1]} ({name}): attention {a[0]:.4f} ± {a[1]:.4f}, "
+              f"rotated/real {r[0]:.4f} ± {r[1]:.4f}, FFN {f[0]:.4f} ± {f[1]:.4f} (per block)")
 
 
 def pre_factors(P0, seeds, L, T, d, V, lam, beta, forward, branch_of):

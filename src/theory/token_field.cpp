@@ -657,14 +657,132 @@ SoftmaxWeightMoments softmax_weight_moments(double keys, double spread) {
 
 namespace {
 
+// The weights' integrals once each bucket's functions are on a grid of log t: per bucket x with keys, E[w] =
+// Σ_i weight(i)·Π_{m≠x} φ_m·ψ_1,x and E[w²] the same with ψ_2,x over the grid points that `use(i)` keeps and where
+// Π_{m≠x} φ_m is above e^{−60} (a bucket that shares its source's spread copies its integrals), E[w] then normalised
+// so that Σ_x counts[x]·E[w_x] = 1 (the quadrature's drift). False when no weight is found.
+template <class Functions, class Weight, class Use>
+bool weight_integrals(const std::vector<double>& counts, const std::vector<std::size_t>& source, std::size_t points,
+                      const Functions& log_all, const std::vector<Functions>& log_phi,
+                      const std::vector<Functions>& psi1, const std::vector<Functions>& psi2, Weight weight, Use use,
+                      std::vector<double>& mean, std::vector<double>& sq) {
+  const std::size_t nx = counts.size();
+  mean.assign(nx, 0.0);
+  sq.assign(nx, 0.0);
+  double total = 0.0;
+  for (std::size_t x = 0; x < nx; ++x) {
+    if (counts[x] <= 0.0) continue;
+    const std::size_t from = source[x];
+    if (from != x) {
+      mean[x] = mean[from];
+      sq[x] = sq[from];
+    } else {
+      for (std::size_t i = 0; i < points; ++i) {
+        const double others = log_all[i] - log_phi[x][i];  // log Π_{m≠x} φ_m
+        if (!use(i) || others < -60.0) continue;
+        const double f = weight(i) * std::exp(others);
+        mean[x] += f * psi1[x][i];
+        sq[x] += f * psi2[x][i];
+      }
+    }
+    total += counts[x] * mean[x];
+  }
+  if (!(total > 0.0)) return false;
+  for (std::size_t x = 0; x < nx; ++x) mean[x] /= total;
+  return true;
+}
+
+// The representation's functions of one logit spread D beyond the table, as functions of log t: with Y = log E − z
+// (E ~ Exp(1), z ~ N(0, D)), φ(t) = E[exp(−t·e^z)] = P(Y > log t) and t·ψ_1(t) = E[t·e^z·exp(−t·e^z)] is Y's density
+// at log t; t²·ψ_2 is the density of log G − z (G ~ Gamma(2)). log E has mean −γ, variance π²/6 and third cumulant
+// −2ζ(3), so past √D = 6 Y's skewness is under 0.011 and both are Gaussian: Y ~ N(−γ, D + π²/6), log G − z ~
+// N(1 − γ, D + π²/6 − 1).
+struct WideSpread {
+  double log_phi, psi1, psi2;
+};
+WideSpread wide_spread_functions(double log_t, double spread) {
+  constexpr double gamma = 0.57721566490153286, zeta_term = std::numbers::pi * std::numbers::pi / 6.0;
+  const double s1 = std::sqrt(spread + zeta_term), s2 = std::sqrt(spread + zeta_term - 1.0);
+  const double cdf = normal_cdf((-gamma - log_t) / s1);
+  return {cdf > 0.0 ? std::log(cdf) : -1e300, normal_pdf((log_t + gamma) / s1) / s1,
+          normal_pdf((log_t - 1.0 + gamma) / s2) / s2};
+}
+
+// own_spread_weights with a spread beyond the table: the same integrals on a grid of log t that is the tables' own
+// inside [kLogTLow, kLogTHigh] and grows geometrically (5% a step) outside it, out to 9 sd of the widest Y; a spread
+// within the table reads its table inside that range and φ = 1 (below) or 0 (above) outside it, where its weight
+// functions have fallen below e^{−40}. `widest`: the largest spread of a bucket with keys.
+bool wide_spread_weights(const std::vector<double>& counts, const std::vector<double>& spreads, double widest,
+                         std::vector<double>& mean, std::vector<double>& sq) {
+  const std::size_t nx = counts.size();
+  const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  const double reach = 9.0 * std::sqrt(widest + std::numbers::pi * std::numbers::pi / 6.0) + 1.0;
+  std::vector<double> below, nodes;
+  for (double step = dlt, at = kLogTLow - dlt; at > -reach; step *= 1.05, at -= step) below.push_back(at);
+  nodes.assign(below.rbegin(), below.rend());
+  for (int k = 0; k < kLogT; ++k) nodes.push_back(kLogTLow + k * dlt);
+  for (double step = dlt * 1.05, at = kLogTHigh + step; at < reach; step *= 1.05, at += step) nodes.push_back(at);
+  const std::size_t nn = nodes.size(), first_table = below.size();
+  std::vector<double> trap(nn);
+  for (std::size_t i = 0; i < nn; ++i)
+    trap[i] = 0.5 * ((i + 1 < nn ? nodes[i + 1] : nodes[i]) - (i > 0 ? nodes[i - 1] : nodes[i]));
+  std::vector<std::vector<double>> log_phi(nx), psi1(nx), psi2(nx);
+  std::vector<double> log_all(nn, 0.0);
+  std::vector<std::size_t> source(nx, nx);
+  std::size_t last = nx;
+  for (std::size_t x = 0; x < nx; ++x) {
+    if (counts[x] <= 0.0) continue;
+    if (last < nx && spreads[x] == spreads[last]) {
+      source[x] = source[last];
+    } else {
+      source[x] = x;
+      log_phi[x].assign(nn, 0.0);
+      psi1[x].assign(nn, 0.0);
+      psi2[x].assign(nn, 0.0);
+      const double root = std::sqrt(std::max(spreads[x], 0.0));
+      if (root > table_root) {
+        for (std::size_t i = 0; i < nn; ++i) {
+          const WideSpread f = wide_spread_functions(nodes[i], spreads[x]);
+          log_phi[x][i] = f.log_phi, psi1[x][i] = f.psi1, psi2[x][i] = f.psi2;
+        }
+      } else {
+        const int lo_index = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
+        const double frac = root / kRootStep - lo_index;
+        const SpreadTable &lo = table_at(lo_index), &hi = table_at(lo_index + 1);
+        for (std::size_t i = 0; i < nn; ++i) {
+          if (i < first_table) continue;  // φ = 1, no weight
+          if (i >= first_table + kLogT) {
+            log_phi[x][i] = -1e300;
+            continue;
+          }
+          const std::size_t k = i - first_table;
+          log_phi[x][i] = lo.log_phi[k] + frac * (hi.log_phi[k] - lo.log_phi[k]);
+          psi1[x][i] = lo.psi1[k] + frac * (hi.psi1[k] - lo.psi1[k]);
+          psi2[x][i] = lo.psi2[k] + frac * (hi.psi2[k] - lo.psi2[k]);
+        }
+      }
+    }
+    last = x;
+    for (std::size_t i = 0; i < nn; ++i) log_all[i] += counts[x] * log_phi[source[x]][i];
+  }
+  return weight_integrals(
+      counts, source, nn, log_all, log_phi, psi1, psi2, [&](std::size_t i) { return trap[i]; },
+      [](std::size_t) { return true; }, mean, sq);
+}
+
 // Per key bucket x of one query's prefix (counts[x] keys of logit variance spreads[x], independent): one key's mean
 // weight E[w_k] and mean square weight E[w_k²], E[w_k^j] = ∫ t^j ψ_j(t; D_k)·Π_{m≠k} φ(t; D_m) d(log t)
-// (softmax_weight_moments' representation, Γ(1) = Γ(2) = 1), the tables interpolated linearly in √D. False when a
-// spread lies beyond the table (the caller then takes equal weights).
+// (softmax_weight_moments' representation, Γ(1) = Γ(2) = 1), the tables interpolated linearly in √D. A spread beyond
+// the table (√D > 6) takes the forms of wide_spread_functions on a grid of log t that reaches its tails. False when
+// the quadrature finds no weight.
 bool own_spread_weights(const std::vector<double>& counts, const std::vector<double>& spreads,
                         std::vector<double>& mean, std::vector<double>& sq) {
   const std::size_t nx = counts.size();
   const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  double widest = 0.0;
+  for (std::size_t x = 0; x < nx; ++x)
+    if (counts[x] > 0.0) widest = std::max(widest, spreads[x]);
+  if (std::sqrt(widest) > table_root) return wide_spread_weights(counts, spreads, widest, mean, sq);
   // Buckets of one spread share their interpolated tables and their integrals (the prefix's one spread, which
   // causal_weights calibrates with, has a single one): `source[x]` is the first of the consecutive buckets with
   // keys that share x's spread.
@@ -683,7 +801,6 @@ bool own_spread_weights(const std::vector<double>& counts, const std::vector<dou
   for (std::size_t x = 0; x < nx; ++x) {
     if (counts[x] <= 0.0) continue;
     const double root = std::sqrt(std::max(spreads[x], 0.0));
-    if (root > table_root) return false;
     if (last < nx && spreads[x] == spreads[last]) {
       source[x] = source[last];
     } else {
@@ -705,29 +822,10 @@ bool own_spread_weights(const std::vector<double>& counts, const std::vector<dou
   }
   // Below this log t every weight's integrand is under e^{−25} of its peak (near −log n − D/2).
   const double low = -std::log(keys) - 0.5 * top - 25.0;
-  mean.assign(nx, 0.0);
-  sq.assign(nx, 0.0);
-  double total = 0.0;
-  for (std::size_t x = 0; x < nx; ++x) {
-    if (counts[x] <= 0.0) continue;
-    const std::size_t from = source[x];
-    if (from != x) {
-      mean[x] = mean[from];
-      sq[x] = sq[from];
-    } else {
-      for (int k = 0; k < kLogT; ++k) {
-        const double others = log_all[k] - log_phi[x][k];  // log Π_{m≠k} φ_m
-        if (kLogTLow + k * dlt < low || others < -60.0) continue;
-        const double f = (k == 0 || k == kLogT - 1 ? 0.5 : 1.0) * dlt * std::exp(others);
-        mean[x] += f * psi1[x][k];
-        sq[x] += f * psi2[x][k];
-      }
-    }
-    total += counts[x] * mean[x];
-  }
-  if (!(total > 0.0)) return false;
-  for (std::size_t x = 0; x < nx; ++x) mean[x] /= total;  // Σ_k E[w_k] = 1 (the quadrature's drift)
-  return true;
+  return weight_integrals(
+      counts, source, kLogT, log_all, log_phi, psi1, psi2,
+      [&](std::size_t k) { return (k == 0 || k == kLogT - 1 ? 0.5 : 1.0) * dlt; },
+      [&](std::size_t k) { return kLogTLow + static_cast<double>(k) * dlt >= low; }, mean, sq);
 }
 
 // How many keys of bucket x the representative query of bucket a reads (all of a bucket before it, h of its own).

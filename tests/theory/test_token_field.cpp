@@ -243,12 +243,14 @@ TEST(TokenField, ValuesAlongTheLogitsAtFiniteWidth) {
   }
 }
 
-// Keys of unequal spread: the first positions three times wider than the rest (as in an unnormalised deep stream),
-// token correlation 0.2, logit variance about 1 (d = 64, 16 positions, 4 000 draws). Each key's own spread gives its
-// logits' variance, so the wide keys take more than their share of the weights and of the output: the measured
-// per-position output variance against causal_mix_forward. Measured: worst 2.3%, mean 0.6%; with one spread for all of
-// a query's keys (before 2026-12-04) worst 13.5%, mean 6.8% low.
-TEST(TokenField, KeysOfUnequalSpreadMatchMonteCarlo) {
+// One head's attention on a stream whose first positions are wider (√(1 + 2e^{−t/3}), as in an unnormalised deep
+// stream; token correlation 0.2, d = 64, 16 positions), queries and keys of variance qk_var per feature: the
+// per-position output variance by causal_mix_forward against 4 000 Monte Carlo draws, the worst and mean relative
+// error over the positions, and the widest key's logit spread D that causal_weights gave.
+struct UnequalSpreadCheck {
+  double worst = 0.0, mean = 0.0, widest = 0.0;
+};
+UnequalSpreadCheck unequal_spread_attention(double qk_var, testing::NormalStream rng) {
   const std::int64_t l = 16, d = 64, head = 64;
   const double r = 0.2;
   std::vector<double> widths(static_cast<std::size_t>(l));
@@ -257,13 +259,13 @@ TEST(TokenField, KeysOfUnequalSpreadMatchMonteCarlo) {
   for (std::int64_t i = 0; i < l; ++i)
     for (std::int64_t j = 0; j < l; ++j)
       x.at(i, j) = widths[static_cast<std::size_t>(i)] * widths[static_cast<std::size_t>(j)] * (i == j ? 1.0 : r);
-  const TokenField q = linear_forward(x, d, 1.0 / d), v = linear_forward(x, d, 1.0 / d);
-  const TokenField predicted = causal_mix_forward(v, causal_weights(q, q, 1.0 / head, head), ValueSource{d, false});
-  testing::NormalStream rng(31, 0);
+  const TokenField q = linear_forward(x, d, qk_var / d), v = linear_forward(x, d, 1.0 / d);
+  const CausalWeights w = causal_weights(q, q, 1.0 / head, head);
+  const TokenField predicted = causal_mix_forward(v, w, ValueSource{d, false});
   const int draws = 4000;
   std::vector<double> measured(static_cast<std::size_t>(l), 0.0);
   for (int draw = 0; draw < draws; ++draw) {
-    const AttentionDraw a = draw_attention(rng, l, d, head, r, 1.0, false, &widths);
+    const AttentionDraw a = draw_attention(rng, l, d, head, r, qk_var, false, &widths);
     for (std::int64_t t = 0; t < l; ++t)
       for (std::int64_t h = 0; h < head; ++h) {
         double o = 0;
@@ -271,15 +273,41 @@ TEST(TokenField, KeysOfUnequalSpreadMatchMonteCarlo) {
         measured[static_cast<std::size_t>(t)] += o * o / static_cast<double>(head * draws);
       }
   }
-  double worst = 0.0, mean = 0.0;
+  UnequalSpreadCheck check;
   for (std::int64_t t = 0; t < l; ++t) {
     const double rel = std::abs(predicted.diag(t) / measured[static_cast<std::size_t>(t)] - 1.0);
-    worst = std::max(worst, rel);
-    mean += rel / static_cast<double>(l);
+    check.worst = std::max(check.worst, rel);
+    check.mean += rel / static_cast<double>(l);
+    for (std::int64_t k = 0; k <= t; ++k)
+      check.widest = std::max(check.widest, w.key_logit[static_cast<std::size_t>(t * l + k)]);
   }
-  std::printf("keys of unequal spread: worst %.4f, mean %.4f\n", worst, mean);
-  EXPECT_LT(worst, 0.03);
-  EXPECT_LT(mean, 0.015);
+  return check;
+}
+
+// Keys of unequal spread at logit variance about 1: each key's own spread gives its logits' variance, so the wide
+// keys take more than their share of the weights and of the output. Measured: worst 2.3%, mean 0.6%; with one spread
+// for all of a query's keys (before 2026-12-04) worst 13.5%, mean 6.8% low.
+TEST(TokenField, KeysOfUnequalSpreadMatchMonteCarlo) {
+  const UnequalSpreadCheck check = unequal_spread_attention(1.0, testing::NormalStream(31, 0));
+  std::printf("keys of unequal spread: worst %.4f, mean %.4f\n", check.worst, check.mean);
+  EXPECT_LT(check.worst, 0.03);
+  EXPECT_LT(check.mean, 0.015);
+}
+
+// Beyond the table (the widest key's logit spread past √D = 6) the per-key weights take the Gaussian forms of the
+// representation's functions (docs/theory.md, "Keys of unequal spread"): the same Monte Carlo with the logits' scale
+// raised until the widest key's √D is about 10 and 31. With equal weights beyond the table, as before 2026-12-07, the
+// worst position missed by 17% and 16%.
+TEST(TokenField, KeysOfUnequalSpreadBeyondTheTable) {
+  for (const double qk_var : {6.0, 18.0}) {
+    const UnequalSpreadCheck check =
+        unequal_spread_attention(qk_var, testing::NormalStream(37, static_cast<std::uint64_t>(qk_var)));
+    std::printf("keys of unequal spread, widest √D %.1f: worst %.4f, mean %.4f\n", std::sqrt(check.widest), check.worst,
+                check.mean);
+    EXPECT_GT(check.widest, 36.0);
+    EXPECT_LT(check.worst, 0.05);
+    EXPECT_LT(check.mean, 0.02);
+  }
 }
 
 // Long sequences are bucketed (TokenLayout::for_length): on a field whose positions differ (early tokens wider, their
