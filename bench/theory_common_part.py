@@ -122,11 +122,14 @@ def main():
     def gelu(x):
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
-    def attn(x, l, W):
+    def attn(x, l, W, weights_only=False):
+        """Block l's attention on x, or (weights_only) its weights [batch, heads, query, key]."""
         p, n = f"blocks.{l}.attn.", x.shape[0]
         q, k, v = (x @ W[p + "qkv.weight"].T + W[p + "qkv.bias"]).split(d, -1)
         q, k, v = (t.view(n, T, H, dh).transpose(1, 2) for t in (q, k, v))
         a = ((q @ k.transpose(-1, -2)) / math.sqrt(dh)).masked_fill(mask, float("-inf")).softmax(-1)
+        if weights_only:
+            return a
         return (a @ v).transpose(1, 2).reshape(n, T, d) @ W[p + "out.weight"].T + W[p + "out.bias"]
 
     def ffn(x, l, W):
@@ -190,10 +193,7 @@ def main():
             fail(f"{args.checkpoint}: --sublayer-maps takes a Post-LN model")
 
         def attention_weights(x, l, W):
-            p, n = f"blocks.{l}.attn.", x.shape[0]
-            q, k, _ = (x @ W[p + "qkv.weight"].T + W[p + "qkv.bias"]).split(d, -1)
-            q, k = (t.view(n, T, H, dh).transpose(1, 2) for t in (q, k))
-            return ((q @ k.transpose(-1, -2)) / math.sqrt(dh)).masked_fill(mask, float("-inf")).softmax(-1)
+            return attn(x, l, W, weights_only=True)
 
         def hidden_slope_sq(x, l, W):
             h = (x @ W[f"blocks.{l}.ffn.fc.weight"].T + W[f"blocks.{l}.ffn.fc.bias"]).detach().requires_grad_(True)

@@ -692,15 +692,31 @@ bool weight_integrals(const std::vector<double>& counts, const std::vector<std::
   return true;
 }
 
+// The functions of a spread within the table (√D = root ≤ 6) at the tables' grid point k of log t, interpolated
+// linearly in √D between the two table points around it.
+struct TableMix {
+  const SpreadTable *lo, *hi;
+  double frac;
+  explicit TableMix(double root) {
+    const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
+    frac = root / kRootStep - below;
+    lo = &table_at(below);
+    hi = &table_at(below + 1);
+  }
+  double log_phi(std::size_t k) const { return lo->log_phi[k] + frac * (hi->log_phi[k] - lo->log_phi[k]); }
+  double psi1(std::size_t k) const { return lo->psi1[k] + frac * (hi->psi1[k] - lo->psi1[k]); }
+  double psi2(std::size_t k) const { return lo->psi2[k] + frac * (hi->psi2[k] - lo->psi2[k]); }
+};
+
 // The representation's functions of one logit spread D beyond the table, as functions of log t: with Y = log E − z
 // (E ~ Exp(1), z ~ N(0, D)), φ(t) = E[exp(−t·e^z)] = P(Y > log t) and t·ψ_1(t) = E[t·e^z·exp(−t·e^z)] is Y's density
 // at log t; t²·ψ_2 is the density of log G − z (G ~ Gamma(2)). log E has mean −γ, variance π²/6 and third cumulant
 // −2ζ(3), so past √D = 6 Y's skewness is under 0.011 and both are Gaussian: Y ~ N(−γ, D + π²/6), log G − z ~
 // N(1 − γ, D + π²/6 − 1).
-struct WideSpread {
+struct SpreadFunctions {
   double log_phi, psi1, psi2;
 };
-WideSpread wide_spread_functions(double log_t, double spread) {
+SpreadFunctions wide_spread_functions(double log_t, double spread) {
   constexpr double gamma = 0.57721566490153286, zeta_term = std::numbers::pi * std::numbers::pi / 6.0;
   const double s1 = std::sqrt(spread + zeta_term), s2 = std::sqrt(spread + zeta_term - 1.0);
   const double cdf = normal_cdf((-gamma - log_t) / s1);
@@ -742,13 +758,11 @@ bool wide_spread_weights(const std::vector<double>& counts, const std::vector<do
       const double root = std::sqrt(std::max(spreads[x], 0.0));
       if (root > table_root) {
         for (std::size_t i = 0; i < nn; ++i) {
-          const WideSpread f = wide_spread_functions(nodes[i], spreads[x]);
+          const SpreadFunctions f = wide_spread_functions(nodes[i], spreads[x]);
           log_phi[x][i] = f.log_phi, psi1[x][i] = f.psi1, psi2[x][i] = f.psi2;
         }
       } else {
-        const int lo_index = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
-        const double frac = root / kRootStep - lo_index;
-        const SpreadTable &lo = table_at(lo_index), &hi = table_at(lo_index + 1);
+        const TableMix table(root);
         for (std::size_t i = 0; i < nn; ++i) {
           if (i < first_table) continue;  // φ = 1, no weight
           if (i >= first_table + kLogT) {
@@ -756,9 +770,7 @@ bool wide_spread_weights(const std::vector<double>& counts, const std::vector<do
             continue;
           }
           const std::size_t k = i - first_table;
-          log_phi[x][i] = lo.log_phi[k] + frac * (hi.log_phi[k] - lo.log_phi[k]);
-          psi1[x][i] = lo.psi1[k] + frac * (hi.psi1[k] - lo.psi1[k]);
-          psi2[x][i] = lo.psi2[k] + frac * (hi.psi2[k] - lo.psi2[k]);
+          log_phi[x][i] = table.log_phi(k), psi1[x][i] = table.psi1(k), psi2[x][i] = table.psi2(k);
         }
       }
     }
@@ -805,14 +817,9 @@ bool own_spread_weights(const std::vector<double>& counts, const std::vector<dou
       source[x] = source[last];
     } else {
       source[x] = x;
-      const int below = std::min(static_cast<int>(root / kRootStep), kRootSteps - 1);
-      const double frac = root / kRootStep - below;
-      const SpreadTable &lo = table_at(below), &hi = table_at(below + 1);
-      for (int k = 0; k < kLogT; ++k) {
-        log_phi[x][k] = lo.log_phi[k] + frac * (hi.log_phi[k] - lo.log_phi[k]);
-        psi1[x][k] = lo.psi1[k] + frac * (hi.psi1[k] - lo.psi1[k]);
-        psi2[x][k] = lo.psi2[k] + frac * (hi.psi2[k] - lo.psi2[k]);
-      }
+      const TableMix table(root);
+      for (std::size_t k = 0; k < kLogT; ++k)
+        log_phi[x][k] = table.log_phi(k), psi1[x][k] = table.psi1(k), psi2[x][k] = table.psi2(k);
     }
     last = x;
     const std::array<double, kLogT>& own = log_phi[source[x]];
