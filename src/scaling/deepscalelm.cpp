@@ -132,6 +132,19 @@ class DeepScaleLmRule final : public ScalingRule {
   std::vector<double> value_var_;
 };
 
+// The rule's checks (kDeepScaleLm.check): a model with residual adds, and 0 < k ≤ N_adds.
+void check_deepscalelm(const ScalingConfig& config, const ModelConfig& shape) {
+  rule_util::require_residual_mlp(shape, "deepscalelm");
+  const int adds = residual_adds(shape);
+  const double k = config.params.at("k");
+  if (!(k > 0.0) || k > adds) {
+    std::ostringstream message;
+    message << "scaling.k: " << k << " with " << adds << " residual adds gives β² = k/N_adds outside (0, 1]; "
+            << "allowed: 0 < k <= " << adds;
+    throw UserError(message.str());
+  }
+}
+
 const RuleInfo kDeepScaleLm{
     "deepscalelm",
     "DeepScaleLM: x ← λx + β·block(x), λ² + β² = 1, β² = k/N_adds; unit-variance blocks from theory-predicted r_l",
@@ -142,22 +155,15 @@ const RuleInfo kDeepScaleLm{
          "independent-uniform-tokens estimate 1/(2·vocab)"},
     },
     [](const ScalingConfig& config, const ModelConfig& shape) -> std::unique_ptr<ScalingRule> {
-      rule_util::require_residual_mlp(shape, "deepscalelm");
-      const int adds = residual_adds(shape);
-      const double k = config.params.at("k");
-      if (!(k > 0.0) || k > adds) {
-        std::ostringstream message;
-        message << "scaling.k: " << k << " with " << adds << " residual adds gives β² = k/N_adds outside (0, 1]; "
-                << "allowed: 0 < k <= " << adds;
-        throw UserError(message.str());
-      }
-      auto rule = std::make_unique<DeepScaleLmRule>(shape, k / adds);
+      check_deepscalelm(config, shape);
+      auto rule = std::make_unique<DeepScaleLmRule>(shape, config.params.at("k") / residual_adds(shape));
       if (shape.kind() == ModelKind::transformer) {
         const double r0 = config.params.at("input_corr");
         rule->solve_attention(r0 < 0 ? std::nullopt : std::optional<double>(r0));
       }
       return rule;
-    }};
+    },
+    check_deepscalelm};
 PROPLAB_REGISTER_RULE(kDeepScaleLm);
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "scaling/rule.h"
@@ -52,7 +53,9 @@ const RuleInfo* find_rule(const std::string& name) {
   return it == registry().end() ? nullptr : it->second;
 }
 
-std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelConfig& shape) {
+namespace {
+// The rule of config.rule, and config with its parameters range-checked and their defaults filled.
+std::pair<const RuleInfo*, ScalingConfig> checked_params(const ScalingConfig& config) {
   const RuleInfo* info = find_rule(config.rule);
   if (!info) {
     std::ostringstream names;
@@ -73,7 +76,21 @@ std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelC
     }
   }
   for (const RuleParamDoc& doc : info->params) filled.params.emplace(doc.key, doc.default_value);
+  return {info, std::move(filled)};
+}
+}  // namespace
+
+std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelConfig& shape) {
+  const auto [info, filled] = checked_params(config);
   return info->make(filled, shape);
+}
+
+void check_rule(const ScalingConfig& config, const ModelConfig& shape) {
+  const auto [info, filled] = checked_params(config);
+  if (info->check)
+    info->check(filled, shape);
+  else
+    info->make(filled, shape);
 }
 
 }  // namespace proplab

@@ -80,6 +80,10 @@ struct RuleInfo {
   // Builds the rule; parameters are already range-checked against `params`. May throw UserError for a
   // combination the rule rejects (e.g. a norm placement it fixes).
   std::unique_ptr<ScalingRule> (*make)(const ScalingConfig& config, const ModelConfig& shape);
+  // Optional, for a rule whose `make` does costly work past its checks (DeepScaleLM's theory calibration, seconds
+  // at a thousand blocks): throws exactly the UserErrors `make` would and builds nothing. nullptr: check_rule
+  // builds the rule.
+  void (*check)(const ScalingConfig& config, const ModelConfig& shape) = nullptr;
 };
 
 // All registered rules, sorted by name.
@@ -89,6 +93,10 @@ const RuleInfo* find_rule(const std::string& name);
 // Checks config.params against the rule's documented keys and ranges (UserError naming the key and what is
 // allowed), fills defaults, and builds the rule.
 std::unique_ptr<ScalingRule> make_rule(const ScalingConfig& config, const ModelConfig& shape);
+// make_rule's checks alone (the same UserErrors; the rule's own `check` where it has one), without building the
+// rule: what a study's validation runs, so that `proplab sweep --dry-run` and each run's validation do not pay for a
+// calibration that the run then repeats.
+void check_rule(const ScalingConfig& config, const ModelConfig& shape);
 
 // The MLP's mean-field initialisation from [model]: weights N(0, sigma_w2/fan_in), biases N(0, sigma_b2).
 InitSpec mlp_mean_field_init(const ParamInfo& param, const MlpConfig& mlp);

@@ -494,7 +494,7 @@ bool Validator::validate(const toml::table& root, Study& study) {
   if (problems_.empty()) {
     // The rule may reject a model it cannot scale (e.g. a norm placement it fixes).
     try {
-      make_rule(study.scaling, study.model);
+      check_rule(study.scaling, study.model);
     } catch (const UserError& error) {
       const std::string message = error.what();
       const std::string body =

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "scaling/rule.h"
@@ -37,6 +40,68 @@ TEST(ScalingRegistry, UnknownRuleAndBadParamsAreUserErrors) {
   config.params.clear();
   config.params["std"] = -1;
   EXPECT_THROW(make_rule(config, transformer_shape(2)), UserError);
+}
+
+// Validation runs check_rule in place of make_rule (a rule's own `check` where it has one, DeepScaleLM's, which skips
+// its calibration): for every rule, on models of every kind and norm placement and with each parameter at its
+// default, at either end of its documented range and (DeepScaleLM's k) past what the model allows, check_rule must
+// reject exactly what make_rule rejects, with the same message.
+TEST(ScalingRegistry, CheckRuleRejectsExactlyWhatMakeRuleRejects) {
+  auto error_of = [](auto&& call) -> std::string {
+    try {
+      call();
+      return "";
+    } catch (const UserError& e) {
+      return std::string("UserError: ") + e.what();
+    } catch (const std::exception& e) {  // (a shape the study's validation rejects before any rule sees it)
+      return std::string("other: ") + e.what();
+    }
+  };
+  std::vector<ModelConfig> shapes;
+  for (const NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::both, NormPlacement::none}) {
+    TransformerConfig config;
+    config.layers = 2;
+    config.width = 32;
+    config.heads = 2;
+    config.seq_len = 16;
+    config.vocab = 32;
+    config.norm = norm;
+    shapes.emplace_back(config);
+  }
+  for (const bool residual : {false, true}) {
+    MlpConfig config;
+    config.layers = 4;
+    config.residual = residual;
+    shapes.emplace_back(config);
+  }
+  for (const ResnetNorm norm : {ResnetNorm::batchnorm, ResnetNorm::none}) {
+    ResnetConfig config;
+    config.norm = norm;
+    shapes.emplace_back(config);
+  }
+  int rejected = 0, accepted = 0, other = 0;
+  for (const RuleInfo* info : all_rules()) {
+    std::vector<ScalingConfig> configs(1);
+    configs[0].rule = info->name;
+    for (const RuleParamDoc& doc : info->params)
+      for (const double value : {doc.min_value, doc.max_value, doc.default_value, 3.0, 5.0}) {
+        ScalingConfig config;
+        config.rule = info->name;
+        config.params[doc.key] = value;
+        configs.push_back(config);
+      }
+    for (const ScalingConfig& config : configs)
+      for (const ModelConfig& shape : shapes) {
+        const std::string made = error_of([&] { make_rule(config, shape); });
+        const std::string checked = error_of([&] { check_rule(config, shape); });
+        EXPECT_EQ(checked, made) << info->name << " on a " << model_kind_name(shape.kind());
+        ++(made.empty() ? accepted : made.starts_with("UserError") ? rejected : other);
+      }
+  }
+  // Both outcomes are exercised (DeepScaleLM's k = 5 on a 2-block transformer's 4 adds, a ResNet rule on an MLP...).
+  EXPECT_GT(rejected, 20);
+  EXPECT_GT(accepted, 20);
+  std::printf("%d accepted, %d rejected with a UserError, %d with another error\n", accepted, rejected, other);
 }
 
 TEST(StandardRule, Gpt2Init) {
