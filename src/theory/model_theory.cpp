@@ -1,6 +1,10 @@
 #include "theory/model_theory.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <cstring>
+#include <bit>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -422,6 +426,15 @@ std::vector<double> row_means(const TokenCov& x) {
 // term vanishes), and the pieces do not cancel within the approximations (docs/theory.md, "Both norms").
 bool common_part_without_branch_norm(const TransformerConfig& c, int index) {
   return c.norm == NormPlacement::both && index > 0;
+}
+
+// Whether two fields are the same bit for bit (layout object, mean and every covariance).
+bool same_bits(const TokenField& a, const TokenField& b) {
+  auto same = [](const std::vector<double>& u, const std::vector<double>& v) {
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(double)) == 0;
+  };
+  return a.layout == b.layout && std::bit_cast<std::uint64_t>(a.mean) == std::bit_cast<std::uint64_t>(b.mean) &&
+         same(a.cov, b.cov) && same(a.within, b.within);
 }
 
 // The square of the part every token of the field shares, per feature: the pair mean plus the mean's square.
@@ -1325,6 +1338,12 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
   const std::size_t field_bytes = static_cast<std::size_t>(layout->buckets() * layout->buckets()) * sizeof(double);
   const int segment = static_cast<int>(std::clamp<std::size_t>((std::size_t{96} << 20) / (12 * field_bytes), 1, 64));
   std::vector<TokenField> checkpoints;
+  // The attention sublayers of the last segment as this forward pass computes them: the backward pass starts with
+  // that segment and takes each one whose input it finds bit for bit the same instead of recomputing it (an
+  // attention sublayer's fields depend on its input alone; an FFN's also on which of ActivationPairMaps' tables it
+  // meets, so the FFNs are recomputed, and the result is the recomputation's bit for bit).
+  const int last_start = ((sublayers - 1) / segment) * segment;
+  std::vector<std::optional<Sublayer>> kept(static_cast<std::size_t>(sublayers - last_start));
   std::vector<SublayerProbes> probes(static_cast<std::size_t>(sublayers));
   int saturated_block = -1;  // the last block whose attention is one-hot to float32 precision (below)
   double saturated_spread = 0.0;
@@ -1348,6 +1367,10 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
         double& v = token_aligned_at[static_cast<std::size_t>(a)];
         v = s.sum.diag(a) > 0.0 ? v * s.out.diag(a) / s.sum.diag(a) : 0.0;
       }
+    }
+    if (i >= last_start && i % 2 == 0) {
+      Sublayer& k = kept[static_cast<std::size_t>(i - last_start)].emplace(s);
+      k.branch_in = k.mixed = k.branch = TokenField();  // (what only the probed forward pass keeps)
     }
     x = std::move(s.out);
   }
@@ -1419,7 +1442,12 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     states.reserve(static_cast<std::size_t>(end - start));
     TokenField stream = checkpoints[static_cast<std::size_t>(start / segment)];
     for (int i = start; i < end; ++i) {
-      states.push_back(sublayer_forward(numbers, i, stream, rule, nullptr, nullptr));
+      std::optional<Sublayer>* forward = start == last_start ? &kept[static_cast<std::size_t>(i - start)] : nullptr;
+      if (forward && forward->has_value() && same_bits((*forward)->input, stream))
+        states.push_back(std::move(**forward));
+      else
+        states.push_back(sublayer_forward(numbers, i, stream, rule, nullptr, nullptr));
+      if (forward) forward->reset();
       stream = states.back().out;
     }
     for (int i = end - 1; i >= start; --i) {
