@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "scaling/rule.h"
+#include "support/model_testing.h"
 
 namespace proplab {
 
@@ -58,16 +59,8 @@ TEST(ScalingRegistry, CheckRuleRejectsExactlyWhatMakeRuleRejects) {
     }
   };
   std::vector<ModelConfig> shapes;
-  for (const NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::both, NormPlacement::none}) {
-    TransformerConfig config;
-    config.layers = 2;
-    config.width = 32;
-    config.heads = 2;
-    config.seq_len = 16;
-    config.vocab = 32;
-    config.norm = norm;
-    shapes.emplace_back(config);
-  }
+  for (const NormPlacement norm : {NormPlacement::pre, NormPlacement::post, NormPlacement::both, NormPlacement::none})
+    shapes.emplace_back(testing::tiny_transformer(norm));
   for (const bool residual : {false, true}) {
     MlpConfig config;
     config.layers = 4;
