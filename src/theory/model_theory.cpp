@@ -1,17 +1,17 @@
 #include "theory/model_theory.h"
 
 #include <algorithm>
-#include <cstdint>
-#include <optional>
-#include <cstring>
-#include <bit>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <iomanip>
 #include <limits>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <string>
 
