@@ -148,9 +148,10 @@ TokenGrad scaled(const TokenGrad& g, double factor);
 // The causal softmax weights of one head for the buckets' representative queries (see the header comment). Per query
 // bucket a and key bucket x ≤ a ([buckets, buckets], 0 beyond): one key's mean weight E[w_ak] and mean square weight
 // E[w_ak²] and its own logit spread, for independent logits whose spreads are each key's deviation from the prefix's
-// mean key (docs/theory.md, "Keys of unequal spread"; equal spreads give 1/n and s/n). Two queries' products:
-// E[w_ak w_bk] = min(e^{ρ_ab·√(D_ak D_bk)}·E[w_ak]E[w_bk], √(E[w_ak²]E[w_bk²])) on a key both read, and
-// κ_ab·E[w_ak]E[w_bm] on different keys, κ_ab such that they sum to 1.
+// mean key (docs/theory.md, "Keys of unequal spread"; equal spreads give 1/n and s/n). Two queries' products
+// (causal_mix_forward and causal_mix_backward): E[w_ak w_bk] on a key both read from a threshold model of the two
+// weights ("Two queries on one key"), and r_k·c_m·E[w_ak]E[w_bm] on different keys, fitted so that each key's
+// products with the other query's keys sum to its mean weight ("Products of two weights").
 struct CausalWeights {
   std::shared_ptr<const TokenLayout> layout;
   std::vector<double> key_spread;    // spread_k: the variance of k over the representative query's keys
