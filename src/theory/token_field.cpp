@@ -957,18 +957,22 @@ PairProducts pair_products(const CausalWeights& w, const std::vector<Representat
                                                      rho * std::sqrt(w.key_reach[ax] * w.key_reach[bx])) /
                                           std::sqrt(own)
                                     : 0.0;
-      out.same[ix] =
-          std::min(mean_a * mean_b + corr * std::sqrt(var_a * var_b), std::sqrt(w.key_sq[ax] * w.key_sq[bx]));
+      // Capped by Cauchy–Schwarz and by w ≤ 1: E[w_a w_b] ≤ min(E[w_a], E[w_b]), which pair products' sums need.
+      out.same[ix] = std::min({mean_a * mean_b + corr * std::sqrt(var_a * var_b),
+                               std::sqrt(w.key_sq[ax] * w.key_sq[bx]), std::min(mean_a, mean_b)});
     }
   }
   // The products of different keys, T(x, y) = row(x)·col(y)·E[w_ax]·E[w_by], by iterative proportional fitting
   // to their sums. A key of bucket x that a reads meets, among the keys b reads, c_b(y) of bucket y, less itself
   // with probability shared(x)/c_a(x) when y = x; its products with them sum to E[w_ax] less its own product with
   // itself, E[w_ax] − (shared(x)/c_a(x))·same(x), and the same holds for b's keys. Both sets of sums total
-  // 1 − Σ_x shared(x)·same(x), so the fit converges; from uniform mean weights it is the one scale κ that makes
-  // the products total 1. It stops when no column factor moves by 10⁻¹² of itself (about 5 sweeps where the weights
-  // are soft) or after 50 sweeps: where they are nearly one-hot it creeps, and 2 000 sweeps move the saturated
-  // no-norm `xavier` accuracy study's prediction by 0.2%.
+  // 1 − Σ_x shared(x)·same(x) (same ≤ the smaller mean keeps every sum ≥ 0), so the fit converges. For one query,
+  // or two of one bucket, with uniform mean weights it is the one scale κ that makes the products total 1; for two
+  // queries of different buckets it departs from κ on the keys only one of them reads whenever the two queries'
+  // weights on their shared keys correlate. The result meets the column sums exactly and the row sums to the stop. It
+  // stops when no column factor moves by 10⁻¹² of itself (about 5 sweeps where the weights are soft) or after 50
+  // sweeps: where they are nearly one-hot it creeps, and 2 000 sweeps move the saturated no-norm `xavier` accuracy
+  // study's prediction by 0.2%.
   const std::size_t pp = static_cast<std::size_t>(p);
   out.row.assign(pp, 0.0);
   out.col.assign(pp, 0.0);
@@ -1139,7 +1143,9 @@ TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const
   out.cov.assign(cells(p), 0.0);
   out.within.assign(static_cast<std::size_t>(p), 0.0);
   for (std::int64_t a = 0; a < p; ++a) {
-    for (std::int64_t b = 0; b < p; ++b) out.at(a, b) = mix(a, b, a == b ? QueryPair::same : QueryPair::different);
+    // The products of (b, a) are those of (a, b) transposed: each pair once, mirrored.
+    for (std::int64_t b = 0; b <= a; ++b)
+      out.at(a, b) = out.at(b, a) = mix(a, b, a == b ? QueryPair::same : QueryPair::different);
     out.within[static_cast<std::size_t>(a)] = mix(a, a, QueryPair::within);
     // The values' share along the query's logit direction (header comment; docs/theory.md, "Values along the
     // logits"): 1/fan_in of their spread (n/(n − 1) times the prefix's sample variance) is weighted by the logits.
@@ -1164,8 +1170,11 @@ TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w) {
   };
   std::vector<PairProducts> pairs(cells(p)), within(static_cast<std::size_t>(p));
   for (std::int64_t a = 0; a < p; ++a) {
-    for (std::int64_t b = 0; b < p; ++b)
-      pairs[at_index(a, b, p)] = pair_products(w, reps, a, b, a == b ? QueryPair::same : QueryPair::different);
+    for (std::int64_t b = 0; b <= a; ++b) {
+      PairProducts& pr = pairs[at_index(a, b, p)];
+      pr = pair_products(w, reps, a, b, a == b ? QueryPair::same : QueryPair::different);
+      if (b < a) pairs[at_index(b, a, p)] = PairProducts{pr.shared, pr.same, pr.col, pr.row};  // (b, a): transposed
+    }
     within[static_cast<std::size_t>(a)] = pair_products(w, reps, a, a, QueryPair::within);
   }
   // Two different keys of buckets x and y (x = y: two keys of one bucket): Σ over the queries that read them of
