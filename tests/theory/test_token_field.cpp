@@ -358,19 +358,18 @@ TEST(TokenField, ProductsOfTwoWeightsMeetBothSums) {
   x.layout = layout;
   x.cov.assign(static_cast<std::size_t>(p * p), 0.0);
   x.within.assign(static_cast<std::size_t>(p), 0.0);
-  std::vector<double> mid(static_cast<std::size_t>(p)), u(static_cast<std::size_t>(p));
+  // Each bucket's width at its middle position (the first ones wider) and the values' u.
+  std::vector<double> width(static_cast<std::size_t>(p)), u(static_cast<std::size_t>(p));
   for (std::int64_t a = 0; a < p; ++a) {
     const std::size_t i = static_cast<std::size_t>(a);
-    mid[i] = static_cast<double>(layout->start[i]) + 0.5 * static_cast<double>(layout->size[i] - 1);
+    const double mid = static_cast<double>(layout->start[i]) + 0.5 * static_cast<double>(layout->size[i] - 1);
+    width[i] = std::sqrt(1.0 + 3.0 * std::exp(-mid / 10.0));
     u[i] = 1.0 + 0.5 * std::sin(0.7 * static_cast<double>(a));
   }
-  auto width = [](double t) { return std::sqrt(1.0 + 3.0 * std::exp(-t / 10.0)); };
   for (std::int64_t a = 0; a < p; ++a) {
-    for (std::int64_t b = 0; b < p; ++b)
-      x.at(a, b) = a == b ? width(mid[static_cast<std::size_t>(a)]) * width(mid[static_cast<std::size_t>(a)])
-                          : 0.9 * width(mid[static_cast<std::size_t>(a)]) * width(mid[static_cast<std::size_t>(b)]);
-    x.within[static_cast<std::size_t>(a)] =
-        0.9 * width(mid[static_cast<std::size_t>(a)]) * width(mid[static_cast<std::size_t>(a)]);
+    const double wa = width[static_cast<std::size_t>(a)];
+    for (std::int64_t b = 0; b < p; ++b) x.at(a, b) = wa * width[static_cast<std::size_t>(b)] * (a == b ? 1.0 : 0.9);
+    x.within[static_cast<std::size_t>(a)] = 0.9 * wa * wa;
   }
   const TokenField q = linear_forward(x, d, 3.0 / d);
   const CausalWeights w = causal_weights(q, q, 1.0 / 32, 32);
