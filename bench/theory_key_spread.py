@@ -179,7 +179,8 @@ def main():
             correlated_sq[i] = (p ** 2).sum(1).mean()
         dev = np.diag(C) - 2 * C.mean(1) + C.mean()
         print(f"{b:5d}  {actual[b].mean():9.5f}  {gaussian.mean():9.5f}  {equal.mean():10.5f}  {own.mean():11.5f}  "
-              f"{correlated.mean():10.5f}  {equal.mean() / gaussian.mean():11.4f}  {own.mean() / gaussian.mean():9.4f}  "
+              f"{correlated.mean():10.5f}  {equal.mean() / gaussian.mean():11.4f}  "
+              f"{own.mean() / gaussian.mean():9.4f}  "
               f"{correlated.mean() / gaussian.mean():10.4f}  {dev[0] / dev[-1]:29.2f}  "
               f"{actual_sq[b].mean():.3f} / {own_sq.mean():.3f} / {correlated_sq.mean():.3f}", flush=True)
 
