@@ -8,9 +8,10 @@ CHECKPOINT is a proplab checkpoint of a transformer without norms (model.norm = 
 e.g. `proplab run study.toml --set train.steps=1 --set train.final_checkpoint=true`; only its tensors' stds and its
 study are read (a role's std pooled over the blocks where they agree; the embedding tables' stds are one draw's, off
 the rule's by up to about 0.5%, which shows at block 0). The residual weights are λ·x + β·f per sublayer with
-β² = 1/layers and λ² = 1 − β² (DeepScaleLM) unless --beta-sq and --lambda-sq give them (`xavier`: --beta-sq 1
---lambda-sq 1). Three things are compared, block by block, at each block's input (`blocks.l.in`), for uniform
-tokens (float32 with float64 sums, PyTorch from the bench virtual environment: bench/make-torch-venv.sh):
+β² = 1/layers and λ² = 1 − β² (DeepScaleLM) unless --beta-sq and --lambda-sq give them (another rule must give
+them; `xavier`: --beta-sq 1 --lambda-sq 1). Three things are compared, block by block, at each block's input
+(`blocks.l.in`), for uniform tokens (float32 with float64 sums, PyTorch from the bench virtual environment:
+bench/make-torch-venv.sh):
 
 - `theory`: `PROPLAB theory` on the checkpoint's study with data.kind = "uniform";
 - `replica`: NETWORKS networks (each weight redrawn normal with its checkpoint tensor's std, the packed QKV by thirds)
@@ -29,19 +30,18 @@ leaves the Gaussian field, the stream's departure from a Gaussian field matters.
 """
 import argparse
 import math
+import os
 import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 
 try:
-    import h5py
     import numpy as np
     import torch
+    from unnormalised_replica import gelu, read_checkpoint, residual_weights
 except ImportError as e:
     sys.exit(f"theory_gaussian_field: needs PyTorch, NumPy and h5py ({e}); see bench/make-torch-venv.sh")
-
 
 
 def fail(message):
@@ -51,15 +51,18 @@ def fail(message):
 
 def theory_stream(proplab, config_text, blocks):
     """`proplab theory` on the study with uniform tokens: {block: (var, corr)} at blocks.l.in."""
+    # The Markov chain's own keys are valid only with data.kind = "markov".
     text = re.sub(r"(?m)^markov_\w+\s*=.*\n", "", config_text)
-    text = re.sub(r'(?m)^(\[data\]\s*\nkind\s*=\s*)"[^"]*"', r'\1"uniform"', text)
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(text)
         path = f.name
     try:
-        result = subprocess.run([proplab, "theory", path], capture_output=True, text=True)
+        result = subprocess.run([proplab, "theory", path, "--set", 'data.kind="uniform"'], capture_output=True,
+                                text=True)
     except OSError as e:
         fail(f"{proplab}: cannot run it ({e})")
+    finally:
+        os.unlink(path)
     if result.returncode != 0:
         fail(f"{proplab} theory on the checkpoint's study failed: {result.stderr.strip()}")
     stream = {}
@@ -87,29 +90,13 @@ def main():
     for name in ("networks", "blocks", "draws", "sequences"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')}: {getattr(args, name)}; needs at least 1")
-    try:
-        f = h5py.File(args.checkpoint, "r")
-        std = {k: float(np.std(f["tensors/param/" + k][:])) for k in f["tensors/param"].keys() if k.endswith("weight")}
-        config_text = f["strings/config"][()].decode()
-        study = tomllib.loads(config_text)
-        V, d = f["tensors/param/embed.token.weight"].shape
-        T = f["tensors/param/embed.position.weight"].shape[0]
-        model = study.get("model", {})
-        L, H = model["layers"], model["heads"]
-        thirds = [[float(np.std(w[i * d:(i + 1) * d])) for i in range(3)]
-                  for w in (f[f"tensors/param/blocks.{l}.attn.qkv.weight"][:] for l in range(L))]
-    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
-        fail(f"{args.checkpoint}: not a proplab checkpoint of a transformer ({e})")
-    for key, value in {"norm": "none", "activation": "gelu"}.items():
-        if model.get(key) != value:
-            fail(f"{args.checkpoint}: model.{key} = {model.get(key)!r}; the replica needs {value!r}")
+    ck = read_checkpoint(args.checkpoint, fail)
+    std, thirds = ck.std, ck.thirds
+    V, d, T, L, H = ck.vocab, ck.width, ck.tokens, ck.layers, ck.heads
     if args.blocks > L:
         fail(f"--blocks: {args.blocks}; the checkpoint has {L} blocks")
-    beta_sq = args.beta_sq if args.beta_sq is not None else 1.0 / L
-    lambda_sq = args.lambda_sq if args.lambda_sq is not None else 1.0 - beta_sq
-    if beta_sq <= 0 or lambda_sq < 0:
-        fail(f"--beta-sq {beta_sq}, --lambda-sq {lambda_sq}: need β² > 0 and λ² ≥ 0")
-    theory = theory_stream(args.proplab, config_text, args.blocks)
+    beta_sq, lambda_sq = residual_weights(ck, args.beta_sq, args.lambda_sq, fail)
+    theory = theory_stream(args.proplab, ck.config_text, args.blocks)
     # One drawn tensor's std is off its rule's by about 1/√(2·size) (0.1% for a block's weights), which compounds
     # over the blocks: where every block has the same std for a role (within 2%), their mean stands in for each.
     for role in ("attn.out", "ffn.fc", "ffn.proj"):
@@ -129,9 +116,6 @@ def main():
 
     def rn(*shape, s):
         return torch.randn(*shape, generator=g) * s
-
-    def gelu(x):
-        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
     def attention(x, l):
         n = x.shape[0]

@@ -36,12 +36,11 @@ docs/theory.md ("Keys of unequal spread" under "Predictions along the model") re
 import argparse
 import math
 import sys
-import tomllib
 
 try:
-    import h5py
     import numpy as np
     import torch
+    from unnormalised_replica import gelu, read_checkpoint, residual_weights
 except ImportError as e:
     sys.exit(f"theory_key_spread: needs PyTorch, NumPy and h5py ({e}); see bench/make-torch-venv.sh")
 
@@ -66,43 +65,22 @@ def main():
     for name in ("seeds", "draws", "samples"):
         if getattr(args, name) < 1:
             fail(f"--{name}: {getattr(args, name)}; needs at least 1")
-    try:
-        f = h5py.File(args.checkpoint, "r")
-        std = {k: float(np.std(f["tensors/param/" + k][:])) for k in f["tensors/param"].keys() if k.endswith("weight")}
-        study = tomllib.loads(f["strings/config"][()].decode())
-        d = f["tensors/param/embed.token.weight"].shape[1]
-        V = f["tensors/param/embed.token.weight"].shape[0]
-        T = f["tensors/param/embed.position.weight"].shape[0]
-        model = study.get("model", {})
-        L, H = model["layers"], model["heads"]
-        qkv = [f[f"tensors/param/blocks.{l}.attn.qkv.weight"][:] for l in range(L)]
-    except (OSError, KeyError, tomllib.TOMLDecodeError) as e:
-        fail(f"{args.checkpoint}: not a proplab checkpoint of a transformer ({e})")
-    for key, value in {"norm": "none", "activation": "gelu"}.items():
-        if model.get(key) != value:
-            fail(f"{args.checkpoint}: model.{key} = {model.get(key)!r}; the replica needs {value!r}")
-    if study.get("scaling", {}).get("rule") != "deepscalelm" and args.beta_sq is None:
-        fail(f"{args.checkpoint}: scaling.rule is not deepscalelm; give --beta-sq")
+    ck = read_checkpoint(args.checkpoint, fail)
+    std, thirds = ck.std, ck.thirds
+    V, d, T, L, H = ck.vocab, ck.width, ck.tokens, ck.layers, ck.heads
+    beta_sq, lambda_sq = residual_weights(ck, args.beta_sq, args.lambda_sq, fail)
     try:
         blocks = sorted({int(b) for b in args.blocks.split(",")})
     except ValueError:
         fail(f"--blocks: {args.blocks!r} is not a comma-separated list of block indices")
     if not blocks or blocks[0] < 0 or blocks[-1] >= L:
         fail(f"--blocks: {args.blocks!r}; the checkpoint has blocks 0..{L - 1}")
-    thirds = [[float(np.std(w[i * d:(i + 1) * d])) for i in range(3)] for w in qkv]
-    beta_sq = args.beta_sq if args.beta_sq is not None else 1.0 / L
-    lambda_sq = args.lambda_sq if args.lambda_sq is not None else 1.0 - beta_sq
-    if beta_sq <= 0 or lambda_sq < 0:
-        fail(f"--beta-sq {beta_sq}, --lambda-sq {lambda_sq}: need β² > 0 and λ² ≥ 0")
     beta, lam = math.sqrt(beta_sq), math.sqrt(lambda_sq)
     B, dh = 2, d // H
     g = torch.Generator().manual_seed(777)
 
     def rn(*shape, s):
         return torch.randn(*shape, generator=g) * s
-
-    def gelu(x):
-        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
     def heads(x, w):
         return (x @ w.T).view(x.shape[0], T, H, dh).transpose(1, 2)
