@@ -56,6 +56,7 @@ class Builder {
     if (token_correlations) prediction.probes[probe].backward_corr = g.corr;
   }
   bool token_correlations = false;  // transformers: the backward maps carry the gradient's token correlation
+  int correlated_logits = 0;        // attention sublayers whose weights carry the keys' leading own mode
   ProbePrediction prediction;
 };
 
@@ -361,6 +362,7 @@ Sublayer sublayer_forward(const TransformerNumbers& numbers, int index, const To
     s.v = linear_forward(branch_in, d, bn.v_std * bn.v_std, bias_var);
     const double scale_sq = numbers.logit_scale * numbers.logit_scale;
     s.weights = causal_weights(s.q, k, scale_sq, head_dim);
+    if (builder && s.weights.mode.active) ++builder->correlated_logits;
     if (builder) {
       p.hidden = builder->add(prefix + ".logits", "logits", l);
       builder->set_forward(p.hidden, Signal{0.0, s.weights.logit_var, kNaN});
@@ -702,8 +704,8 @@ namespace {
 // How predict_transformer computes, for the run file's /theory formulae attribute.
 // `token_pairs`: where the loss gradient's token covariance takes its coincidence rates from; `common_part`: whether
 // the gradient's part along the stream's common part is carried (a tied head above a norm).
-std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs,
-                                 const std::string& token_pairs, bool common_part) {
+std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs& inputs, const std::string& token_pairs,
+                                 bool common_part, int correlated_logits) {
   std::ostringstream formulae;
   formulae << "position-resolved (token covariance [L, L], theory/token_field): embedding var σ_tok²+σ_pos², corr "
               "r_0 "
@@ -723,6 +725,11 @@ std::string transformer_formulae(const TransformerConfig& c, const TheoryInputs&
               "backward maps per token pair; causal attention value path (exact pair sums), query and key paths "
               "(per position, the softmax Jacobian's exact trace; the query path with the prefix's own covariance "
               "and the Gram's finite-width fluctuation)";
+  if (correlated_logits > 0)
+    formulae << "; in " << correlated_logits
+             << " attention sublayer(s) the keys' leading own mode (mean logit variance along it >= "
+             << kModeLogitVariance
+             << ") carried forward: each query's logits given its coefficient on it, correlated between queries";
   if (norms_residual_sum(c.norm) && inputs.norm_scale_spread)
     formulae << "; each stream norm's backward with its finite-width factor (the token scale's spread over the "
                 "weights, the centring, the mean it projects out)";
@@ -1477,8 +1484,8 @@ ProbePrediction predict_transformer(const TransformerNumbers& numbers, const The
     }
   }
 
-  b.prediction.formulae =
-      transformer_formulae(c, inputs, coincidences.describe(), aligned_share > 0.0 && inputs.common_part_gradient);
+  b.prediction.formulae = transformer_formulae(c, inputs, coincidences.describe(),
+                                               aligned_share > 0.0 && inputs.common_part_gradient, b.correlated_logits);
   return b.prediction;
 }
 

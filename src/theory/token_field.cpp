@@ -835,6 +835,216 @@ bool own_spread_weights(const std::vector<double>& counts, const std::vector<dou
       [&](std::size_t k) { return kLogTLow + static_cast<double>(k) * dlt >= low; }, mean, sq);
 }
 
+// wide_spread_functions' two normal forms, log Φ(−u) and φ(u), interpolated linearly in one table of the standardised
+// u (steps of 1/128 on [−12, 12], within 10⁻⁵ of their own values; exact beyond).
+class StandardNormalTable {
+ public:
+  static const StandardNormalTable& get() {
+    static const StandardNormalTable table;
+    return table;
+  }
+  double log_upper(double u) const {
+    if (u < -kEnd) return std::log(normal_cdf(-u));
+    if (u > kEnd)  // Mills' ratio: Φ(−u) = φ(u)/u·(1 − 1/u² + 3/u⁴ − …), finite where Φ(−u) underflows
+      return -0.5 * u * u - std::log(u * std::sqrt(2.0 * std::numbers::pi)) +
+             std::log1p(-1.0 / (u * u) + 3.0 / (u * u * u * u));
+    return at(log_upper_, u);
+  }
+  double density(double u) const { return u < -kEnd || u > kEnd ? normal_pdf(u) : at(density_, u); }
+
+ private:
+  static constexpr double kEnd = 12.0, kPerUnit = 128.0;
+  StandardNormalTable() {
+    const int n = static_cast<int>(2.0 * kEnd * kPerUnit) + 1;
+    for (int i = 0; i < n; ++i) {
+      const double u = -kEnd + i / kPerUnit;
+      log_upper_.push_back(std::log(normal_cdf(-u)));
+      density_.push_back(normal_pdf(u));
+    }
+  }
+  double at(const std::vector<double>& f, double u) const {
+    const double position = (u + kEnd) * kPerUnit;
+    const std::size_t k = std::min(static_cast<std::size_t>(position), f.size() - 2);
+    const double frac = position - static_cast<double>(k);
+    return f[k] + frac * (f[k + 1] - f[k]);
+  }
+  std::vector<double> log_upper_, density_;
+};
+
+// Per key bucket x of one query's prefix (counts[x] keys whose logits are independent N(shifts[x], spreads[x])): one
+// key's mean weight E[w_k] and mean square weight E[w_k²], as own_spread_weights with each key's functions of log t
+// moved by its mean (e^{z + μ} = e^μ·e^z: φ, t·ψ_1 and t²·ψ_2 of N(μ, D) at log t are those of N(0, D) at log t + μ;
+// beyond the table the normal forms of wide_spread_functions through StandardNormalTable). The grid of log t covers
+// where some key's weight lives: from 9 sd (√(D + π²/6)) below each key's place (or 30 + log n, the exponential lower
+// tail of a narrow one) to 9 sd above the highest-placed key's, beyond which the product of the φ vanishes; its step
+// is an eighth of the narrowest sd, or a thousandth of the range if that is wider. False when the quadrature finds
+// no weight.
+bool shifted_spread_weights(const std::vector<double>& counts, const std::vector<double>& spreads,
+                            const std::vector<double>& shifts, double keys, std::vector<double>& mean,
+                            std::vector<double>& sq) {
+  const std::size_t nx = counts.size();
+  const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
+  constexpr double zeta_term = std::numbers::pi * std::numbers::pi / 6.0, gamma = 0.57721566490153286;
+  double lo = std::numeric_limits<double>::infinity(), hi = lo, narrowest = lo;
+  for (std::size_t x = 0; x < nx; ++x) {
+    if (counts[x] <= 0.0) continue;
+    const double sd = std::sqrt(std::max(spreads[x], 0.0) + zeta_term);
+    lo = std::min(lo, -shifts[x] - std::max(9.0 * sd + 5.0, 30.0 + std::log(keys)));
+    hi = std::min(hi, -shifts[x] + 9.0 * sd + 5.0);
+    narrowest = std::min(narrowest, sd);
+  }
+  if (!(hi > lo)) return false;
+  const double step = std::max(narrowest / 8.0, (hi - lo) / 1000.0);
+  const std::size_t points = static_cast<std::size_t>(std::ceil((hi - lo) / step)) + 1;
+  const StandardNormalTable& normal = StandardNormalTable::get();
+  thread_local std::vector<std::vector<double>> log_phi, psi1, psi2;
+  thread_local std::vector<double> log_all;
+  if (log_phi.size() < nx) {
+    log_phi.resize(nx);
+    psi1.resize(nx);
+    psi2.resize(nx);
+  }
+  log_all.assign(points, 0.0);
+  std::vector<std::size_t> source(nx);
+  for (std::size_t x = 0; x < nx; ++x) {
+    source[x] = x;
+    if (counts[x] <= 0.0) continue;
+    log_phi[x].assign(points, 0.0);
+    psi1[x].assign(points, 0.0);
+    psi2[x].assign(points, 0.0);
+    const double spread = std::max(spreads[x], 0.0), root = std::sqrt(spread);
+    if (root > table_root) {
+      const double s1 = std::sqrt(spread + zeta_term), s2 = std::sqrt(spread + zeta_term - 1.0);
+      for (std::size_t i = 0; i < points; ++i) {
+        const double y = lo + static_cast<double>(i) * step + shifts[x];
+        log_phi[x][i] = normal.log_upper((y + gamma) / s1);
+        psi1[x][i] = normal.density((y + gamma) / s1) / s1;
+        psi2[x][i] = normal.density((y - 1.0 + gamma) / s2) / s2;
+      }
+    } else {
+      const TableMix table(root);
+      for (std::size_t i = 0; i < points; ++i) {
+        const double at = (lo + static_cast<double>(i) * step + shifts[x] - kLogTLow) / dlt;
+        if (at < 0.0) continue;  // φ = 1, no weight
+        if (at > kLogT - 1) {
+          log_phi[x][i] = -1e300;
+          continue;
+        }
+        const std::size_t k = std::min(static_cast<std::size_t>(at), static_cast<std::size_t>(kLogT - 2));
+        const double f = at - static_cast<double>(k);
+        log_phi[x][i] = (1.0 - f) * table.log_phi(k) + f * table.log_phi(k + 1);
+        psi1[x][i] = (1.0 - f) * table.psi1(k) + f * table.psi1(k + 1);
+        psi2[x][i] = (1.0 - f) * table.psi2(k) + f * table.psi2(k + 1);
+      }
+    }
+    for (std::size_t i = 0; i < points; ++i) log_all[i] += counts[x] * log_phi[x][i];
+  }
+  return weight_integrals(
+      counts, source, points, log_all, log_phi, psi1, psi2,
+      [&](std::size_t i) { return (i == 0 || i + 1 == points ? 0.5 : 1.0) * step; }, [](std::size_t) { return true; },
+      mean, sq);
+}
+
+// The leading eigenpair of a symmetric n×n matrix (row-major) by cyclic Jacobi rotations, to 10⁻¹⁴ of its norm or 60
+// sweeps.
+std::pair<double, std::vector<double>> leading_eigenpair(std::vector<double> a, std::size_t n) {
+  std::vector<double> v(n * n, 0.0);
+  for (std::size_t i = 0; i < n; ++i) v[i * n + i] = 1.0;
+  double norm = 0.0;
+  for (const double e : a) norm += e * e;
+  for (int sweep = 0; sweep < 60; ++sweep) {
+    double off = 0.0;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n; ++j) off += 2.0 * a[i * n + j] * a[i * n + j];
+    if (!(off > 1e-28 * norm)) break;
+    for (std::size_t p = 0; p < n; ++p) {
+      for (std::size_t q = p + 1; q < n; ++q) {
+        const double apq = a[p * n + q];
+        if (apq == 0.0) continue;
+        const double theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+        const double t = (theta >= 0.0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1.0));
+        const double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
+        for (std::size_t k = 0; k < n; ++k) {  // columns p, q
+          const double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = c * akp - s * akq;
+          a[k * n + q] = s * akp + c * akq;
+        }
+        for (std::size_t k = 0; k < n; ++k) {  // rows p, q
+          const double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = c * apk - s * aqk;
+          a[q * n + k] = s * apk + c * aqk;
+        }
+        for (std::size_t k = 0; k < n; ++k) {
+          const double vkp = v[k * n + p], vkq = v[k * n + q];
+          v[k * n + p] = c * vkp - s * vkq;
+          v[k * n + q] = s * vkp + c * vkq;
+        }
+      }
+    }
+  }
+  std::size_t top = 0;
+  for (std::size_t i = 1; i < n; ++i)
+    if (a[i * n + i] > a[top * n + top]) top = i;
+  std::vector<double> vec(n);
+  for (std::size_t k = 0; k < n; ++k) vec[k] = v[k * n + top];
+  return {a[top * n + top], vec};
+}
+
+// The keys' leading own mode over the positions (CausalWeights::Mode): among the vectors constant on each bucket, the
+// leading eigenvector of the covariance centred over the whole sequence, C_c = P·C·P (P removes the mean over
+// positions, the part every token shares). In the basis e_x·√size_x the covariance of bucket-constant vectors is
+// S(x, y) = total(x, y)/√(size_x·size_y) (block_totals) and the centring removes √(size_x/L).
+std::pair<double, std::vector<double>> leading_own_mode(const TokenCov& k, const std::vector<Representative>& reps) {
+  const std::size_t p = reps.size();
+  const std::vector<double> totals = block_totals(k.cov, k.within, reps);
+  std::vector<double> root(p), s(p * p), e(p);
+  double length = 0.0;
+  for (std::size_t x = 0; x < p; ++x) root[x] = std::sqrt(reps[x].m), length += reps[x].m;
+  for (std::size_t x = 0; x < p; ++x) e[x] = root[x] / std::sqrt(length);
+  for (std::size_t x = 0; x < p; ++x)
+    for (std::size_t y = 0; y < p; ++y) s[x * p + y] = totals[x * p + y] / (root[x] * root[y]);
+  // P·S·P with P = I − e·eᵀ.
+  std::vector<double> se(p, 0.0);
+  double ese = 0.0;
+  for (std::size_t x = 0; x < p; ++x) {
+    for (std::size_t y = 0; y < p; ++y) se[x] += s[x * p + y] * e[y];
+    ese += e[x] * se[x];
+  }
+  for (std::size_t x = 0; x < p; ++x)
+    for (std::size_t y = 0; y < p; ++y) s[x * p + y] += -se[x] * e[y] - e[x] * se[y] + ese * e[x] * e[y];
+  auto [value, w] = leading_eigenpair(std::move(s), p);
+  for (std::size_t x = 0; x < p; ++x) w[x] /= root[x];
+  return {std::max(value, 0.0), w};
+}
+
+// ∫ f̂(ξ)·N(ξ; c, σ²) dξ for f̂ the piecewise-linear interpolant of values on the uniform grid `nodes` (constant
+// beyond its ends), as weights on the nodes: the normal's mass over each interval shared between its two ends by the
+// hat functions (σ = 0: linear interpolation at c). Intervals beyond 9σ of c are left out.
+void hat_weights(const std::vector<double>& nodes, double c, double sigma, std::vector<double>& out) {
+  const std::size_t g = nodes.size();
+  const double h = nodes[1] - nodes[0];
+  out.assign(g, 0.0);
+  if (!(sigma > 1e-9 * h)) {
+    const double at = std::clamp((c - nodes[0]) / h, 0.0, static_cast<double>(g - 1));
+    const std::size_t k = std::min(static_cast<std::size_t>(at), g - 2);
+    out[k] = 1.0 - (at - static_cast<double>(k));
+    out[k + 1] = at - static_cast<double>(k);
+    return;
+  }
+  out[0] = normal_cdf((nodes[0] - c) / sigma);
+  out[g - 1] = 1.0 - normal_cdf((nodes[g - 1] - c) / sigma);
+  const std::size_t first = static_cast<std::size_t>(
+      std::clamp(std::floor((c - 9.0 * sigma - nodes[0]) / h), 0.0, static_cast<double>(g - 2)));
+  const std::size_t last = static_cast<std::size_t>(
+      std::clamp(std::ceil((c + 9.0 * sigma - nodes[0]) / h), 0.0, static_cast<double>(g - 2)));
+  for (std::size_t j = first; j <= last; ++j) {
+    const double a = (nodes[j] - c) / sigma, b = (nodes[j + 1] - c) / sigma;
+    const double mass = normal_cdf(b) - normal_cdf(a), moment = sigma * (normal_pdf(a) - normal_pdf(b));
+    out[j] += ((nodes[j + 1] - c) * mass - moment) / h;
+    out[j + 1] += (moment + (c - nodes[j]) * mass) / h;
+  }
+}
+
 // How many keys of bucket x the representative query of bucket a reads (all of a bucket before it, h of its own).
 double key_count(const std::vector<Representative>& reps, std::int64_t a, std::int64_t x) {
   return x < a ? reps[static_cast<std::size_t>(x)].m : x == a ? reps[static_cast<std::size_t>(a)].h : 0.0;
@@ -1020,6 +1230,103 @@ PairProducts pair_products(const CausalWeights& w, const std::vector<Representat
   return out;
 }
 
+// CausalWeights::Mode for the weights `w` of the independent per-key law: the keys' leading own mode, each query's
+// loadings on it, and where some query's mean loading² reaches kModeLogitVariance, the weights given ξ on a grid of
+// 49 nodes (ξ in [−6, 6]) and the fluctuation law. Leaves the mode inactive when a quadrature finds no weight.
+void condition_on_mode(const TokenField& q, const TokenField& k, const std::vector<Representative>& reps,
+                       double per_query, CausalWeights& w) {
+  const std::int64_t p = q.buckets();
+  const std::size_t pp = static_cast<std::size_t>(p);
+  auto [value, direction] = leading_own_mode(k, reps);
+  std::vector<double> loading(cells(p), 0.0);
+  double strongest = 0.0;
+  for (std::int64_t a = 0; a < p; ++a) {
+    const double n = reps[static_cast<std::size_t>(a)].n;
+    if (n <= 1.0) continue;
+    double centre = 0.0;
+    for (std::int64_t x = 0; x <= a; ++x) centre += key_count(reps, a, x) * direction[static_cast<std::size_t>(x)];
+    centre /= n;
+    const double scale = std::sqrt(per_query * q.diag(a) * value);
+    double along = 0.0;
+    for (std::int64_t x = 0; x <= a; ++x) {
+      const double m = scale * (direction[static_cast<std::size_t>(x)] - centre);
+      loading[at_index(a, x, p)] = m;
+      along += key_count(reps, a, x) * m * m;
+    }
+    strongest = std::max(strongest, along / n);
+  }
+  if (strongest < kModeLogitVariance) return;
+  CausalWeights::Mode mode;
+  mode.value = value;
+  mode.direction = std::move(direction);
+  mode.loading = std::move(loading);
+  constexpr int kNodes = 49;
+  constexpr double kReach = 6.0;
+  double total = 0.0;
+  for (int g = 0; g < kNodes; ++g) {
+    const double xi = -kReach + 2.0 * kReach * g / (kNodes - 1);
+    mode.nodes.push_back(xi);
+    mode.weights.push_back(normal_pdf(xi));
+    total += mode.weights.back();
+  }
+  for (double& weight : mode.weights) weight /= total;
+  const std::size_t nodes = mode.nodes.size(), cube = pp * nodes * pp;
+  mode.mean.assign(cells(p), 0.0);
+  mode.reach.assign(cells(p), 0.0);
+  mode.given.assign(cube, 0.0);
+  mode.given_sq.assign(cube, 0.0);
+  mode.given_threshold.assign(cube, 0.0);
+  mode.given_self.assign(cube, 0.0);
+  const double kappa_sq = std::numbers::pi / 8.0;
+  // Each query's weights given ξ, independently of the others (in parallel; every query's numbers are its own).
+  bool found = true;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t a = 0; a < p; ++a) {
+    const std::size_t ia = static_cast<std::size_t>(a);
+    const double n = reps[ia].n;
+    if (n <= 1.0) {  // one key: weight 1 whatever ξ
+      mode.mean[at_index(a, a, p)] = 1.0;
+      for (std::size_t g = 0; g < nodes; ++g)
+        mode.given[(ia * nodes + g) * pp + ia] = mode.given_sq[(ia * nodes + g) * pp + ia] = 1.0;
+      continue;
+    }
+    const double unbias = n / (n - 1.0);
+    std::vector<double> counts(pp), spreads(pp), shifts(pp), mean, sq;
+    for (std::int64_t x = 0; x < p; ++x) {
+      const std::size_t ix = static_cast<std::size_t>(x);
+      counts[ix] = key_count(reps, a, x);
+      const double m = x <= a ? mode.loading[at_index(a, x, p)] : 0.0;
+      // The rest of the key's spread, independent per key: what the prefix's centring leaves of it is (n − 1)/n.
+      spreads[ix] = x <= a ? std::max(0.0, (w.key_logit[at_index(a, x, p)] - m * m) * unbias) : 0.0;
+      if (x <= a) mode.reach[at_index(a, x, p)] = kappa_sq * spreads[ix] / (1.0 + kappa_sq * spreads[ix]);
+    }
+    bool ok = true;
+    for (std::size_t g = 0; g < nodes && ok; ++g) {
+      for (std::int64_t x = 0; x <= a; ++x)
+        shifts[static_cast<std::size_t>(x)] = mode.loading[at_index(a, x, p)] * mode.nodes[g];
+      ok = shifted_spread_weights(counts, spreads, shifts, n, mean, sq);
+      if (!ok) break;
+      for (std::int64_t x = 0; x <= a; ++x) {
+        const std::size_t ix = static_cast<std::size_t>(x), at = (ia * nodes + g) * pp + ix;
+        const double m = mean[ix], reach = mode.reach[at_index(a, x, p)];
+        mode.given[at] = m;
+        mode.given_sq[at] = sq[ix];
+        mode.mean[at_index(a, x, p)] += mode.weights[g] * m;
+        mode.given_threshold[at] = m > 0.0 && m < 1.0 ? normal_quantile(m) : 0.0;
+        mode.given_self[at] =
+            m > 0.0 && m < 1.0 ? orthant_excess(mode.given_threshold[at], mode.given_threshold[at], reach) : 0.0;
+      }
+    }
+    if (!ok) {
+#pragma omp atomic write
+      found = false;
+    }
+  }
+  if (!found) return;
+  mode.active = true;
+  w.mode = std::move(mode);
+}
+
 }  // namespace
 
 CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim) {
@@ -1100,53 +1407,172 @@ CausalWeights causal_weights(const TokenField& q, const TokenField& k, double sc
     w.query_corr_within[ia] = pair_r(q.within[ia], q.diag(a), q.diag(a));
   }
   w.logit_var = per_query * (q.var() + q.mean * q.mean) * (k.var() + k.mean * k.mean);
+  condition_on_mode(q, k, reps, per_query, w);
   return w;
 }
+
+namespace {
+
+// Σ_{k,m} E[w_ak w_bm]·cov(v_k, v_m) for two representative queries under the per-key law `w`: a key both read with
+// itself, and different keys through pair_products' fit. `column`: scratch of at least b + 1.
+double mix_pair(const TokenField& v, const CausalWeights& w, const std::vector<Representative>& reps, std::int64_t a,
+                std::int64_t b, QueryPair kind, std::vector<double>& column) {
+  const std::int64_t p = v.buckets();
+  const PairProducts pr = pair_products(w, reps, a, b, kind);
+  const std::size_t nb = static_cast<std::size_t>(b) + 1;
+  // n_b(y)·E[w_by]·col(y): the keys of bucket y that query b reads, times one's mean weight and the fit's factor.
+  for (std::size_t y = 0; y < nb; ++y) {
+    const std::int64_t iy = static_cast<std::int64_t>(y);
+    const double counted = key_count(reps, b, iy) * w.key_mean[at_index(b, iy, p)];
+    column[y] = counted * pr.col[y];
+  }
+  double same = 0.0, other = 0.0;
+  for (std::int64_t x = 0; x <= std::max(a, b); ++x) {
+    const std::size_t ix = static_cast<std::size_t>(x);
+    const double ca = key_count(reps, a, x), cb = key_count(reps, b, x);
+    const double ma = w.key_mean[at_index(a, x, p)], mb = w.key_mean[at_index(b, x, p)];
+    same += pr.shared[ix] * pr.same[ix] * v.diag(x);
+    if (ca <= 0.0) continue;
+    // Σ_{y ≠ x} n_b(y)·E[w_by]·col(y)·cov(x, y): what a key of bucket x shares with b's keys of other buckets.
+    const double* cov = &v.cov[at_index(x, 0, p)];
+    double shares = 0.0;
+    for (std::size_t y = 0; y < nb; ++y) shares += column[y] * cov[y];
+    if (ix < nb) shares -= column[ix] * cov[ix];
+    other += ca * ma * pr.row[ix] * shares + ma * mb * pr.other(ix, ix) * (ca * cb - pr.shared[ix]) * v.within[ix];
+  }
+  return same + other;
+}
+
+// mix_pair for every pair of representative queries (and two of one bucket) under the per-key law.
+TokenCov mixed_pairs(const TokenField& v, const CausalWeights& w, const std::vector<Representative>& reps) {
+  const std::int64_t p = v.buckets();
+  std::vector<double> column(static_cast<std::size_t>(p));
+  TokenCov out;
+  out.layout = v.layout;
+  out.cov.assign(cells(p), 0.0);
+  out.within.assign(static_cast<std::size_t>(p), 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    // The products of (b, a) are those of (a, b) transposed: each pair once, mirrored.
+    for (std::int64_t b = 0; b <= a; ++b)
+      out.at(a, b) = out.at(b, a) = mix_pair(v, w, reps, a, b, a == b ? QueryPair::same : QueryPair::different, column);
+    out.within[static_cast<std::size_t>(a)] = mix_pair(v, w, reps, a, a, QueryPair::within, column);
+  }
+  return out;
+}
+
+// mixed_pairs under the keys' leading own mode (CausalWeights::Mode; docs/theory.md, "Correlated logits"). Given the
+// two queries' mode coefficients (ξ_a, ξ_b), standard normal with correlation ρ_ab (1 for one query, the within-bucket
+// correlation for two of one bucket), each query's logits are independent per key, so
+//   E[w_ak w_bm] = E[μ_ak(ξ_a)·μ_bm(ξ_b)] + E[Cov(w_ak, w_bm | ξ_a, ξ_b)],
+// μ_a(ξ) the weights given ξ. The first is integrated over the grid of ξ, ξ_b given ξ_a being N(ρ·ξ_a, 1 − ρ²)
+// against μ_b's linear interpolant (hat_weights). The second is the per-key law's own (mix_pair less its product of
+// means) with a's law at ξ_a and b's at the node nearest ρ·ξ_a: what couples the two queries' weights given the
+// mode is their logits' rest on the keys both read, and that is strong only where ρ is near 1. For one query this
+// is exactly E_ξ[mix_pair given ξ].
+TokenCov mixed_pairs_with_mode(const TokenField& v, const CausalWeights& w, const std::vector<Representative>& reps) {
+  const CausalWeights::Mode& mode = w.mode;
+  const std::int64_t p = v.buckets();
+  const std::size_t pp = static_cast<std::size_t>(p), nodes = mode.nodes.size();
+  // reads(b, μ)[x] = Σ_y n_b(y)·μ_y·cov(x, y), the within-bucket covariance for y = x: what query b's weighted keys
+  // share with one key of bucket x other than itself.
+  std::vector<double> reads(pp * nodes * pp, 0.0);
+  for (std::int64_t b = 0; b < p; ++b)
+    for (std::size_t j = 0; j < nodes; ++j) {
+      const double* mu = &mode.given[(static_cast<std::size_t>(b) * nodes + j) * pp];
+      double* out_x = &reads[(static_cast<std::size_t>(b) * nodes + j) * pp];
+      for (std::int64_t x = 0; x < p; ++x) {
+        double sum = 0.0;
+        for (std::int64_t y = 0; y <= b; ++y)
+          sum += key_count(reps, b, y) * mu[y] * (y == x ? v.within[static_cast<std::size_t>(x)] : v.at(x, y));
+        out_x[x] = sum;
+      }
+    }
+  // Σ_{k,m} u_k·g_m·cov(k, m) over a's keys k and b's keys m: n_a(x)·u_x·reads_b[x] plus, on the keys both read,
+  // their own variance less the within-bucket covariance that reads counted for them.
+  auto contract = [&](std::int64_t a, std::int64_t b, const double* u, const double* reads_b, const double* g) {
+    double sum = 0.0;
+    for (std::int64_t x = 0; x <= a; ++x) {
+      const std::size_t ix = static_cast<std::size_t>(x);
+      const double ca = key_count(reps, a, x), both = std::min(ca, key_count(reps, b, x));
+      sum += ca * u[ix] * reads_b[ix] + both * u[ix] * g[ix] * (v.diag(x) - v.within[ix]);
+    }
+    return sum;
+  };
+  CausalWeights law = w;  // rows a and b set to each node's law in turn
+  law.key_reach = mode.reach;
+  auto set_row = [&](std::int64_t a, std::size_t g) {
+    const std::size_t from = (static_cast<std::size_t>(a) * nodes + g) * pp;
+    for (std::int64_t x = 0; x <= a; ++x) {
+      const std::size_t ax = at_index(a, x, p), ix = from + static_cast<std::size_t>(x);
+      law.key_mean[ax] = mode.given[ix];
+      law.key_sq[ax] = mode.given_sq[ix];
+      law.key_threshold[ax] = mode.given_threshold[ix];
+      law.key_self[ax] = mode.given_self[ix];
+    }
+  };
+  const double step = mode.nodes[1] - mode.nodes[0];
+  std::vector<double> kernel, smooth_reads(pp), smooth_given(pp), column(pp);
+  auto pair = [&](std::int64_t a, std::int64_t b, QueryPair kind) {
+    const std::size_t ia = static_cast<std::size_t>(a), ib = static_cast<std::size_t>(b);
+    const double rho = kind == QueryPair::same     ? 1.0
+                       : kind == QueryPair::within ? w.query_corr_within[ia]
+                                                   : w.query_corr[at_index(a, b, p)];
+    const double sigma = std::sqrt(std::max(0.0, 1.0 - rho * rho));
+    double total = 0.0;
+    for (std::size_t g = 0; g < nodes; ++g) {
+      const double* mu_a = &mode.given[(ia * nodes + g) * pp];
+      // The products of the conditional means, ξ_b integrated given ξ_a.
+      hat_weights(mode.nodes, rho * mode.nodes[g], sigma, kernel);
+      std::fill(smooth_reads.begin(), smooth_reads.end(), 0.0);
+      std::fill(smooth_given.begin(), smooth_given.end(), 0.0);
+      for (std::size_t j = 0; j < nodes; ++j) {
+        const double kj = kernel[j];
+        if (kj == 0.0) continue;
+        const double* r = &reads[(ib * nodes + j) * pp];
+        const double* m = &mode.given[(ib * nodes + j) * pp];
+        for (std::size_t x = 0; x <= ia; ++x) smooth_reads[x] += kj * r[x], smooth_given[x] += kj * m[x];
+      }
+      double sum = contract(a, b, mu_a, smooth_reads.data(), smooth_given.data());
+      // The fluctuation given the coefficients: the per-key law's pair less its product of means.
+      const std::size_t h =
+          kind == QueryPair::different
+              ? static_cast<std::size_t>(std::clamp(std::round((rho * mode.nodes[g] - mode.nodes[0]) / step), 0.0,
+                                                    static_cast<double>(nodes - 1)))
+              : g;
+      set_row(a, g);
+      if (b != a) set_row(b, h);
+      sum += mix_pair(v, law, reps, a, b, kind, column) -
+             contract(a, b, mu_a, &reads[(ib * nodes + h) * pp], &mode.given[(ib * nodes + h) * pp]);
+      total += mode.weights[g] * sum;
+    }
+    return total;
+  };
+  TokenCov out;
+  out.layout = v.layout;
+  out.cov.assign(cells(p), 0.0);
+  out.within.assign(pp, 0.0);
+  for (std::int64_t a = 0; a < p; ++a) {
+    for (std::int64_t b = 0; b <= a; ++b)
+      out.at(a, b) = out.at(b, a) = pair(a, b, a == b ? QueryPair::same : QueryPair::different);
+    out.within[static_cast<std::size_t>(a)] = pair(a, a, QueryPair::within);
+  }
+  return out;
+}
+
+}  // namespace
 
 TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source) {
   PROPLAB_CHECK(v.layout == w.layout, "causal_mix_forward: layouts differ");
   PROPLAB_CHECK(source.fan_in >= 0, "causal_mix_forward: needs fan_in >= 0");
   const std::int64_t p = v.buckets();
   const std::vector<Representative> reps = representatives(*v.layout);
-  // Σ_{k,m} E[w_ak w_bm]·cov(v_k, v_m): a key both read with itself, and different keys through pair_products' fit.
-  // counted(b, y) = n_b(y)·E[w_by]: the keys of bucket y that query b reads, times one's mean weight.
-  std::vector<double> counted(cells(p), 0.0), column(static_cast<std::size_t>(p));
-  for (std::int64_t b = 0; b < p; ++b)
-    for (std::int64_t y = 0; y <= b; ++y)
-      counted[at_index(b, y, p)] = key_count(reps, b, y) * w.key_mean[at_index(b, y, p)];
-  auto mix = [&](std::int64_t a, std::int64_t b, QueryPair kind) {
-    const PairProducts pr = pair_products(w, reps, a, b, kind);
-    const std::size_t nb = static_cast<std::size_t>(b) + 1;
-    for (std::size_t y = 0; y < nb; ++y) column[y] = counted[at_index(b, static_cast<std::int64_t>(y), p)] * pr.col[y];
-    double same = 0.0, other = 0.0;
-    for (std::int64_t x = 0; x <= std::max(a, b); ++x) {
-      const std::size_t ix = static_cast<std::size_t>(x);
-      const double ca = key_count(reps, a, x), cb = key_count(reps, b, x);
-      const double ma = w.key_mean[at_index(a, x, p)], mb = w.key_mean[at_index(b, x, p)];
-      same += pr.shared[ix] * pr.same[ix] * v.diag(x);
-      if (ca <= 0.0) continue;
-      // Σ_{y ≠ x} n_b(y)·E[w_by]·col(y)·cov(x, y): what a key of bucket x shares with b's keys of other buckets.
-      const double* cov = &v.cov[at_index(x, 0, p)];
-      double shares = 0.0;
-      for (std::size_t y = 0; y < nb; ++y) shares += column[y] * cov[y];
-      if (ix < nb) shares -= column[ix] * cov[ix];
-      other += ca * ma * pr.row[ix] * shares + ma * mb * pr.other(ix, ix) * (ca * cb - pr.shared[ix]) * v.within[ix];
-    }
-    return same + other;
-  };
   const PrefixStats stats = source.fan_in > 0
                                 ? prefix_stats(v, reps, RangeSums(block_totals(v.cov, v.within, reps), reps, false))
                                 : PrefixStats{};
   TokenField out;
-  out.layout = v.layout;
+  static_cast<TokenCov&>(out) = w.mode.active ? mixed_pairs_with_mode(v, w, reps) : mixed_pairs(v, w, reps);
   out.mean = v.mean;
-  out.cov.assign(cells(p), 0.0);
-  out.within.assign(static_cast<std::size_t>(p), 0.0);
   for (std::int64_t a = 0; a < p; ++a) {
-    // The products of (b, a) are those of (a, b) transposed: each pair once, mirrored.
-    for (std::int64_t b = 0; b <= a; ++b)
-      out.at(a, b) = out.at(b, a) = mix(a, b, a == b ? QueryPair::same : QueryPair::different);
-    out.within[static_cast<std::size_t>(a)] = mix(a, a, QueryPair::within);
     // The values' share along the query's logit direction (header comment; docs/theory.md, "Values along the
     // logits"): 1/fan_in of their spread (n/(n − 1) times the prefix's sample variance) is weighted by the logits.
     const double n = reps[static_cast<std::size_t>(a)].n;

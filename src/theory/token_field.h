@@ -166,7 +166,35 @@ struct CausalWeights {
   std::vector<double> query_corr;                   // [buckets, buckets]: the queries' correlation ρ_ab
   std::vector<double> query_corr_within;            // two queries of one bucket
   double logit_var = 0.0;  // scale²·d_head·E[q²]·E[k²] (the logits' variance)
+  // The keys' leading own mode, for causal_mix_forward (docs/theory.md, "Correlated logits"). A query's logits over
+  // its keys are jointly normal, and where the keys' deviations from their prefix's mean lie mostly along one
+  // direction of positions they move together. With u the leading eigenvector of the keys' covariance centred over
+  // the sequence (eigenvalue λ), query a's logit on key k is m_ak·ξ_a + (the rest, independent per key), m_ak =
+  // √(scale²·d_head·E[q_a²]·λ)·(u_k − ū_a) (ū_a: u's mean over a's keys), ξ_a ~ N(0, 1), and two queries' ξ share
+  // their correlation ρ_ab. Given ξ the logits are independent with means m_ak·ξ, so the per-key representation
+  // carries them. Active when some query's mean m_ak² over its keys reaches kModeLogitVariance; otherwise the
+  // independent per-key law above stands alone. Only the forward mix reads it: causal_mix_backward and
+  // causal_score_backward keep the independent law (the gradient's own covariance across positions is not what the
+  // mode moves; not derived).
+  struct Mode {
+    bool active = false;
+    double value = 0.0;                  // λ
+    std::vector<double> direction;       // u per bucket (Σ_x size_x·u_x² = 1)
+    std::vector<double> nodes, weights;  // the grid of ξ and its normal weights (summing to 1)
+    std::vector<double> loading;         // [buckets, buckets]: m_ax
+    std::vector<double> mean;            // [buckets, buckets]: E[w_ax] = E_ξ[E[w_ax | ξ]]
+    // [buckets, nodes, buckets], given ξ_a = node: the per-key law as pair_products reads it (E[w_ax | ξ],
+    // E[w_ax² | ξ], and the threshold model's Φ⁻¹ of the first and its own variance at the rest's reach).
+    std::vector<double> given, given_sq, given_threshold, given_self;
+    std::vector<double> reach;  // [buckets, buckets]: the threshold model's reach at the rest's spread
+  } mode;
 };
+// The mean logit variance along the keys' leading own mode (over a query's keys, at the query with the most) from
+// which causal_weights conditions on it. Below it the mode moves little: carried from 0.05, the rows of the accuracy
+// table it then reached (the largest other than no-norm `xavier` 0.16, at the embedding's positions) moved by at most
+// 0.5% on any probe, and no-norm `xavier`'s block 7 (0.05) by 0.2%; its block 8 (0.33) is where independent logits
+// start to miss (E[Σw²] 10% high).
+inline constexpr double kModeLogitVariance = 0.25;
 // From the query and key fields of one head: scale_sq·head_dim·E[q_i²]·spread_k(i) is query i's logit spread.
 CausalWeights causal_weights(const TokenField& q, const TokenField& k, double scale_sq, std::int64_t head_dim);
 // Where the values come from, for the finite-width term of causal_mix_forward: the fan-in of the projection that made
@@ -176,13 +204,15 @@ struct ValueSource {
   std::int64_t fan_in = 0;
   bool fixed_norm = false;
 };
-// out_i = Σ_k w_ik v_k. With source.fan_in = d > 0, query i's variance also gains the part of the values that lies
-// along its logit direction (docs/theory.md, "Values along the logits"): its logits are x̃_k·u_i over the keys' own
-// parts x̃_k, and each value feature x̃_k·w shares 1/d of its variance with them, so the keys the softmax picks carry
-// larger values. Per query, K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k²])/d for a Gaussian x (K_v the values' spread, z the
-// standardised logits); for a normed x, whose tokens' length is fixed, the picked keys' other directions are that much
-// shorter and the term is K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k² z_k²])/d. The pair terms (two queries' logit directions
-// share their correlation) are left out: under 0.2% of the output's covariance at d = 512.
+// out_i = Σ_k w_ik v_k, under the keys' leading own mode where `w` carries it (E[w_ak w_bm] then integrated over the
+// two queries' mode coefficients; docs/theory.md, "Correlated logits"). With source.fan_in = d > 0, query i's variance
+// also gains the part of the values that lies along its logit direction (docs/theory.md, "Values along the logits"):
+// its logits are x̃_k·u_i over the keys' own parts x̃_k, and each value feature x̃_k·w shares 1/d of its variance with
+// them, so the keys the softmax picks carry larger values. Per query, K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k²])/d for a
+// Gaussian x (K_v the values' spread, z the standardised logits); for a normed x, whose tokens' length is fixed, the
+// picked keys' other directions are that much shorter and the term is K_v·(E[(Σ_k w_k z_k)²] − E[Σ_k w_k² z_k²])/d. The
+// pair terms (two queries' logit directions share their correlation) are left out: under 0.2% of the output's
+// covariance at d = 512.
 TokenField causal_mix_forward(const TokenField& v, const CausalWeights& w, const ValueSource& source = {});
 // d_v_k = Σ_i w_ik d_out_i.
 TokenGrad causal_mix_backward(const TokenGrad& d_out, const CausalWeights& w);
