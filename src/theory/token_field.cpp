@@ -319,6 +319,21 @@ TokenField linear_forward(const TokenField& x, std::int64_t fan_in, double weigh
   const double gain = static_cast<double>(fan_in) * weight_var, shared = gain * x.mean * x.mean + bias_var;
   TokenField y = x;
   y.mean = 0.0;
+  y.bucket_mean.clear();
+  if (!x.bucket_mean.empty()) {
+    // The positions' own means: E[x_a x_b] = cov(a, b) + μ·(μ_a + μ_b) − μ² (the covariances are about μ).
+    const std::int64_t p = x.buckets();
+    PROPLAB_CHECK(static_cast<std::int64_t>(x.bucket_mean.size()) == p, "token linear_forward: bucket means");
+    const double mu = x.mean;
+    for (std::int64_t a = 0; a < p; ++a) {
+      const double ma = x.bucket_mean[static_cast<std::size_t>(a)];
+      for (std::int64_t b = 0; b < p; ++b)
+        y.at(a, b) = gain * (x.at(a, b) + mu * (ma + x.bucket_mean[static_cast<std::size_t>(b)]) - mu * mu) + bias_var;
+      y.within[static_cast<std::size_t>(a)] =
+          gain * (x.within[static_cast<std::size_t>(a)] + 2.0 * mu * ma - mu * mu) + bias_var;
+    }
+    return y;
+  }
   for (double& c : y.cov) c = gain * c + shared;
   for (double& c : y.within) c = gain * c + shared;
   return y;
@@ -382,6 +397,13 @@ TokenField activation_forward(Activation kind, const TokenField& x, ActivationPa
   const PairMaps& maps = tables.get(kind, x.mean, x.var());
   TokenField y;
   y.mean = mean;
+  for (std::int64_t a = 1; a < p; ++a)
+    if (point[static_cast<std::size_t>(a)].mean != point[0].mean) {
+      y.bucket_mean.resize(static_cast<std::size_t>(p));
+      for (std::int64_t b = 0; b < p; ++b)
+        y.bucket_mean[static_cast<std::size_t>(b)] = point[static_cast<std::size_t>(b)].mean;
+      break;
+    }
   map_pairs(x, y, [&](double c, double vi, double vj, bool same, std::int64_t a, std::int64_t b) {
     const PointMoments& pa = point[static_cast<std::size_t>(a)];
     const PointMoments& pb = point[static_cast<std::size_t>(b)];
@@ -430,6 +452,7 @@ TokenGrad dropout_backward(const TokenGrad& d_y, double p) {
 TokenField residual_forward(const TokenField& skip, const TokenField& branch, double lambda, double beta) {
   PROPLAB_CHECK(skip.layout == branch.layout, "token residual_forward: layouts differ");
   TokenField y = skip;
+  y.bucket_mean.clear();  // a residual sum's inputs have position-independent means here (linear outputs)
   y.mean = lambda * skip.mean + beta * branch.mean;
   const double l2 = lambda * lambda, b2 = beta * beta;
   for (std::size_t i = 0; i < y.cov.size(); ++i) y.cov[i] = l2 * skip.cov[i] + b2 * branch.cov[i];

@@ -28,6 +28,8 @@
 //   queries i, j share min(n_i, n_j) keys; on a shared key E[w_ik w_jk] = e^{ρ_ij·√(D_i D_j)}/(n_i n_j) (ρ_ij
 //   the queries' correlation, capped by Cauchy–Schwarz at √(E[w_ik²]E[w_jk²])); the other key pairs share what
 //   is left of Σ_{k,m} E[w_ik w_jm] = 1. A bucket's queries (and keys) are represented by its middle position.
+//   Where the keys' deviations lie mostly along one direction of positions, a query's logits move together along it:
+//   the forward mix then conditions on the query's coefficient along that mode (CausalWeights::Mode).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,10 @@ struct TokenCov {
 
 struct TokenField : TokenCov {
   double mean = 0.0;
+  // Each bucket's own mean where they differ (an activation's output over positions of unequal variance; empty: every
+  // position's mean is `mean`). The covariances stay about `mean`; what reads second moments about zero needs the
+  // per-position means: E[x_a x_b] = cov(a, b) + μ·(μ_a + μ_b) − μ² (linear_forward).
+  std::vector<double> bucket_mean;
   Signal signal() const { return {mean, var(), corr(1.0)}; }
   // Every token with variance s.var and every pair with covariance s.corr·s.var.
   static TokenField exchangeable(std::shared_ptr<const TokenLayout> layout, const Signal& s);
@@ -82,7 +88,8 @@ struct TokenGrad : TokenCov {
   static TokenGrad white(std::shared_ptr<const TokenLayout> layout, double var);
 };
 
-// y = W x (+ b): cov' = fan_in·σ_w²·(cov + μ²) + σ_b², μ' = 0.
+// y = W x (+ b): cov' = fan_in·σ_w²·E[x_a x_b] + σ_b², μ' = 0, with E[x_a x_b] = cov(a, b) + μ² when every position
+// has the mean μ and cov(a, b) + μ·(μ_a + μ_b) − μ² with the positions' own means (TokenField::bucket_mean).
 TokenField linear_forward(const TokenField& x, std::int64_t fan_in, double weight_var, double bias_var = 0.0);
 // G' = fan_out·σ_w²·G.
 TokenGrad linear_backward(const TokenGrad& d_y, std::int64_t fan_out, double weight_var);

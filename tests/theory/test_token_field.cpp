@@ -871,6 +871,48 @@ TEST(TokenField, SumNormFactorMatchesMonteCarlo) {
   EXPECT_NEAR(activation_square_ratio(Activation::identity, 0.0, 2.0, GaussHermite(64)), 3.0, 1e-12);
 }
 
+// An activation over positions of unequal variance gives each position its own mean, and the linear map after it
+// reads second moments about zero: E[y_t²] = fan_in·σ_w²·E[φ(h_t)²] at each position's own variance, and the pairs
+// E[φ_s φ_t] = cov(s, t) + μ·(μ_s + μ_t) − μ² about the positions' mean μ. Taking every position's mean as μ (before
+// 2026-12-07, last) kept the total and moved the second moment from the wide positions to the narrow ones: 15% low
+// at the widest position of no-norm `xavier`'s FFN at block 8 and 17% high at its narrowest, against the Gaussian
+// field's Monte Carlo ("Accuracy", "On 2026-12-07 (last)" in docs/theory.md).
+TEST(TokenField, LinearAfterAnActivationReadsEachPositionsMean) {
+  const std::int64_t l = 5, fan = 64;
+  const std::vector<double> scale{3.0, 2.0, 1.2, 0.8, 0.5};
+  TokenField x;
+  x.layout = TokenLayout::exact(l);
+  x.cov.assign(static_cast<std::size_t>(l * l), 0.0);
+  x.within.assign(static_cast<std::size_t>(l), 0.0);
+  for (std::int64_t i = 0; i < l; ++i)
+    for (std::int64_t j = 0; j < l; ++j)
+      x.at(i, j) =
+          std::sqrt(scale[static_cast<std::size_t>(i)] * scale[static_cast<std::size_t>(j)]) * (i == j ? 1.0 : 0.6);
+  const GaussHermite quadrature(64);
+  ActivationPairMaps maps(quadrature);
+  for (const Activation kind : {Activation::gelu_tanh, Activation::relu}) {
+    const TokenField act = activation_forward(kind, x, maps);
+    ASSERT_EQ(act.bucket_mean.size(), static_cast<std::size_t>(l)) << activation_name(kind);
+    const TokenField y = linear_forward(act, fan, 1.0 / fan);
+    EXPECT_TRUE(y.bucket_mean.empty());
+    double mean = 0.0;
+    for (std::int64_t t = 0; t < l; ++t) mean += act.bucket_mean[static_cast<std::size_t>(t)] / l;
+    EXPECT_NEAR(act.mean, mean, 1e-12);
+    for (std::int64_t t = 0; t < l; ++t) {
+      const Signal point = activation_forward(kind, Signal{0.0, x.diag(t), 0.0}, quadrature);
+      const double second = point.var + point.mean * point.mean;  // E[φ(h_t)²], fan·σ_w² = 1
+      EXPECT_NEAR(y.diag(t), second, 1e-9 * second) << activation_name(kind) << " position " << t;
+      EXPECT_NEAR(act.bucket_mean[static_cast<std::size_t>(t)], point.mean, 1e-9) << activation_name(kind);
+      // The old form, cov + μ², missed 2μ·(μ_t − μ) at every position: at least 5% at the ends here.
+      if (t == 0 || t == l - 1) EXPECT_GT(std::abs(act.diag(t) + act.mean * act.mean - second), 0.05 * second);
+    }
+  }
+  // Positions of one variance keep one mean, and the map is the scalar one.
+  const TokenField even =
+      activation_forward(Activation::gelu_tanh, TokenField::exchangeable(x.layout, {0.0, 1.5, 0.4}), maps);
+  EXPECT_TRUE(even.bucket_mean.empty());
+}
+
 TEST(TokenField, PairMeanIsTheMeanOverAllPairs) {
   for (const std::int64_t length : {1, 7, 64, 192}) {
     for (const auto& layout : {TokenLayout::exact(length), TokenLayout::for_length(length)}) {
