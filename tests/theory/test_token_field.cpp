@@ -301,7 +301,7 @@ UnequalSpreadCheck unequal_spread_attention(double qk_var, testing::NormalStream
 // Keys of unequal spread at logit variance about 1: each key's own spread gives its logits' variance, so the wide
 // keys take more than their share of the weights and of the output. The wide first keys also move together (their
 // excess is one direction of positions), which the keys' leading own mode carries. Measured: worst 1.9%, mean 0.8%;
-// with independent logits (before 2026-12-07, late) worst 3.1%, mean 1.0% (2.4% and 0.6% with one scale for the
+// with independent logits (before 2026-12-07, final) worst 3.1%, mean 1.0% (2.4% and 0.6% with one scale for the
 // products of different keys, earlier on 2026-12-07); with one spread for all of a query's keys (before 2026-12-04)
 // worst 13.5%, mean 6.8% low.
 TEST(TokenField, KeysOfUnequalSpreadMatchMonteCarlo) {
@@ -333,7 +333,7 @@ TEST(TokenField, KeysOfUnequalSpreadBeyondTheTable) {
 // own mean weight (docs/theory.md, "Products of two weights"), and a query's logits over its keys move together
 // along the keys' leading own mode ("Correlated logits"). A stream of correlated tokens (r = 0.97) whose first keys
 // are wider, as an unnormalised deep stream has it, at √D about 4 and 11. Measured: correlation worst 0.0012 and
-// 0.0012, variance worst 1.4% and 1.1% (mean 0.9% and 0.6%); with independent logits (before 2026-12-07, late) the
+// 0.0012, variance worst 1.4% and 1.1% (mean 0.9% and 0.6%); with independent logits (before 2026-12-07, final) the
 // correlation was 0.004 and 0.004 off and the variance 4.5% and 4.9% high (mean 1.9% and 1.4%); with one scale κ for
 // all the products of different keys as well (before that) 0.037 and 0.066, 10.4% and 8.8% (4.5% and 2.7%).
 TEST(TokenField, ProductsOfTwoWeightsKeepEachKeysSum) {
@@ -874,9 +874,9 @@ TEST(TokenField, SumNormFactorMatchesMonteCarlo) {
 // An activation over positions of unequal variance gives each position its own mean, and the linear map after it
 // reads second moments about zero: E[y_t²] = fan_in·σ_w²·E[φ(h_t)²] at each position's own variance, and the pairs
 // E[φ_s φ_t] = cov(s, t) + μ·(μ_s + μ_t) − μ² about the positions' mean μ. Taking every position's mean as μ (before
-// 2026-12-07, last) kept the total and moved the second moment from the wide positions to the narrow ones: 15% low
+// 2026-12-07, final) kept the total and moved the second moment from the wide positions to the narrow ones: 15% low
 // at the widest position of no-norm `xavier`'s FFN at block 8 and 17% high at its narrowest, against the Gaussian
-// field's Monte Carlo ("Accuracy", "On 2026-12-07 (last)" in docs/theory.md).
+// field's Monte Carlo ("Accuracy", "On 2026-12-07 (final)" in docs/theory.md).
 TEST(TokenField, LinearAfterAnActivationReadsEachPositionsMean) {
   const std::int64_t l = 5, fan = 64;
   const std::vector<double> scale{3.0, 2.0, 1.2, 0.8, 0.5};
@@ -904,7 +904,9 @@ TEST(TokenField, LinearAfterAnActivationReadsEachPositionsMean) {
       EXPECT_NEAR(y.diag(t), second, 1e-9 * second) << activation_name(kind) << " position " << t;
       EXPECT_NEAR(act.bucket_mean[static_cast<std::size_t>(t)], point.mean, 1e-9) << activation_name(kind);
       // The old form, cov + μ², missed 2μ·(μ_t − μ) at every position: at least 5% at the ends here.
-      if (t == 0 || t == l - 1) EXPECT_GT(std::abs(act.diag(t) + act.mean * act.mean - second), 0.05 * second);
+      if (t == 0 || t == l - 1) {
+        EXPECT_GT(std::abs(act.diag(t) + act.mean * act.mean - second), 0.05 * second);
+      }
     }
   }
   // Positions of one variance keep one mean, and the map is the scalar one.
