@@ -739,8 +739,10 @@ struct TableMix {
 struct SpreadFunctions {
   double log_phi, psi1, psi2;
 };
+constexpr double kEulerGamma = 0.57721566490153286;                            // −E[log E]
+constexpr double kLogExpVariance = std::numbers::pi * std::numbers::pi / 6.0;  // Var(log E)
 SpreadFunctions wide_spread_functions(double log_t, double spread) {
-  constexpr double gamma = 0.57721566490153286, zeta_term = std::numbers::pi * std::numbers::pi / 6.0;
+  constexpr double gamma = kEulerGamma, zeta_term = kLogExpVariance;
   const double s1 = std::sqrt(spread + zeta_term), s2 = std::sqrt(spread + zeta_term - 1.0);
   const double cdf = normal_cdf((-gamma - log_t) / s1);
   return {cdf > 0.0 ? std::log(cdf) : -1e300, normal_pdf((log_t + gamma) / s1) / s1,
@@ -907,7 +909,7 @@ bool shifted_spread_weights(const std::vector<double>& counts, const std::vector
                             std::vector<double>& sq) {
   const std::size_t nx = counts.size();
   const double table_root = kRootSteps * kRootStep, dlt = (kLogTHigh - kLogTLow) / (kLogT - 1);
-  constexpr double zeta_term = std::numbers::pi * std::numbers::pi / 6.0, gamma = 0.57721566490153286;
+  constexpr double zeta_term = kLogExpVariance, gamma = kEulerGamma;
   double lo = std::numeric_limits<double>::infinity(), hi = lo, narrowest = lo;
   for (std::size_t x = 0; x < nx; ++x) {
     if (counts[x] <= 0.0) continue;
@@ -1255,7 +1257,8 @@ PairProducts pair_products(const CausalWeights& w, const std::vector<Representat
 
 // CausalWeights::Mode for the weights `w` of the independent per-key law: the keys' leading own mode, each query's
 // loadings on it, and where some query's mean loading² reaches kModeLogitVariance, the weights given ξ on a grid of
-// 49 nodes (ξ in [−6, 6]) and the fluctuation law. Leaves the mode inactive when a quadrature finds no weight.
+// 49 nodes (ξ in [−6, 6]): each query's per-key law at each node and the mean weights over ξ. Leaves the mode
+// inactive when a quadrature finds no weight.
 void condition_on_mode(const TokenField& q, const TokenField& k, const std::vector<Representative>& reps,
                        double per_query, CausalWeights& w) {
   const std::int64_t p = q.buckets();
@@ -1280,9 +1283,6 @@ void condition_on_mode(const TokenField& q, const TokenField& k, const std::vect
   }
   if (strongest < kModeLogitVariance) return;
   CausalWeights::Mode mode;
-  mode.value = value;
-  mode.direction = std::move(direction);
-  mode.loading = std::move(loading);
   constexpr int kNodes = 49;
   constexpr double kReach = 6.0;
   double total = 0.0;
@@ -1318,7 +1318,7 @@ void condition_on_mode(const TokenField& q, const TokenField& k, const std::vect
     for (std::int64_t x = 0; x < p; ++x) {
       const std::size_t ix = static_cast<std::size_t>(x);
       counts[ix] = key_count(reps, a, x);
-      const double m = x <= a ? mode.loading[at_index(a, x, p)] : 0.0;
+      const double m = x <= a ? loading[at_index(a, x, p)] : 0.0;
       // The rest of the key's spread, independent per key: what the prefix's centring leaves of it is (n − 1)/n.
       spreads[ix] = x <= a ? std::max(0.0, (w.key_logit[at_index(a, x, p)] - m * m) * unbias) : 0.0;
       if (x <= a) mode.reach[at_index(a, x, p)] = kappa_sq * spreads[ix] / (1.0 + kappa_sq * spreads[ix]);
@@ -1326,7 +1326,7 @@ void condition_on_mode(const TokenField& q, const TokenField& k, const std::vect
     bool ok = true;
     for (std::size_t g = 0; g < nodes && ok; ++g) {
       for (std::int64_t x = 0; x <= a; ++x)
-        shifts[static_cast<std::size_t>(x)] = mode.loading[at_index(a, x, p)] * mode.nodes[g];
+        shifts[static_cast<std::size_t>(x)] = loading[at_index(a, x, p)] * mode.nodes[g];
       ok = shifted_spread_weights(counts, spreads, shifts, n, mean, sq);
       if (!ok) break;
       for (std::int64_t x = 0; x <= a; ++x) {

@@ -185,10 +185,7 @@ struct CausalWeights {
   // mode moves; not derived).
   struct Mode {
     bool active = false;
-    double value = 0.0;                  // λ
-    std::vector<double> direction;       // u per bucket (Σ_x size_x·u_x² = 1)
     std::vector<double> nodes, weights;  // the grid of ξ and its normal weights (summing to 1)
-    std::vector<double> loading;         // [buckets, buckets]: m_ax
     std::vector<double> mean;            // [buckets, buckets]: E[w_ax] = E_ξ[E[w_ax | ξ]]
     // [buckets, nodes, buckets], given ξ_a = node: the per-key law as pair_products reads it (E[w_ax | ξ],
     // E[w_ax² | ξ], and the threshold model's Φ⁻¹ of the first and its own variance at the rest's reach).
